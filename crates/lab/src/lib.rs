@@ -1,0 +1,2 @@
+//! The Soft-RoCE lab.
+#![deny(unsafe_code)]
