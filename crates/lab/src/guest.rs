@@ -1,0 +1,439 @@
+//! Inside the lab guest: facts about the fabric and fault hooks for tests.
+//!
+//! Everything here reads sysfs or runs `ip`, `tc` and `kill`, the same tools an operator would
+//! use; tests call these functions instead of shelling out themselves, and the
+//! `rdmalog-lab fault` subcommand exposes them to scripts.
+
+use std::fs;
+use std::io::Read;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::config::{MAX_HOSTS, netdev_name};
+use crate::{LabError, Result, io_err};
+
+/// Where the kernel lists RDMA devices.
+const SYSFS_IB: &str = "/sys/class/infiniband";
+
+/// Whether this process runs inside the lab guest.
+pub fn in_lab() -> bool {
+    std::env::var_os("RDMALOG_LAB").is_some_and(|v| v == "1")
+}
+
+/// Number of lab hosts, from `RDMALOG_LAB_HOSTS`.
+pub fn hosts() -> Result<u8> {
+    if !in_lab() {
+        return Err(LabError::NotInLab);
+    }
+    let raw = std::env::var("RDMALOG_LAB_HOSTS").unwrap_or_default();
+    match raw.parse::<u8>() {
+        Ok(n) if (1..=MAX_HOSTS).contains(&n) => Ok(n),
+        _ => Err(LabError::Config(format!(
+            "RDMALOG_LAB_HOSTS = `{raw}` is not a host count 1..={MAX_HOSTS}"
+        ))),
+    }
+}
+
+/// The writable directory that comes back to the host.
+pub fn out_dir() -> Result<PathBuf> {
+    if !in_lab() {
+        return Err(LabError::NotInLab);
+    }
+    Ok(std::env::var_os("RDMALOG_LAB_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/mnt")))
+}
+
+/// RDMA device names present, sorted.
+pub fn devices() -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    let dir = match fs::read_dir(SYSFS_IB) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+        Err(e) => return Err(io_err(format!("cannot list {SYSFS_IB}"))(e)),
+    };
+    for entry in dir {
+        let entry = entry.map_err(io_err(format!("cannot list {SYSFS_IB}")))?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// The state of port 1 of `device`, e.g. `ACTIVE` (sysfs says `4: ACTIVE`).
+pub fn port_state(device: &str) -> Result<String> {
+    let path = format!("{SYSFS_IB}/{device}/ports/1/state");
+    let raw = fs::read_to_string(&path).map_err(io_err(format!("cannot read {path}")))?;
+    Ok(parse_port_state(&raw))
+}
+
+/// Extracts the name from a sysfs port state (`4: ACTIVE` → `ACTIVE`).
+pub fn parse_port_state(raw: &str) -> String {
+    raw.trim()
+        .split_once(':')
+        .map_or(raw.trim(), |(_, name)| name.trim())
+        .to_string()
+}
+
+/// The textual GID sysfs shows for an IPv4-mapped address.
+pub fn ipv4_mapped_gid(addr: Ipv4Addr) -> String {
+    let o = addr.octets();
+    format!(
+        "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}",
+        o[0], o[1], o[2], o[3]
+    )
+}
+
+/// One row of a port's GID table: index, GID text, GID type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GidEntry {
+    /// GID index.
+    pub index: u32,
+    /// The GID as sysfs prints it.
+    pub gid: String,
+    /// `RoCE v2`, `IB/RoCE v1`, ...
+    pub kind: String,
+}
+
+/// Picks the RoCE v2 GID for `addr` from a GID table. The index differs between devices and
+/// kernels, which is why it is chosen by query and never hard-coded.
+pub fn find_roce_v2_gid(table: &[GidEntry], addr: Ipv4Addr) -> Option<u32> {
+    let want = ipv4_mapped_gid(addr);
+    table
+        .iter()
+        .filter(|e| e.gid == want && e.kind == "RoCE v2")
+        .map(|e| e.index)
+        .min()
+}
+
+/// Reads port 1's GID table of `device` from sysfs, skipping empty entries.
+pub fn gid_table(device: &str) -> Result<Vec<GidEntry>> {
+    let dir = format!("{SYSFS_IB}/{device}/ports/1/gids");
+    let mut table = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(io_err(format!("cannot list {dir}")))? {
+        let entry = entry.map_err(io_err(format!("cannot list {dir}")))?;
+        let Ok(index) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let gid = fs::read_to_string(entry.path())
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        if gid.is_empty() || gid.chars().all(|c| c == '0' || c == ':') {
+            continue;
+        }
+        let kind = fs::read_to_string(format!(
+            "{SYSFS_IB}/{device}/ports/1/gid_attrs/types/{index}"
+        ))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+        table.push(GidEntry { index, gid, kind });
+    }
+    table.sort_by_key(|e| e.index);
+    Ok(table)
+}
+
+/// The RoCE v2 GID index of `device` for `addr`, or an error that says what was there.
+pub fn require_gid_index(device: &str, addr: Ipv4Addr) -> Result<u32> {
+    let table = gid_table(device)?;
+    find_roce_v2_gid(&table, addr).ok_or_else(|| {
+        LabError::Guest(format!(
+            "{device} has no RoCE v2 GID for {addr}; its GIDs are {:?}",
+            table
+        ))
+    })
+}
+
+/// Waits for `child` until `deadline`, collecting its output; kills it past the deadline.
+pub fn wait_with_deadline(mut child: Child, deadline: Instant, name: &str) -> Result<Output> {
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let out_reader = thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let err_reader = thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(io_err(format!("cannot wait for {name}")))?
+        {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(LabError::Command {
+                command: name.to_string(),
+                detail: "did not finish before its deadline and was killed".into(),
+            });
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Ok(Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    })
+}
+
+fn run_tool(program: &str, args: &[String]) -> Result<()> {
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io_err(format!("cannot start {program}")))?;
+    let out = wait_with_deadline(child, Instant::now() + Duration::from_secs(30), program)?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(LabError::Command {
+            command: format!("{program} {}", args.join(" ")),
+            detail: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        })
+    }
+}
+
+/// A netem impairment for one host's link.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Netem {
+    /// Packet loss in percent, 0..=100.
+    pub loss_pct: f64,
+    /// Added one-way delay.
+    pub delay: Duration,
+    /// Delay jitter.
+    pub jitter: Duration,
+}
+
+/// The `tc` arguments that apply `netem` to `dev`. `replace` makes the call idempotent.
+pub fn netem_args(dev: &str, netem: &Netem) -> Result<Vec<String>> {
+    if !(0.0..=100.0).contains(&netem.loss_pct) {
+        return Err(LabError::Config(format!(
+            "netem loss {}% is not a percentage",
+            netem.loss_pct
+        )));
+    }
+    let mut args: Vec<String> = ["qdisc", "replace", "dev", dev, "root", "netem"]
+        .map(String::from)
+        .to_vec();
+    if netem.loss_pct > 0.0 {
+        args.extend(["loss".into(), format!("{}%", netem.loss_pct)]);
+    }
+    if !netem.delay.is_zero() {
+        args.extend(["delay".into(), format!("{}us", netem.delay.as_micros())]);
+        if !netem.jitter.is_zero() {
+            args.push(format!("{}us", netem.jitter.as_micros()));
+        }
+    }
+    Ok(args)
+}
+
+fn check_host(host: u8) -> Result<()> {
+    let n = hosts()?;
+    if host == 0 || host > n {
+        return Err(LabError::Config(format!(
+            "host {host} does not exist: this lab has hosts 1..={n}"
+        )));
+    }
+    Ok(())
+}
+
+/// Applies loss/delay to everything host `host` sends (its veth's egress).
+pub fn set_netem(host: u8, netem: &Netem) -> Result<()> {
+    check_host(host)?;
+    run_tool("tc", &netem_args(&netdev_name(host), netem)?)
+}
+
+/// Removes any netem from host `host`.
+pub fn clear_netem(host: u8) -> Result<()> {
+    check_host(host)?;
+    let args: Vec<String> = ["qdisc", "del", "dev", &netdev_name(host), "root"]
+        .map(String::from)
+        .to_vec();
+    match run_tool("tc", &args) {
+        // Deleting a qdisc that is not there is what "clear" means.
+        Err(LabError::Command { detail, .. })
+            if detail.contains("No such file")
+                || detail.contains("Cannot delete qdisc with handle of zero") =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Takes host `host`'s link down or up (its rxe port follows).
+pub fn set_link(host: u8, up: bool) -> Result<()> {
+    check_host(host)?;
+    let args: Vec<String> = [
+        "link",
+        "set",
+        &netdev_name(host),
+        if up { "up" } else { "down" },
+    ]
+    .map(String::from)
+    .to_vec();
+    run_tool("ip", &args)
+}
+
+/// A signal a fault hook sends to a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGKILL: crash.
+    Kill,
+    /// SIGSTOP: pause, like a long GC; the NIC keeps acking one-sided writes.
+    Stop,
+    /// SIGCONT: resume a stopped process.
+    Cont,
+    /// SIGTERM: ask to shut down.
+    Term,
+}
+
+impl Signal {
+    /// The name `kill -s` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Kill => "KILL",
+            Signal::Stop => "STOP",
+            Signal::Cont => "CONT",
+            Signal::Term => "TERM",
+        }
+    }
+}
+
+/// Sends `signal` to process `pid`.
+pub fn signal(pid: u32, signal: Signal) -> Result<()> {
+    if pid <= 1 {
+        return Err(LabError::Config(format!("refusing to signal pid {pid}")));
+    }
+    run_tool(
+        "kill",
+        &["-s".into(), signal.name().into(), pid.to_string()],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_state_names_are_extracted() {
+        assert_eq!(parse_port_state("4: ACTIVE\n"), "ACTIVE");
+        assert_eq!(parse_port_state("1: DOWN"), "DOWN");
+        assert_eq!(parse_port_state("weird"), "weird");
+    }
+
+    #[test]
+    fn ipv4_mapped_gid_matches_sysfs_text() {
+        assert_eq!(
+            ipv4_mapped_gid(Ipv4Addr::new(192, 0, 2, 11)),
+            "0000:0000:0000:0000:0000:ffff:c000:020b"
+        );
+    }
+
+    #[test]
+    fn roce_v2_gid_is_chosen_by_type_and_address() {
+        let addr = Ipv4Addr::new(192, 0, 2, 12);
+        let mapped = ipv4_mapped_gid(addr);
+        let table = vec![
+            GidEntry {
+                index: 0,
+                gid: "fe80:0000:0000:0000:1c6d:0eff:fef6:bc0d".into(),
+                kind: "IB/RoCE v1".into(),
+            },
+            GidEntry {
+                index: 2,
+                gid: mapped.clone(),
+                kind: "IB/RoCE v1".into(),
+            },
+            GidEntry {
+                index: 3,
+                gid: mapped.clone(),
+                kind: "RoCE v2".into(),
+            },
+            GidEntry {
+                index: 5,
+                gid: ipv4_mapped_gid(Ipv4Addr::new(192, 0, 2, 11)),
+                kind: "RoCE v2".into(),
+            },
+        ];
+        assert_eq!(find_roce_v2_gid(&table, addr), Some(3));
+        assert_eq!(find_roce_v2_gid(&table, Ipv4Addr::new(10, 0, 0, 1)), None);
+    }
+
+    #[test]
+    fn netem_arguments_are_built_and_checked() {
+        let n = Netem {
+            loss_pct: 5.0,
+            delay: Duration::from_millis(2),
+            jitter: Duration::from_micros(500),
+        };
+        assert_eq!(
+            netem_args("v2", &n).unwrap().join(" "),
+            "qdisc replace dev v2 root netem loss 5% delay 2000us 500us"
+        );
+        let loss_only = Netem {
+            loss_pct: 1.0,
+            ..Netem::default()
+        };
+        assert_eq!(
+            netem_args("v1", &loss_only).unwrap().join(" "),
+            "qdisc replace dev v1 root netem loss 1%"
+        );
+        let bad = Netem {
+            loss_pct: 150.0,
+            ..Netem::default()
+        };
+        assert!(netem_args("v1", &bad).is_err());
+    }
+
+    #[test]
+    fn guest_only_calls_refuse_outside_the_lab() {
+        if in_lab() {
+            return; // The same binary also runs inside the guest, where these calls are legal.
+        }
+        assert!(matches!(hosts(), Err(LabError::NotInLab)));
+        assert!(matches!(set_link(1, false), Err(LabError::NotInLab)));
+        assert!(matches!(out_dir(), Err(LabError::NotInLab)));
+    }
+
+    #[test]
+    fn signalling_init_is_refused() {
+        assert!(signal(1, Signal::Kill).is_err());
+        assert_eq!(Signal::Stop.name(), "STOP");
+    }
+
+    #[test]
+    fn a_stuck_child_is_killed_at_its_deadline() {
+        let child = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        let err = wait_with_deadline(child, Instant::now() + Duration::from_millis(200), "sleep")
+            .unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert!(err.to_string().contains("deadline"), "{err}");
+    }
+}
