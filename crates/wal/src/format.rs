@@ -1,0 +1,578 @@
+//! Byte-exact record and segment formats, and the placement rule. See docs/FORMAT.md.
+//!
+//! Every decoder here bounds each length by the bytes that remain and returns a
+//! [`DecodeError`]; none panics on any input (the fuzz targets and `tests/decode_fuzz.rs`
+//! check that).
+
+use crate::{Index, Lsn, Term};
+
+/// Size of a record header in bytes. 32 keeps every header field naturally aligned and makes
+/// a header exactly four 8-byte ring words.
+pub const HEADER_BYTES: usize = 32;
+/// Records start on 8-byte boundaries so that header fields are aligned in memory and the ring
+/// can be moved as whole 64-bit words.
+pub const RECORD_ALIGN_BYTES: usize = 8;
+/// The record format version written in byte 28 of every header. Bump on any layout change.
+pub const RECORD_VERSION: u8 = 1;
+/// Hard upper bound on a payload, whatever the block size: 64 MiB minus the header, so that a
+/// record fits the largest block ([`MAX_BLOCK_BYTES`]).
+pub const MAX_PAYLOAD_BYTES: usize = MAX_BLOCK_BYTES as usize - HEADER_BYTES;
+/// Smallest block: two headers, so a block always holds a record with a non-empty payload.
+/// Only tests use blocks this small.
+pub const MIN_BLOCK_BYTES: u64 = 64;
+/// Largest block: 64 MiB, which bounds a single record and thus every buffer a reader needs.
+pub const MAX_BLOCK_BYTES: u64 = 64 << 20;
+
+/// Segment file magic, bytes 0..8 of a segment header.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"RDMALOG\0";
+/// Segment header format version.
+pub const SEGMENT_VERSION: u32 = 1;
+/// Bytes of the encoded segment header (the rest of the header page is zero).
+pub const SEGMENT_HEADER_BYTES: usize = 64;
+/// Data begins one 4 KiB page into the file, so that data stays page-aligned for a later
+/// O_DIRECT writer and the header page is written once.
+pub const SEGMENT_DATA_OFFSET: u64 = 4096;
+
+const _: () = assert!(HEADER_BYTES == 32);
+const _: () = assert!(HEADER_BYTES % RECORD_ALIGN_BYTES == 0);
+const _: () = assert!(SEGMENT_HEADER_BYTES as u64 <= SEGMENT_DATA_OFFSET);
+const _: () = assert!(MIN_BLOCK_BYTES >= 2 * HEADER_BYTES as u64);
+const _: () = assert!(MAX_BLOCK_BYTES.is_power_of_two() && MIN_BLOCK_BYTES.is_power_of_two());
+
+/// What a record holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// A raft entry: `index` and `term` are meaningful, the checksum covers the payload.
+    Entry = 1,
+    /// Filler to the end of a block. `index`/`term` repeat the previous entry's; the checksum
+    /// covers the header only and the payload bytes are don't-care.
+    Padding = 2,
+}
+
+/// A decoded record header (docs/FORMAT.md, "Record header").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryHeader {
+    /// crc32c over header bytes 4..32 and then, for an entry, the payload.
+    pub crc: u32,
+    /// Payload length in bytes, excluding header and alignment padding.
+    pub payload_len: u32,
+    /// Raft index (for padding: the previous entry's).
+    pub index: Index,
+    /// Raft term (for padding: the previous entry's).
+    pub term: Term,
+    /// Low 32 bits of the record's own Lsn: a record copied to the wrong place, or a stale
+    /// record from an earlier lap of the ring, fails this check.
+    pub lsn_low: u32,
+    /// Record kind.
+    pub kind: RecordKind,
+}
+
+/// Why a byte range is not a valid record or segment header. Carried as the `#[source]` of a
+/// [`crate::WalError`]; the decoder itself needs no context, so it gets this small enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Fewer bytes remain than the structure needs.
+    #[error("only {available} bytes remain where {needed} are needed")]
+    Truncated {
+        /// Bytes the structure needs.
+        needed: u64,
+        /// Bytes that remain.
+        available: u64,
+    },
+    /// The header is all zero: nothing was ever written here.
+    #[error("the header is all zero, so no record was written here")]
+    Empty,
+    /// The version byte is not one this code reads.
+    #[error("the record version is {found}, but this code reads version {RECORD_VERSION}")]
+    Version {
+        /// The version byte found.
+        found: u8,
+    },
+    /// The kind byte is not a known [`RecordKind`].
+    #[error("the record kind byte is {found}, which is not a known kind")]
+    Kind {
+        /// The kind byte found.
+        found: u8,
+    },
+    /// Reserved bytes are not zero.
+    #[error("the reserved header bytes are not zero")]
+    Reserved,
+    /// The payload length is larger than the block allows or than the bytes that remain.
+    #[error("the payload length {len} exceeds the {limit} bytes available to it")]
+    Length {
+        /// The payload length found.
+        len: u64,
+        /// The bound it broke.
+        limit: u64,
+    },
+    /// The checksum does not match.
+    #[error("the crc32c is {found:#010x}, but the bytes hash to {computed:#010x}")]
+    Checksum {
+        /// The stored checksum.
+        found: u32,
+        /// The checksum of the bytes.
+        computed: u32,
+    },
+    /// The record names a different Lsn than the one it sits at.
+    #[error("the record claims lsn low bits {found:#x}, but it sits at lsn low bits {expected:#x}")]
+    Misplaced {
+        /// Low 32 bits of the position.
+        expected: u32,
+        /// Low 32 bits the record holds.
+        found: u32,
+    },
+    /// The entry's index does not follow the previous one.
+    #[error("the entry has index {found}, but index {expected} comes next")]
+    IndexGap {
+        /// The index that must come next.
+        expected: u64,
+        /// The index found.
+        found: u64,
+    },
+    /// The entry's term is lower than the previous entry's.
+    #[error("the entry has term {found}, lower than the previous entry's term {previous}")]
+    TermRegressed {
+        /// The previous entry's term.
+        previous: u64,
+        /// The term found.
+        found: u64,
+    },
+    /// A padding record does not end at the block boundary.
+    #[error("a padding record ends {found} bytes into the block instead of at its end")]
+    Padding {
+        /// Where the padding ended, relative to the block start.
+        found: u64,
+    },
+    /// The segment header's magic is wrong.
+    #[error("the segment magic is wrong")]
+    Magic,
+    /// The segment header names an unknown version.
+    #[error("the segment version is {found}, but this code reads version {SEGMENT_VERSION}")]
+    SegmentVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// A segment header field is out of range.
+    #[error("the segment header field {field} is out of range")]
+    SegmentField {
+        /// The field name.
+        field: &'static str,
+    },
+}
+
+/// Bytes a record with `payload_len` bytes of payload occupies: header, payload, padding to
+/// [`RECORD_ALIGN_BYTES`].
+pub const fn record_bytes(payload_len: usize) -> usize {
+    (HEADER_BYTES + payload_len + RECORD_ALIGN_BYTES - 1) & !(RECORD_ALIGN_BYTES - 1)
+}
+
+/// The placement rule: where a record of `record_len` bytes goes if the stream ends at `pos`.
+/// A record never crosses a multiple of `block_bytes`; if it does not fit in the rest of the
+/// current block it starts at the next block, and the gap is filled by a padding record (when
+/// the gap holds a header) or skipped implicitly (when it is smaller than a header).
+///
+/// Precondition: `record_len <= block_bytes`, `pos` is 8-aligned, `block_bytes` a power of two.
+pub const fn place(pos: u64, record_len: u64, block_bytes: u64) -> u64 {
+    let rest = block_bytes - (pos & (block_bytes - 1));
+    if record_len <= rest { pos } else { pos + rest }
+}
+
+/// Bytes from `pos` to the end of its block.
+pub const fn block_rest(pos: u64, block_bytes: u64) -> u64 {
+    block_bytes - (pos & (block_bytes - 1))
+}
+
+/// Largest payload a block of `block_bytes` holds.
+pub const fn max_payload(block_bytes: u64) -> usize {
+    let by_block = block_bytes as usize - HEADER_BYTES;
+    if by_block < MAX_PAYLOAD_BYTES { by_block } else { MAX_PAYLOAD_BYTES }
+}
+
+impl EntryHeader {
+    /// Encodes the header with `crc` as given.
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[0..4].copy_from_slice(&self.crc.to_le_bytes());
+        out[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[8..16].copy_from_slice(&self.index.0.to_le_bytes());
+        out[16..24].copy_from_slice(&self.term.0.to_le_bytes());
+        out[24..28].copy_from_slice(&self.lsn_low.to_le_bytes());
+        out[28] = RECORD_VERSION;
+        out[29] = self.kind as u8;
+        // 30..32 stay zero (reserved).
+        out
+    }
+
+    /// Decodes the fields of a header without checking the checksum. Checks version, kind,
+    /// reserved bytes and that the payload fits `max_payload_len`.
+    pub fn decode(bytes: &[u8; HEADER_BYTES], max_payload_len: u64) -> Result<Self, DecodeError> {
+        if bytes.iter().all(|&b| b == 0) {
+            return Err(DecodeError::Empty);
+        }
+        if bytes[28] != RECORD_VERSION {
+            return Err(DecodeError::Version { found: bytes[28] });
+        }
+        let kind = match bytes[29] {
+            1 => RecordKind::Entry,
+            2 => RecordKind::Padding,
+            found => return Err(DecodeError::Kind { found }),
+        };
+        if bytes[30] != 0 || bytes[31] != 0 {
+            return Err(DecodeError::Reserved);
+        }
+        let payload_len = u32_at(bytes, 4);
+        if u64::from(payload_len) > max_payload_len {
+            return Err(DecodeError::Length { len: payload_len.into(), limit: max_payload_len });
+        }
+        Ok(Self {
+            crc: u32_at(bytes, 0),
+            payload_len,
+            index: Index(u64_at(bytes, 8)),
+            term: Term(u64_at(bytes, 16)),
+            lsn_low: u32_at(bytes, 24),
+            kind,
+        })
+    }
+
+    /// The checksum this header and `payload` must carry: crc32c of header bytes 4..32, then
+    /// (for an entry) the payload.
+    pub fn checksum(header: &[u8; HEADER_BYTES], kind: RecordKind, payload: &[u8]) -> u32 {
+        let crc = crc32c::crc32c(&header[4..]);
+        match kind {
+            RecordKind::Entry => crc32c::crc32c_append(crc, payload),
+            RecordKind::Padding => crc,
+        }
+    }
+
+    /// Bytes this record occupies in the stream.
+    pub fn record_len(&self) -> u64 {
+        record_bytes(self.payload_len as usize) as u64
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(word)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Builds a header for an entry at `lsn` and returns it encoded, with its checksum.
+pub fn entry_header(lsn: Lsn, index: Index, term: Term, payload: &[u8]) -> [u8; HEADER_BYTES] {
+    debug_assert!(payload.len() <= MAX_PAYLOAD_BYTES);
+    let header = EntryHeader {
+        crc: 0,
+        payload_len: payload.len() as u32,
+        index,
+        term,
+        lsn_low: lsn.0 as u32,
+        kind: RecordKind::Entry,
+    };
+    let mut bytes = header.encode();
+    let crc = EntryHeader::checksum(&bytes, RecordKind::Entry, payload);
+    bytes[0..4].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// Builds a padding header at `lsn` that fills `gap_bytes` (at least [`HEADER_BYTES`]).
+pub fn padding_header(lsn: Lsn, gap_bytes: u64, last: (Index, Term)) -> [u8; HEADER_BYTES] {
+    debug_assert!(gap_bytes >= HEADER_BYTES as u64);
+    let header = EntryHeader {
+        crc: 0,
+        payload_len: (gap_bytes - HEADER_BYTES as u64) as u32,
+        index: last.0,
+        term: last.1,
+        lsn_low: lsn.0 as u32,
+        kind: RecordKind::Padding,
+    };
+    let mut bytes = header.encode();
+    let crc = EntryHeader::checksum(&bytes, RecordKind::Padding, &[]);
+    bytes[0..4].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// Encodes a whole entry record into `out` (which must hold `record_bytes(payload.len())`
+/// bytes) and returns the record length. The alignment tail is zeroed.
+pub fn encode_entry(out: &mut [u8], lsn: Lsn, index: Index, term: Term, payload: &[u8]) -> usize {
+    let len = record_bytes(payload.len());
+    let header = entry_header(lsn, index, term, payload);
+    out[..HEADER_BYTES].copy_from_slice(&header);
+    out[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(payload);
+    out[HEADER_BYTES + payload.len()..len].fill(0);
+    len
+}
+
+/// Encodes padding from `lsn` to the end of its block into `out` (which holds exactly the gap)
+/// and returns the gap length. Gaps smaller than a header are left as zeros (implicit skip).
+pub fn encode_padding(out: &mut [u8], lsn: Lsn, last: (Index, Term)) -> usize {
+    let gap = out.len();
+    out.fill(0);
+    if gap >= HEADER_BYTES {
+        out[..HEADER_BYTES].copy_from_slice(&padding_header(lsn, gap as u64, last));
+    }
+    gap
+}
+
+/// One record decoded from a byte slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded<'a> {
+    /// The header.
+    pub header: EntryHeader,
+    /// The payload (empty for padding).
+    pub payload: &'a [u8],
+    /// Bytes the record occupies, alignment included.
+    pub record_len: u64,
+}
+
+/// Decodes and verifies the record that starts at `bytes[0]`, which sits at stream position
+/// `lsn`. Checks bounds (against the bytes that remain and the block end), version, kind,
+/// reserved bytes, the Lsn tag and the checksum. It does not check the index chain; see
+/// [`ChainCheck`]. A gap smaller than a header before a block end is not a record; callers use
+/// [`block_rest`] to skip it.
+pub fn decode_record(bytes: &[u8], lsn: Lsn, block_bytes: u64) -> Result<Decoded<'_>, DecodeError> {
+    let rest = block_rest(lsn.0, block_bytes);
+    if bytes.len() < HEADER_BYTES {
+        return Err(DecodeError::Truncated { needed: HEADER_BYTES as u64, available: bytes.len() as u64 });
+    }
+    let mut head = [0u8; HEADER_BYTES];
+    head.copy_from_slice(&bytes[..HEADER_BYTES]);
+    let limit = rest.saturating_sub(HEADER_BYTES as u64).min(MAX_PAYLOAD_BYTES as u64);
+    let header = EntryHeader::decode(&head, limit)?;
+    if header.lsn_low != lsn.0 as u32 {
+        return Err(DecodeError::Misplaced { expected: lsn.0 as u32, found: header.lsn_low });
+    }
+    let record_len = header.record_len();
+    if header.kind == RecordKind::Padding && record_len != rest {
+        return Err(DecodeError::Padding { found: (lsn.0 & (block_bytes - 1)) + record_len });
+    }
+    let payload_end = HEADER_BYTES + header.payload_len as usize;
+    let payload = match header.kind {
+        RecordKind::Entry => {
+            if bytes.len() < payload_end {
+                return Err(DecodeError::Truncated { needed: payload_end as u64, available: bytes.len() as u64 });
+            }
+            &bytes[HEADER_BYTES..payload_end]
+        }
+        RecordKind::Padding => &[],
+    };
+    let computed = EntryHeader::checksum(&head, header.kind, payload);
+    if computed != header.crc {
+        return Err(DecodeError::Checksum { found: header.crc, computed });
+    }
+    Ok(Decoded { header, payload, record_len })
+}
+
+/// The index chain rule: each entry's index is the previous entry's plus one and its term is
+/// not lower. Padding records do not advance the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainCheck {
+    /// The last entry's index.
+    pub last_index: Index,
+    /// The last entry's term.
+    pub last_term: Term,
+}
+
+impl ChainCheck {
+    /// Checks that `header` may follow and, if so, advances the chain.
+    pub fn advance(&mut self, header: &EntryHeader) -> Result<(), DecodeError> {
+        if header.kind == RecordKind::Padding {
+            return Ok(());
+        }
+        let expected = self.last_index.0.wrapping_add(1);
+        if header.index.0 != expected {
+            return Err(DecodeError::IndexGap { expected, found: header.index.0 });
+        }
+        if header.term < self.last_term {
+            return Err(DecodeError::TermRegressed { previous: self.last_term.0, found: header.term.0 });
+        }
+        self.last_index = header.index;
+        self.last_term = header.term;
+        Ok(())
+    }
+}
+
+/// A segment file header (docs/FORMAT.md, "Segment header").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// Block size in bytes: the placement rule's unit.
+    pub block_bytes: u32,
+    /// The cluster this log belongs to; a segment of another cluster is refused.
+    pub cluster_id: u64,
+    /// Index of the first entry that this segment holds (or will hold).
+    pub first_index: Index,
+    /// Lsn of the first data byte.
+    pub first_lsn: Lsn,
+    /// Term of the entry before `first_index`, so the chain can be checked after earlier
+    /// segments were deleted by prefix truncation.
+    pub prev_term: Term,
+    /// Bytes of the data area, a multiple of `block_bytes`.
+    pub data_bytes: u64,
+    /// The writer's bound on bytes written but not yet fdatasynced (the recovery window).
+    pub window_bytes: u32,
+}
+
+impl SegmentHeader {
+    /// Encodes the header with its checksum.
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
+        let mut out = [0u8; SEGMENT_HEADER_BYTES];
+        out[0..8].copy_from_slice(&SEGMENT_MAGIC);
+        out[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+        out[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
+        out[16..24].copy_from_slice(&self.cluster_id.to_le_bytes());
+        out[24..32].copy_from_slice(&self.first_index.0.to_le_bytes());
+        out[32..40].copy_from_slice(&self.first_lsn.0.to_le_bytes());
+        out[40..48].copy_from_slice(&self.prev_term.0.to_le_bytes());
+        out[48..56].copy_from_slice(&self.data_bytes.to_le_bytes());
+        out[56..60].copy_from_slice(&self.window_bytes.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..60]);
+        out[60..64].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Decodes and verifies a header: magic, version, checksum and field ranges.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if bytes.len() < SEGMENT_HEADER_BYTES {
+            return Err(DecodeError::Truncated { needed: SEGMENT_HEADER_BYTES as u64, available: bytes.len() as u64 });
+        }
+        if bytes[0..8] != SEGMENT_MAGIC {
+            return Err(DecodeError::Magic);
+        }
+        let version = u32_at(bytes, 8);
+        if version != SEGMENT_VERSION {
+            return Err(DecodeError::SegmentVersion { found: version });
+        }
+        let computed = crc32c::crc32c(&bytes[..60]);
+        let found = u32_at(bytes, 60);
+        if computed != found {
+            return Err(DecodeError::Checksum { found, computed });
+        }
+        let header = Self {
+            block_bytes: u32_at(bytes, 12),
+            cluster_id: u64_at(bytes, 16),
+            first_index: Index(u64_at(bytes, 24)),
+            first_lsn: Lsn(u64_at(bytes, 32)),
+            prev_term: Term(u64_at(bytes, 40)),
+            data_bytes: u64_at(bytes, 48),
+            window_bytes: u32_at(bytes, 56),
+        };
+        let block = u64::from(header.block_bytes);
+        if !block.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block) {
+            return Err(DecodeError::SegmentField { field: "block_bytes" });
+        }
+        if header.data_bytes == 0 || header.data_bytes % block != 0 || header.data_bytes > (1 << 40) {
+            return Err(DecodeError::SegmentField { field: "data_bytes" });
+        }
+        if header.first_lsn.0 % block != 0 || header.first_lsn.0.checked_add(header.data_bytes).is_none() {
+            return Err(DecodeError::SegmentField { field: "first_lsn" });
+        }
+        if u64::from(header.window_bytes) < block || u64::from(header.window_bytes) > header.data_bytes {
+            return Err(DecodeError::SegmentField { field: "window_bytes" });
+        }
+        Ok(header)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_round_trips_and_rejects_every_single_bit_flip() {
+        let payload = b"hello, log";
+        let lsn = Lsn(4096 + 64);
+        let mut buf = vec![0u8; record_bytes(payload.len())];
+        let len = encode_entry(&mut buf, lsn, Index(7), Term(3), payload);
+        assert_eq!(len, 48);
+        let decoded = decode_record(&buf, lsn, 4096).expect("valid record");
+        assert_eq!(decoded.payload, payload);
+        assert_eq!(decoded.header.index, Index(7));
+        assert_eq!(decoded.header.term, Term(3));
+        assert_eq!(decoded.record_len, 48);
+        for bit in 0..(HEADER_BYTES + payload.len()) * 8 {
+            let mut flipped = buf.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_record(&flipped, lsn, 4096).is_err(), "bit {bit} flip went unnoticed");
+        }
+    }
+
+    #[test]
+    fn misplaced_record_is_refused() {
+        let mut buf = vec![0u8; record_bytes(1)];
+        encode_entry(&mut buf, Lsn(64), Index(1), Term(1), b"x");
+        assert_eq!(
+            decode_record(&buf, Lsn(72), 4096).unwrap_err(),
+            DecodeError::Misplaced { expected: 72, found: 64 }
+        );
+    }
+
+    #[test]
+    fn length_is_bounded_by_block_and_by_remaining_bytes() {
+        let mut buf = vec![0u8; record_bytes(100)];
+        encode_entry(&mut buf, Lsn(0), Index(1), Term(1), &[1; 100]);
+        assert!(matches!(decode_record(&buf, Lsn(0), 64), Err(DecodeError::Length { .. })));
+        assert!(matches!(decode_record(&buf[..60], Lsn(0), 4096), Err(DecodeError::Truncated { .. })));
+        assert_eq!(decode_record(&[0u8; 40], Lsn(0), 4096).unwrap_err(), DecodeError::Empty);
+    }
+
+    #[test]
+    fn placement_never_crosses_a_block() {
+        assert_eq!(place(0, 64, 64), 0);
+        assert_eq!(place(8, 64, 64), 64);
+        assert_eq!(place(40, 24, 64), 40);
+        assert_eq!(place(48, 24, 64), 64);
+    }
+
+    #[test]
+    fn padding_round_trips() {
+        let mut buf = [0u8; 40];
+        encode_padding(&mut buf, Lsn(88), (Index(4), Term(2)));
+        let decoded = decode_record(&buf, Lsn(88), 128).expect("valid padding");
+        assert_eq!(decoded.header.kind, RecordKind::Padding);
+        assert_eq!(decoded.record_len, 40);
+        assert!(matches!(decode_record(&buf, Lsn(88), 256), Err(DecodeError::Padding { .. })));
+    }
+
+    #[test]
+    fn chain_check_refuses_gaps_and_lower_terms() {
+        let mut chain = ChainCheck { last_index: Index(4), last_term: Term(2) };
+        let mut header = EntryHeader {
+            crc: 0,
+            payload_len: 0,
+            index: Index(5),
+            term: Term(2),
+            lsn_low: 0,
+            kind: RecordKind::Entry,
+        };
+        chain.advance(&header).expect("next index");
+        header.index = Index(7);
+        assert!(matches!(chain.advance(&header), Err(DecodeError::IndexGap { .. })));
+        header.index = Index(6);
+        header.term = Term(1);
+        assert!(matches!(chain.advance(&header), Err(DecodeError::TermRegressed { .. })));
+    }
+
+    #[test]
+    fn segment_header_round_trips_and_checks_its_crc() {
+        let header = SegmentHeader {
+            block_bytes: 4096,
+            cluster_id: 9,
+            first_index: Index(11),
+            first_lsn: Lsn(8192),
+            prev_term: Term(2),
+            data_bytes: 16384,
+            window_bytes: 8192,
+        };
+        let bytes = header.encode();
+        assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
+        let mut bad = bytes;
+        bad[20] ^= 1;
+        assert!(matches!(SegmentHeader::decode(&bad), Err(DecodeError::Checksum { .. })));
+    }
+}

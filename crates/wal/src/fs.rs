@@ -1,0 +1,510 @@
+//! The file-system trait in front of the disk: [`StdFs`] for real disks, [`FaultFs`] for crash
+//! tests.
+//!
+//! The wal only needs positioned reads and writes, fdatasync, preallocation, rename, remove and
+//! a directory fsync, so that is the whole trait. [`FaultFs`] keeps, per file, the bytes as the
+//! process sees them and the bytes that an fdatasync made durable, and per directory the
+//! entries as seen and as made durable by a directory fsync. A "crash" keeps only the durable
+//! state, optionally with a random subset of the unsynced 512-byte sectors (a torn write).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A file the wal reads and writes at positions.
+pub trait WalFile: Send + Sync + fmt::Debug {
+    /// Reads exactly `buf.len()` bytes at `offset`; reading past the end is an error.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// fdatasync(2): makes the data and the size durable.
+    fn sync_data(&self) -> io::Result<()>;
+    /// Preallocates `len` bytes (fallocate(2)), extending the size; ENOSPC shows up here.
+    fn allocate(&self, len: u64) -> io::Result<()>;
+    /// Current size in bytes.
+    fn len(&self) -> io::Result<u64>;
+}
+
+/// The directory operations the wal needs.
+pub trait FileSystem: Send + Sync + fmt::Debug {
+    /// Creates `dir` and its parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// File names (not paths) in `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Opens an existing file for reading and writing.
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn WalFile>>;
+    /// Creates a new file (truncating any old one) for reading and writing.
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn WalFile>>;
+    /// Renames a file, replacing any file at `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// fsync(2) of a directory, which makes its entries (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// The real file system through `std::fs` and rustix.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdFs;
+
+#[derive(Debug)]
+struct StdFile(File);
+
+impl WalFile for StdFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        match rustix::fs::fallocate(&self.0, rustix::fs::FallocateFlags::empty(), 0, len) {
+            Ok(()) => Ok(()),
+            // Some file systems cannot preallocate; a sparse file still works, ENOSPC then
+            // shows up at write time instead and is handled there too.
+            Err(rustix::io::Errno::OPNOTSUPP) => self.0.set_len(len),
+            Err(errno) => Err(errno.into()),
+        }
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+}
+
+impl FileSystem for StdFs {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            if let Some(name) = entry?.file_name().to_str() {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
+        Ok(Arc::new(StdFile(OpenOptions::new().read(true).write(true).open(path)?)))
+    }
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        Ok(Arc::new(StdFile(file)))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+/// Sector size of the torn-write model: the unit that a crash keeps or loses.
+pub const FAULT_SECTOR_BYTES: usize = 512;
+
+/// A fault-injecting, in-memory file system. Cloning shares the same state.
+#[derive(Clone, Debug, Default)]
+pub struct FaultFs {
+    state: Arc<Mutex<FaultState>>,
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    files: BTreeMap<u64, FaultFile>,
+    next_id: u64,
+    /// Path → file id as the process sees it.
+    entries: BTreeMap<PathBuf, u64>,
+    /// Path → file id as made durable by directory fsyncs.
+    durable_entries: BTreeMap<PathBuf, u64>,
+    /// Bumped at every crash; handles from an older boot fail.
+    boot: u64,
+    /// Mutating operations performed this boot (writes, syncs, creations, renames, removals).
+    ops: u64,
+    /// Crash when `ops` reaches this number: that operation and all later ones fail.
+    crash_at_op: Option<u64>,
+    crashed: bool,
+    /// Fail the next fdatasync with EIO.
+    fail_next_sync: bool,
+    /// Total bytes of all files may not exceed this (ENOSPC).
+    space_limit: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct FaultFile {
+    data: Vec<u8>,
+    durable: Vec<u8>,
+    /// Sectors written since the last fdatasync.
+    dirty_sectors: std::collections::BTreeSet<u64>,
+}
+
+impl FaultState {
+    fn used_bytes(&self) -> u64 {
+        self.files.values().map(|f| f.data.len() as u64).sum()
+    }
+
+    /// Counts one mutating operation and fails it if the machine has "crashed".
+    fn step(&mut self) -> io::Result<()> {
+        if self.crashed {
+            return Err(crashed());
+        }
+        self.ops += 1;
+        if self.crash_at_op.is_some_and(|at| self.ops >= at) {
+            self.crashed = true;
+            return Err(crashed());
+        }
+        Ok(())
+    }
+
+    fn gc(&mut self) {
+        let live: std::collections::BTreeSet<u64> =
+            self.entries.values().chain(self.durable_entries.values()).copied().collect();
+        self.files.retain(|id, _| live.contains(id));
+    }
+}
+
+fn crashed() -> io::Error {
+    io::Error::other("simulated power loss: the machine is down")
+}
+
+fn no_space() -> io::Error {
+    rustix::io::Errno::NOSPC.into()
+}
+
+impl FaultFs {
+    /// An empty file system.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FaultState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Mutating operations performed since the last boot.
+    pub fn ops(&self) -> u64 {
+        self.lock().ops
+    }
+
+    /// Simulates a power loss at the `op`-th mutating operation of this boot (1-based): that
+    /// operation and every later one fail until [`FaultFs::reboot`].
+    pub fn crash_at_op(&self, op: u64) {
+        self.lock().crash_at_op = Some(op);
+    }
+
+    /// Simulates a power loss now.
+    pub fn crash_now(&self) {
+        self.lock().crashed = true;
+    }
+
+    /// Whether the simulated machine is down.
+    pub fn is_crashed(&self) -> bool {
+        self.lock().crashed
+    }
+
+    /// Makes the next fdatasync fail with EIO.
+    pub fn fail_next_sync(&self) {
+        self.lock().fail_next_sync = true;
+    }
+
+    /// Limits the total size of all files (ENOSPC beyond it); `None` lifts the limit.
+    pub fn set_space_limit(&self, limit: Option<u64>) {
+        self.lock().space_limit = limit;
+    }
+
+    /// Total bytes of all files.
+    pub fn used_bytes(&self) -> u64 {
+        self.lock().used_bytes()
+    }
+
+    /// Restarts the machine after a crash (or at any time, as a power loss): every file gets
+    /// its durable bytes back and every directory its durable entries. With `tear_seed`, each
+    /// sector written since the last fdatasync survives with probability one half, chosen by
+    /// a xorshift generator from the seed. Handles from before fail from now on.
+    pub fn reboot(&self, tear_seed: Option<u64>) {
+        let mut state = self.lock();
+        let mut rng = tear_seed.map(|seed| seed | 1);
+        state.entries = state.durable_entries.clone();
+        for file in state.files.values_mut() {
+            let mut kept = std::mem::take(&mut file.durable);
+            if let Some(rng) = rng.as_mut() {
+                for &sector in &file.dirty_sectors {
+                    *rng ^= *rng << 13;
+                    *rng ^= *rng >> 7;
+                    *rng ^= *rng << 17;
+                    if *rng & 1 == 1 {
+                        let start = sector as usize * FAULT_SECTOR_BYTES;
+                        let end = (start + FAULT_SECTOR_BYTES).min(file.data.len());
+                        if start < end {
+                            if kept.len() < end {
+                                kept.resize(end, 0);
+                            }
+                            kept[start..end].copy_from_slice(&file.data[start..end]);
+                        }
+                    }
+                }
+            }
+            file.data = kept.clone();
+            file.durable = kept;
+            file.dirty_sectors.clear();
+        }
+        state.gc();
+        state.boot += 1;
+        state.ops = 0;
+        state.crash_at_op = None;
+        state.crashed = false;
+        state.fail_next_sync = false;
+    }
+
+    /// The bytes of a file as the process sees them (for tests that corrupt files).
+    pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let state = self.lock();
+        state.entries.get(path).map(|id| state.files[id].data.clone())
+    }
+
+    /// Overwrites bytes of a file and makes them durable at once (for tests that corrupt
+    /// files, as bit rot would).
+    pub fn corrupt(&self, path: &Path, offset: u64, bytes: &[u8]) {
+        let mut state = self.lock();
+        let id = state.entries[path];
+        let file = state.files.get_mut(&id).expect("file of a live entry");
+        let end = offset as usize + bytes.len();
+        if file.data.len() < end {
+            file.data.resize(end, 0);
+        }
+        file.data[offset as usize..end].copy_from_slice(bytes);
+        file.durable = file.data.clone();
+    }
+
+    /// Names of the files in `dir` as the process sees them.
+    pub fn names(&self, dir: &Path) -> Vec<String> {
+        FileSystem::list(self, dir).unwrap_or_default()
+    }
+
+    fn handle(&self, id: u64, boot: u64) -> Arc<dyn WalFile> {
+        Arc::new(FaultHandle { fs: self.clone(), id, boot })
+    }
+}
+
+#[derive(Debug)]
+struct FaultHandle {
+    fs: FaultFs,
+    id: u64,
+    boot: u64,
+}
+
+impl FaultHandle {
+    fn with<T>(&self, mutating: bool, f: impl FnOnce(&mut FaultState, u64) -> io::Result<T>) -> io::Result<T> {
+        let mut state = self.fs.lock();
+        if state.boot != self.boot {
+            return Err(io::Error::other("stale handle from before a simulated reboot"));
+        }
+        if mutating {
+            state.step()?;
+        } else if state.crashed {
+            return Err(crashed());
+        }
+        if !state.files.contains_key(&self.id) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        f(&mut state, self.id)
+    }
+}
+
+impl WalFile for FaultHandle {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.with(false, |state, id| {
+            let data = &state.files[&id].data;
+            let start = offset as usize;
+            let end = start.checked_add(buf.len()).filter(|&end| end <= data.len());
+            let end = end.ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+            buf.copy_from_slice(&data[start..end]);
+            Ok(())
+        })
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.with(true, |state, id| {
+            let end = offset as usize + buf.len();
+            let current = state.files[&id].data.len();
+            if end > current {
+                let grow = (end - current) as u64;
+                if state.space_limit.is_some_and(|limit| state.used_bytes() + grow > limit) {
+                    return Err(no_space());
+                }
+            }
+            let file = state.files.get_mut(&id).expect("checked above");
+            if end > file.data.len() {
+                file.data.resize(end, 0);
+            }
+            file.data[offset as usize..end].copy_from_slice(buf);
+            let first = offset / FAULT_SECTOR_BYTES as u64;
+            let last = (end as u64).div_ceil(FAULT_SECTOR_BYTES as u64);
+            file.dirty_sectors.extend(first..last);
+            Ok(())
+        })
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.with(true, |state, id| {
+            let fail = std::mem::take(&mut state.fail_next_sync);
+            let file = state.files.get_mut(&id).expect("checked above");
+            if fail {
+                // Like Linux after a failed writeback: the dirty pages are marked clean and
+                // their bytes never reach the disk.
+                file.dirty_sectors.clear();
+                return Err(io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error()));
+            }
+            file.durable = file.data.clone();
+            file.dirty_sectors.clear();
+            Ok(())
+        })
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.with(true, |state, id| {
+            let current = state.files[&id].data.len() as u64;
+            if len > current && state.space_limit.is_some_and(|limit| state.used_bytes() + len - current > limit) {
+                return Err(no_space());
+            }
+            let file = state.files.get_mut(&id).expect("checked above");
+            if len as usize > file.data.len() {
+                file.data.resize(len as usize, 0);
+            }
+            Ok(())
+        })
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.with(false, |state, id| Ok(state.files[&id].data.len() as u64))
+    }
+}
+
+impl FileSystem for FaultFs {
+    fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
+        // Directories are implicit: a path's parent is its directory.
+        if self.lock().crashed { Err(crashed()) } else { Ok(()) }
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let state = self.lock();
+        if state.crashed {
+            return Err(crashed());
+        }
+        Ok(state
+            .entries
+            .keys()
+            .filter(|path| path.parent() == Some(dir))
+            .filter_map(|path| path.file_name()?.to_str().map(str::to_owned))
+            .collect())
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
+        let state = self.lock();
+        if state.crashed {
+            return Err(crashed());
+        }
+        let id = *state.entries.get(path).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let boot = state.boot;
+        drop(state);
+        Ok(self.handle(id, boot))
+    }
+
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
+        let mut state = self.lock();
+        state.step()?;
+        let id = state.next_id;
+        state.next_id += 1;
+        state.files.insert(id, FaultFile::default());
+        state.entries.insert(path.to_owned(), id);
+        state.gc();
+        let boot = state.boot;
+        drop(state);
+        Ok(self.handle(id, boot))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.step()?;
+        let id = state.entries.remove(from).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        state.entries.insert(to.to_owned(), id);
+        state.gc();
+        Ok(())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.step()?;
+        state.entries.remove(path).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        state.gc();
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.step()?;
+        let in_dir = |path: &PathBuf| path.parent() == Some(dir);
+        state.durable_entries.retain(|path, _| !in_dir(path));
+        let current: Vec<(PathBuf, u64)> =
+            state.entries.iter().filter(|(path, _)| in_dir(path)).map(|(p, id)| (p.clone(), *id)).collect();
+        state.durable_entries.extend(current);
+        state.gc();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_keeps_only_synced_bytes_and_entries() {
+        let fs = FaultFs::new();
+        let dir = Path::new("/log");
+        let a = fs.create(&dir.join("a")).unwrap();
+        a.write_all_at(b"durable", 0).unwrap();
+        a.sync_data().unwrap();
+        fs.sync_dir(dir).unwrap();
+        a.write_all_at(b"lost", 7).unwrap();
+        let b = fs.create(&dir.join("b")).unwrap();
+        b.write_all_at(b"data", 0).unwrap();
+        b.sync_data().unwrap(); // data durable, but the entry is not
+        fs.reboot(None);
+        assert_eq!(fs.names(dir), vec!["a".to_owned()]);
+        assert_eq!(fs.read_file(&dir.join("a")).unwrap(), b"durable");
+        assert!(a.len().is_err(), "old handles are stale after a reboot");
+    }
+
+    #[test]
+    fn eio_and_enospc_are_injected() {
+        let fs = FaultFs::new();
+        let f = fs.create(Path::new("/d/f")).unwrap();
+        fs.fail_next_sync();
+        assert_eq!(f.sync_data().unwrap_err().raw_os_error(), Some(5));
+        f.sync_data().unwrap();
+        fs.set_space_limit(Some(100));
+        assert!(crate::WalError::is_no_space(&f.allocate(200).unwrap_err()));
+        f.allocate(100).unwrap();
+        assert!(crate::WalError::is_no_space(&f.write_all_at(&[1], 100).unwrap_err()));
+    }
+
+    #[test]
+    fn crash_at_op_fails_that_op_and_later_ones() {
+        let fs = FaultFs::new();
+        let f = fs.create(Path::new("/d/f")).unwrap();
+        fs.crash_at_op(3);
+        f.write_all_at(b"x", 0).unwrap();
+        assert!(f.sync_data().is_err());
+        assert!(f.write_all_at(b"y", 0).is_err());
+        assert!(fs.is_crashed());
+    }
+}

@@ -1,0 +1,639 @@
+//! The registered ring: a power-of-two window over the tail of the log's byte stream.
+//!
+//! # Layout and positions
+//!
+//! Stream position `lsn` lives at ring byte `lsn & (capacity - 1)`. Positions are wide `u64`
+//! values that only grow (except for [`Producer::rewind`]), so they never wrap in practice
+//! (2^64 bytes). Records never cross a block boundary ([`crate::format::place`]) and the
+//! capacity is a multiple of the block, so a record never crosses the end of the ring and no
+//! caller ever splits one: the ring pads to the block end with a padding record instead of
+//! double-mapping, because a double mapping needs `mmap` of the same memory twice (unsafe, and
+//! twice the registrations), while padding costs at most one block per lap and keeps Lsns equal
+//! on every replica whatever its ring capacity.
+//!
+//! # Full/empty rule
+//!
+//! `head` is the first byte the consumer still holds, `tail` the end of the published records.
+//! Always `head <= tail <= head + capacity`. Empty: `head == tail`. Full for a record of `n`
+//! bytes placed at `start`: `start + n - head > capacity`.
+//!
+//! # Who touches what (the safety section of the shared-memory protocol)
+//!
+//! * The producer alone writes ring words in `[tail, head + capacity)` and then stores `tail`
+//!   with `Release`. A remote peer (RDMA Write) writes the same window of a follower's ring;
+//!   the follower's producer reads those bytes only after the fabric says the write is placed
+//!   (a Send after the Write) and accepts them only after [`Producer::accept_written`] checked
+//!   them.
+//! * The consumer alone reads words in `[head, tail)` after loading `tail` with `Acquire`, and
+//!   alone stores `head` with `Release` when it releases bytes; the producer loads `head` with
+//!   `Acquire` before reusing them.
+//!
+//! The memory is a slice of `AtomicU64`, so even a peer that breaks the protocol (a deposed
+//! leader writing late) causes garbage, never undefined behaviour; garbage fails the checksum.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::WalError;
+use crate::format::{
+    self, ChainCheck, Decoded, DecodeError, HEADER_BYTES, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, RecordKind,
+};
+use crate::sync::{AtomicU64, Ordering};
+use crate::{Index, Lsn, Position, Term};
+
+/// Largest ring: 64 GiB, far above any registered region we plan for, and small enough that
+/// word offsets fit comfortably in `usize` on 64-bit targets.
+pub const MAX_RING_BYTES: u64 = 64 << 30;
+
+/// Memory that holds a ring. It is plain memory that other crates register with the NIC: use
+/// [`RingMemory::as_ptr`] and [`RingMemory::len_bytes`] for `ibv_reg_mr`.
+///
+/// The wal crate ships [`AnonymousMemory`]. Shared memory that survives a process crash (a
+/// memfd or a file in /dev/shm) needs an `mmap` of a file, which is `unsafe` in memmap2; the
+/// verbs crate, the only crate allowed `unsafe`, implements this trait for such a mapping.
+/// Registered memory must be anonymous or shmem, never an ext4 file mapping (6.12 kernels
+/// refuse long-term pins of writable file pages).
+pub trait RingMemory: Send + Sync + fmt::Debug {
+    /// The memory as 64-bit words. Ring positions map to `words()[(lsn & mask) / 8]`, bytes in
+    /// little-endian order within a word.
+    fn words(&self) -> &[AtomicU64];
+
+    /// Start address, for registration.
+    fn as_ptr(&self) -> *const u8 {
+        self.words().as_ptr().cast()
+    }
+
+    /// Length in bytes, for registration.
+    fn len_bytes(&self) -> usize {
+        self.words().len() * 8
+    }
+}
+
+/// Anonymous, private memory, zeroed and touched at creation so that its pages exist before
+/// registration pins them. Large allocations come from an anonymous `mmap` by the allocator.
+pub struct AnonymousMemory {
+    words: Box<[AtomicU64]>,
+}
+
+impl fmt::Debug for AnonymousMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnonymousMemory").field("len_bytes", &self.len_bytes()).finish()
+    }
+}
+
+impl AnonymousMemory {
+    /// Allocates `len_bytes` of zeroed memory (a multiple of 8, at most [`MAX_RING_BYTES`]).
+    pub fn new(len_bytes: u64) -> Result<Self, WalError> {
+        if len_bytes == 0 || len_bytes % 8 != 0 || len_bytes > MAX_RING_BYTES {
+            return Err(WalError::Config { reason: "ring memory must be a non-zero multiple of 8 bytes, at most 64 GiB" });
+        }
+        let words = (0..len_bytes / 8).map(|_| AtomicU64::new(0)).collect();
+        Ok(Self { words })
+    }
+}
+
+impl RingMemory for AnonymousMemory {
+    fn words(&self) -> &[AtomicU64] {
+        &self.words
+    }
+}
+
+/// Ring geometry. Every replica of one log must use the same `block_bytes` (Lsns depend on
+/// it); capacities may differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Ring size: a power of two, a multiple of `block_bytes`, equal to the memory's length.
+    pub capacity_bytes: u64,
+    /// Block size of the placement rule: a power of two in 64 B ..= 64 MiB.
+    pub block_bytes: u64,
+}
+
+struct Shared {
+    memory: Arc<dyn RingMemory>,
+    mask: u64,
+    capacity: u64,
+    block: u64,
+    head: CachePadded<AtomicU64>,
+    tail: CachePadded<AtomicU64>,
+}
+
+impl Shared {
+    fn word(&self, pos: u64) -> &AtomicU64 {
+        &self.memory.words()[((pos & self.mask) / 8) as usize]
+    }
+
+    /// Stores `bytes` at 8-aligned `pos`; the last word is zero-filled. The range does not
+    /// cross the ring end (records never cross a block).
+    fn store(&self, pos: u64, bytes: &[u8]) {
+        debug_assert!(pos % 8 == 0);
+        let mut chunks = bytes.chunks_exact(8);
+        let mut at = pos;
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.word(at).store(u64::from_le_bytes(word), Ordering::Relaxed);
+            at += 8;
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.word(at).store(u64::from_le_bytes(word), Ordering::Relaxed);
+        }
+    }
+
+    /// Loads `out.len()` bytes from 8-aligned `pos`, wrapping at the ring end.
+    fn load(&self, pos: u64, out: &mut [u8]) {
+        debug_assert!(pos % 8 == 0);
+        let mut at = pos;
+        let mut chunks = out.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            chunk.copy_from_slice(&self.word(at).load(Ordering::Relaxed).to_le_bytes());
+            at += 8;
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let word = self.word(at).load(Ordering::Relaxed).to_le_bytes();
+            let len = rest.len();
+            rest.copy_from_slice(&word[..len]);
+        }
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("capacity", &self.capacity)
+            .field("block", &self.block)
+            .field("head", &self.head.load(Ordering::Relaxed))
+            .field("tail", &self.tail.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Builds a ring over `memory` whose stream continues at `start`, and returns its two handles.
+pub fn ring(memory: Arc<dyn RingMemory>, config: RingConfig, start: Position) -> Result<(Producer, Consumer), WalError> {
+    let RingConfig { capacity_bytes: capacity, block_bytes: block } = config;
+    if !block.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block) {
+        return Err(WalError::Config { reason: "ring block size must be a power of two in 64 B ..= 64 MiB" });
+    }
+    if !capacity.is_power_of_two() || capacity < block || capacity > MAX_RING_BYTES {
+        return Err(WalError::Config { reason: "ring capacity must be a power of two, at least one block, at most 64 GiB" });
+    }
+    if memory.len_bytes() as u64 != capacity {
+        return Err(WalError::Config { reason: "ring memory length must equal the ring capacity" });
+    }
+    if start.lsn.0 % 8 != 0 {
+        return Err(WalError::Config { reason: "a ring must start at an 8-aligned lsn" });
+    }
+    let shared = Arc::new(Shared {
+        memory,
+        mask: capacity - 1,
+        capacity,
+        block,
+        head: CachePadded::new(AtomicU64::new(start.lsn.0)),
+        tail: CachePadded::new(AtomicU64::new(start.lsn.0)),
+    });
+    let producer = Producer {
+        shared: Arc::clone(&shared),
+        tail: start.lsn.0,
+        cached_head: start.lsn.0,
+        last_index: start.last_index,
+        last_term: start.last_term,
+        scratch: vec![0; block as usize].into_boxed_slice(),
+    };
+    let consumer = Consumer { shared, head: start.lsn.0, scratch: vec![0; block as usize].into_boxed_slice() };
+    Ok((producer, consumer))
+}
+
+/// The writing end: the leader appends entries, a follower accepts what the leader wrote.
+#[derive(Debug)]
+pub struct Producer {
+    shared: Arc<Shared>,
+    tail: u64,
+    cached_head: u64,
+    last_index: Index,
+    last_term: Term,
+    /// One block, allocated once, for validating remote bytes.
+    scratch: Box<[u8]>,
+}
+
+impl Producer {
+    /// Appends an entry with the next index and returns its index and Lsn.
+    pub fn append_next(&mut self, term: Term, payload: &[u8]) -> Result<(Index, Lsn), WalError> {
+        let index = Index(self.last_index.0 + 1);
+        self.append(index, term, payload).map(|lsn| (index, lsn))
+    }
+
+    /// Appends an entry and publishes it to the consumer. The index must be the last plus one
+    /// and the term not lower. Does not allocate.
+    pub fn append(&mut self, index: Index, term: Term, payload: &[u8]) -> Result<Lsn, WalError> {
+        let max = format::max_payload(self.shared.block);
+        if payload.len() > max {
+            return Err(WalError::EntryTooLarge { len: payload.len(), max });
+        }
+        if index.0 != self.last_index.0 + 1 || term < self.last_term {
+            return Err(WalError::OutOfOrder { index, term, last_index: self.last_index, last_term: self.last_term });
+        }
+        let record = format::record_bytes(payload.len()) as u64;
+        let start = format::place(self.tail, record, self.shared.block);
+        let end = start + record;
+        self.reserve(start, end)?;
+        if start > self.tail {
+            self.write_padding(start);
+        }
+        let header = format::entry_header(Lsn(start), index, term, payload);
+        self.shared.store(start, &header);
+        self.shared.store(start + HEADER_BYTES as u64, payload);
+        self.tail = end;
+        self.last_index = index;
+        self.last_term = term;
+        self.shared.tail.store(end, Ordering::Release);
+        Ok(Lsn(start))
+    }
+
+    fn reserve(&mut self, start: u64, end: u64) -> Result<(), WalError> {
+        if end - self.cached_head > self.shared.capacity {
+            self.cached_head = self.shared.head.load(Ordering::Acquire);
+            if end - self.cached_head > self.shared.capacity {
+                return Err(WalError::RingFull {
+                    lsn: Lsn(start),
+                    needed_bytes: end - self.tail,
+                    free_bytes: self.free_bytes(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn write_padding(&mut self, start: u64) {
+        let gap = start - self.tail;
+        if gap >= HEADER_BYTES as u64 {
+            let header = format::padding_header(Lsn(self.tail), gap, (self.last_index, self.last_term));
+            self.shared.store(self.tail, &header);
+        }
+    }
+
+    /// Checks the bytes that someone else (the leader, by RDMA Write) placed in
+    /// `[tail, end)` and, if every record is valid, publishes them. Checks: `end` is within
+    /// the free window, every record's length is bounded by its block and by `end`, its Lsn
+    /// tag, its crc32c, and the index chain (next index, term not lower). On any failure
+    /// nothing is accepted. Returns the new end of the log.
+    pub fn accept_written(&mut self, end: Lsn) -> Result<Position, WalError> {
+        let end = end.0;
+        let head = self.shared.head.load(Ordering::Acquire);
+        if end < self.tail || end % 8 != 0 || end - head > self.shared.capacity {
+            return Err(WalError::Range { start: Lsn(self.tail), end: Lsn(end), held_start: Lsn(head), held_end: Lsn(head + self.shared.capacity) });
+        }
+        let block = self.shared.block;
+        let mut chain = ChainCheck { last_index: self.last_index, last_term: self.last_term };
+        let mut pos = self.tail;
+        while pos < end {
+            let last_index = chain.last_index;
+            let fail = move |source| WalError::RemoteRange { lsn: Lsn(pos), index: last_index, source };
+            let rest = format::block_rest(pos, block);
+            let available = (end - pos).min(rest) as usize;
+            if rest < HEADER_BYTES as u64 {
+                if end - pos < rest {
+                    return Err(fail(DecodeError::Truncated { needed: rest, available: end - pos }));
+                }
+                pos += rest;
+                continue;
+            }
+            // Copy the header first, then only as much payload as the header claims, bounded
+            // by the block and by `end`.
+            let scratch = &mut self.scratch[..available];
+            let head_len = HEADER_BYTES.min(available);
+            self.shared.load(pos, &mut scratch[..head_len]);
+            if head_len == HEADER_BYTES {
+                let claimed = u32::from_le_bytes([scratch[4], scratch[5], scratch[6], scratch[7]]) as usize;
+                let want = (HEADER_BYTES + claimed).min(available);
+                self.shared.load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
+            }
+            let decoded = format::decode_record(scratch, Lsn(pos), block).map_err(fail)?;
+            let header = decoded.header;
+            let len = decoded.record_len;
+            chain.advance(&header).map_err(fail)?;
+            pos += len;
+        }
+        debug_assert_eq!(pos, end);
+        self.tail = end;
+        self.last_index = chain.last_index;
+        self.last_term = chain.last_term;
+        self.shared.tail.store(end, Ordering::Release);
+        Ok(self.position())
+    }
+
+    /// Moves the tail back to `to` (a raft conflict on a follower). `to` must be a record
+    /// boundary in `[head, tail]`. Call it only while the consumer is not reading past `to`.
+    pub fn rewind(&mut self, to: Position) -> Result<(), WalError> {
+        let head = self.shared.head.load(Ordering::Acquire);
+        if to.lsn.0 < head || to.lsn.0 > self.tail || to.lsn.0 % 8 != 0 {
+            return Err(WalError::Range { start: to.lsn, end: Lsn(self.tail), held_start: Lsn(head), held_end: Lsn(self.tail) });
+        }
+        self.tail = to.lsn.0;
+        self.last_index = to.last_index;
+        self.last_term = to.last_term;
+        self.shared.tail.store(self.tail, Ordering::Release);
+        Ok(())
+    }
+
+    /// End of the published records, and the last entry.
+    pub fn position(&self) -> Position {
+        Position { lsn: Lsn(self.tail), last_index: self.last_index, last_term: self.last_term }
+    }
+
+    /// Bytes free for new records (including any padding they need).
+    pub fn free_bytes(&self) -> u64 {
+        self.shared.capacity - (self.tail - self.shared.head.load(Ordering::Acquire))
+    }
+
+    /// The ring's memory, for registration.
+    pub fn memory(&self) -> &Arc<dyn RingMemory> {
+        &self.shared.memory
+    }
+}
+
+/// The reading end: persists records to segments and releases them.
+#[derive(Debug)]
+pub struct Consumer {
+    shared: Arc<Shared>,
+    head: u64,
+    /// One block, allocated once, that records are copied into for decoding.
+    scratch: Box<[u8]>,
+}
+
+impl Consumer {
+    /// First byte still held.
+    pub fn head(&self) -> Lsn {
+        Lsn(self.head)
+    }
+
+    /// End of the published records.
+    pub fn tail(&self) -> Lsn {
+        Lsn(self.shared.tail.load(Ordering::Acquire))
+    }
+
+    /// Copies the stream bytes `[start, start + out.len())`, which must be held.
+    pub fn copy_range(&self, start: Lsn, out: &mut [u8]) -> Result<(), WalError> {
+        let tail = self.shared.tail.load(Ordering::Acquire);
+        let end = start.0.checked_add(out.len() as u64);
+        if start.0 < self.head || start.0 % 8 != 0 || end.is_none_or(|end| end > tail) {
+            return Err(WalError::Range { start, end: Lsn(end.unwrap_or(u64::MAX)), held_start: Lsn(self.head), held_end: Lsn(tail) });
+        }
+        self.shared.load(start.0, out);
+        Ok(())
+    }
+
+    /// Returns the next entry at or after `from` (skipping padding), with its Lsn, or `None`
+    /// when `from` reaches the tail. The entry is re-verified (bounds, Lsn tag, crc32c); the
+    /// payload borrows an internal buffer. The entry ends at `lsn + record_len`.
+    pub fn next_entry(&mut self, from: Lsn) -> Result<Option<(Lsn, Decoded<'_>)>, WalError> {
+        let tail = self.shared.tail.load(Ordering::Acquire);
+        let block = self.shared.block;
+        let mut pos = from.0;
+        if pos < self.head || pos % 8 != 0 {
+            return Err(WalError::Range { start: from, end: Lsn(tail), held_start: Lsn(self.head), held_end: Lsn(tail) });
+        }
+        while pos < tail {
+            let rest = format::block_rest(pos, block);
+            if rest < HEADER_BYTES as u64 {
+                pos += rest;
+                continue;
+            }
+            let available = (tail - pos).min(rest) as usize;
+            let mut header = [0u8; HEADER_BYTES];
+            self.shared.load(pos, &mut header);
+            let kind = header[29];
+            if kind == RecordKind::Padding as u8 {
+                pos += rest;
+                continue;
+            }
+            let claimed = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
+            let want = (HEADER_BYTES + claimed).min(available);
+            self.shared.load(pos, &mut self.scratch[..want]);
+            let decoded = format::decode_record(&self.scratch[..want], Lsn(pos), block)
+                .map_err(|source| WalError::RemoteRange { lsn: Lsn(pos), index: Index(0), source })?;
+            return Ok(Some((Lsn(pos), decoded)));
+        }
+        Ok(None)
+    }
+
+    /// Releases everything before `up_to` to the producer. `up_to` must be in `[head, tail]`.
+    pub fn release(&mut self, up_to: Lsn) -> Result<(), WalError> {
+        let tail = self.shared.tail.load(Ordering::Acquire);
+        if up_to.0 < self.head || up_to.0 > tail {
+            return Err(WalError::Range { start: Lsn(self.head), end: up_to, held_start: Lsn(self.head), held_end: Lsn(tail) });
+        }
+        self.head = up_to.0;
+        self.shared.head.store(up_to.0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Block size of the placement rule.
+    pub fn block_bytes(&self) -> u64 {
+        self.shared.block
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn small_ring(capacity: u64, block: u64) -> (Producer, Consumer) {
+        let memory = Arc::new(AnonymousMemory::new(capacity).unwrap());
+        ring(memory, RingConfig { capacity_bytes: capacity, block_bytes: block }, Position::default()).unwrap()
+    }
+
+    #[test]
+    fn empty_then_full_then_empty_again() {
+        let (mut producer, mut consumer) = small_ring(256, 128);
+        assert_eq!(consumer.head(), consumer.tail(), "a new ring is empty");
+        // 56-byte payload -> 88-byte record; two fit per 128-byte block? No: 88 + 88 > 128, so
+        // each record takes one block (with 40 bytes of padding after it).
+        producer.append_next(Term(1), &[1; 56]).unwrap();
+        producer.append_next(Term(1), &[2; 56]).unwrap();
+        assert_eq!(producer.free_bytes(), 256 - 128 - 88);
+        let err = producer.append_next(Term(1), &[3; 56]).unwrap_err();
+        assert!(matches!(err, WalError::RingFull { .. }), "{err}");
+        let (lsn, entry) = consumer.next_entry(Lsn(0)).unwrap().unwrap();
+        assert_eq!((lsn, entry.header.index, entry.payload), (Lsn(0), Index(1), &[1u8; 56][..]));
+        let next = lsn.0 + entry.record_len;
+        consumer.release(Lsn(next)).unwrap();
+        producer.append_next(Term(1), &[3; 56]).unwrap();
+        let (lsn, entry) = consumer.next_entry(Lsn(next)).unwrap().unwrap();
+        assert_eq!((lsn, entry.header.index), (Lsn(128), Index(2)));
+        let tail = consumer.tail();
+        consumer.release(tail).unwrap();
+        assert_eq!(producer.free_bytes(), 256);
+    }
+
+    #[test]
+    fn wrap_around_keeps_entries_contiguous_and_in_order() {
+        let (mut producer, mut consumer) = small_ring(512, 128);
+        let mut next = Lsn(0);
+        for i in 0..200u64 {
+            let payload = vec![i as u8; (i % 70) as usize];
+            let (index, lsn) = producer.append_next(Term(1 + i / 50), &payload).unwrap();
+            assert_eq!(index, Index(i + 1));
+            assert_eq!(lsn.0 / 128, (lsn.0 + format::record_bytes(payload.len()) as u64 - 1) / 128, "never crosses a block");
+            let (at, entry) = consumer.next_entry(next).unwrap().unwrap();
+            assert_eq!(at, lsn);
+            assert_eq!(entry.payload, &payload[..]);
+            next = Lsn(at.0 + entry.record_len);
+            consumer.release(next).unwrap();
+        }
+        assert!(next.0 > 4 * 512, "wrapped several times");
+    }
+
+    #[test]
+    fn oversized_and_out_of_order_entries_are_refused() {
+        let (mut producer, _consumer) = small_ring(256, 128);
+        assert!(matches!(producer.append_next(Term(1), &[0; 97]), Err(WalError::EntryTooLarge { max: 96, .. })));
+        assert!(matches!(producer.append(Index(2), Term(1), b"x"), Err(WalError::OutOfOrder { .. })));
+        producer.append(Index(1), Term(2), b"x").unwrap();
+        assert!(matches!(producer.append(Index(2), Term(1), b"x"), Err(WalError::OutOfOrder { .. })));
+    }
+
+    #[test]
+    fn follower_accepts_a_valid_remote_range_and_refuses_a_bad_one() {
+        let (mut leader, leader_consumer) = small_ring(1024, 256);
+        for i in 0..6u64 {
+            leader.append_next(Term(2), &vec![i as u8; 40 + i as usize * 9]).unwrap();
+        }
+        let end = leader.position().lsn;
+        let mut bytes = vec![0u8; end.0 as usize];
+        leader_consumer.copy_range(Lsn(0), &mut bytes).unwrap();
+
+        // A faithful "RDMA Write" of the whole range into the follower's memory.
+        let memory = Arc::new(AnonymousMemory::new(1024).unwrap());
+        let config = RingConfig { capacity_bytes: 1024, block_bytes: 256 };
+        let (mut follower, _c) = ring(memory.clone(), config, Position::default()).unwrap();
+        write_words(&*memory, 0, &bytes);
+        let position = follower.accept_written(end).unwrap();
+        assert_eq!((position.last_index, position.last_term, position.lsn), (Index(6), Term(2), end));
+
+        // Each kind of damage is refused and nothing is accepted.
+        for damage in 0..4 {
+            let memory = Arc::new(AnonymousMemory::new(1024).unwrap());
+            let (mut follower, _c) = ring(memory.clone(), config, Position::default()).unwrap();
+            let mut bad = bytes.clone();
+            match damage {
+                0 => bad[200] ^= 0x40,                                  // payload bit flip
+                1 => bad[4..8].copy_from_slice(&5000u32.to_le_bytes()), // length beyond block
+                2 => bad[8..16].copy_from_slice(&9u64.to_le_bytes()),   // index gap (crc breaks too)
+                _ => {}
+            }
+            write_words(&*memory, 0, &bad);
+            let claimed_end = if damage == 3 { Lsn(end.0 - 8) } else { end }; // torn range end
+            let err = follower.accept_written(claimed_end).unwrap_err();
+            assert!(matches!(err, WalError::RemoteRange { .. }), "damage {damage}: {err}");
+            assert_eq!(follower.position(), Position::default());
+        }
+        // A follower whose chain does not match (it expects index 10 next) refuses too.
+        let memory = Arc::new(AnonymousMemory::new(1024).unwrap());
+        let start = Position { lsn: Lsn(0), last_index: Index(9), last_term: Term(1) };
+        let (mut follower, _c) = ring(memory.clone(), config, start).unwrap();
+        write_words(&*memory, 0, &bytes);
+        let err = follower.accept_written(end).unwrap_err();
+        assert!(matches!(err, WalError::RemoteRange { source: DecodeError::IndexGap { .. }, .. }), "{err}");
+        // And a range beyond the free window is refused before any byte is read.
+        assert!(matches!(follower.accept_written(Lsn(2048)), Err(WalError::Range { .. })));
+    }
+
+    fn write_words(memory: &dyn RingMemory, at: usize, bytes: &[u8]) {
+        for (i, chunk) in bytes.chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            memory.words()[at / 8 + i].store(u64::from_le_bytes(word), Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn concurrent_producer_and_consumer_see_every_entry_once_in_order() {
+        let (mut producer, mut consumer) = small_ring(4096, 512);
+        const ENTRIES: u64 = 50_000;
+        let writer = std::thread::spawn(move || {
+            let mut payload = [0u8; 120];
+            for i in 1..=ENTRIES {
+                let len = (i % 113) as usize;
+                payload[..8].copy_from_slice(&i.to_le_bytes());
+                loop {
+                    match producer.append_next(Term(1), &payload[..len.max(8)]) {
+                        Ok(_) => break,
+                        Err(WalError::RingFull { .. }) => std::thread::yield_now(),
+                        Err(other) => panic!("append failed: {other}"),
+                    }
+                }
+            }
+        });
+        let mut next = Lsn(0);
+        let mut seen = 0u64;
+        while seen < ENTRIES {
+            match consumer.next_entry(next).unwrap() {
+                Some((lsn, entry)) => {
+                    seen += 1;
+                    assert_eq!(entry.header.index, Index(seen));
+                    assert_eq!(entry.payload[..8], seen.to_le_bytes());
+                    next = Lsn(lsn.0 + entry.record_len);
+                    consumer.release(next).unwrap();
+                }
+                None => std::thread::yield_now(),
+            }
+        }
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn rewind_moves_the_tail_back_within_the_held_range() {
+        let (mut producer, consumer) = small_ring(1024, 256);
+        let (_, lsn2) = {
+            producer.append_next(Term(1), b"one").unwrap();
+            producer.append_next(Term(1), b"two").unwrap()
+        };
+        let to = Position { lsn: lsn2, last_index: Index(1), last_term: Term(1) };
+        producer.rewind(to).unwrap();
+        assert_eq!(consumer.tail(), lsn2);
+        producer.append(Index(2), Term(3), b"new two").unwrap();
+        assert!(producer.rewind(Position { lsn: Lsn(4096), ..to }).is_err());
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Model-checks the publish/release protocol. Run with
+    //! `RUSTFLAGS="--cfg loom" cargo test -p wal --lib --release loom`.
+    use super::*;
+
+    #[test]
+    fn loom_producer_consumer_handoff() {
+        loom::model(|| {
+            let memory = Arc::new(AnonymousMemory::new(128).unwrap());
+            let config = RingConfig { capacity_bytes: 128, block_bytes: 64 };
+            let (mut producer, mut consumer) = ring(memory, config, Position::default()).unwrap();
+            let writer = loom::thread::spawn(move || {
+                for i in 1..=3u8 {
+                    while producer.append_next(Term(1), &[i; 8]).is_err() {
+                        loom::thread::yield_now();
+                    }
+                }
+            });
+            let mut next = Lsn(0);
+            let mut seen = 0u8;
+            while seen < 3 {
+                match consumer.next_entry(next).unwrap() {
+                    Some((lsn, entry)) => {
+                        seen += 1;
+                        assert_eq!(entry.payload, &[seen; 8]);
+                        next = Lsn(lsn.0 + entry.record_len);
+                        consumer.release(next).unwrap();
+                    }
+                    None => loom::thread::yield_now(),
+                }
+            }
+            writer.join().unwrap();
+        });
+    }
+}
