@@ -76,6 +76,19 @@ if [ -n "${LAB_DISK:-}" ]; then
   export RDMALOG_LAB_DISK=/run/lab/disk
 fi
 
+# Paths the job needs that live under the host's /tmp (hidden by the guest's tmpfs): bind the
+# top-level directory of each back, read-only like the rest of the host root.
+for p in "$LAB_CWD" ${LAB_KEEP:-}; do
+  case "$p" in
+    /tmp/?*)
+      top=${p#/tmp/}; top=${top%%/*}
+      if [ ! -e "/tmp/$top" ] && [ -e "/run/lab/host-tmp/$top" ]; then
+        mkdir -p "/tmp/$top"
+        mount --bind "/run/lab/host-tmp/$top" "/tmp/$top" || fail "cannot bind the host's /tmp/$top into the guest"
+      fi ;;
+  esac
+done
+
 export RDMALOG_LAB=1 RDMALOG_LAB_HOSTS="$LAB_HOSTS" RDMALOG_LAB_OUT=/mnt RDMALOG_LAB_SCRATCH=/tmp
 echo "@@LAB:READY uptime=$(cut -d' ' -f1 /proc/uptime)"
 cd "$LAB_CWD" || fail "cannot enter $LAB_CWD in the guest"

@@ -484,6 +484,20 @@ pub fn render_job(job: &Job, env: &[(String, String)]) -> String {
     s
 }
 
+/// Host paths the guest job must see even when they live under `/tmp`, which the guest
+/// replaces with its own tmpfs: the repository, the cargo target dir and this executable.
+pub fn keep_paths() -> Vec<String> {
+    let mut keep: Vec<String> = ["RDMALOG_REPO", "CARGO_TARGET_DIR"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok())
+        .collect();
+    if let Ok(exe) = std::env::current_exe() {
+        keep.push(exe.display().to_string());
+    }
+    keep.retain(|p| !p.contains(char::is_whitespace));
+    keep
+}
+
 /// Everything needed to boot, prepared once.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -583,9 +597,10 @@ pub fn run(
     write(
         "env.sh",
         &format!(
-            "LAB_HOSTS={}\nLAB_CWD={}\nLAB_DISK={}\n",
+            "LAB_HOSTS={}\nLAB_CWD={}\nLAB_KEEP={}\nLAB_DISK={}\n",
             cfg.hosts,
             shell_quote(&cwd.display().to_string()),
+            shell_quote(&keep_paths().join(" ")),
             if cfg.disk_mib.is_some() { "1" } else { "" }
         ),
     )?;

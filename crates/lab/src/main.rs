@@ -162,7 +162,7 @@ fn boot_config(b: &BootArgs) -> Result<(LabConfig, Vec<(String, String)>), LabEr
             std::path::absolute(o).map_err(lab::io_err("cannot resolve --out"))?,
             false,
         ),
-        None => (default_out, true),
+        None => (claim_default_out(default_out)?, true),
     };
     let mut cfg = LabConfig::new(out, cache);
     cfg.hosts = b.hosts;
@@ -193,6 +193,36 @@ fn boot_config(b: &BootArgs) -> Result<(LabConfig, Vec<(String, String)>), LabEr
         env.push((k.to_string(), v.to_string()));
     }
     Ok((cfg, env))
+}
+
+/// Claims the default result directory for this run. When another live run holds it (its pid
+/// is in `<dir>.pid`), this run uses `<dir>-<pid>` instead, so concurrent runs never clobber
+/// each other's results.
+fn claim_default_out(default_out: PathBuf) -> Result<PathBuf, LabError> {
+    let me = std::process::id();
+    let pid_file = default_out.with_extension("pid");
+    if let Some(parent) = pid_file.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(lab::io_err(format!("cannot create {}", parent.display())))?;
+    }
+    let holder = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|pid| *pid != me && std::path::Path::new(&format!("/proc/{pid}")).exists());
+    if holder.is_some() {
+        let mut name = default_out.file_name().unwrap_or_default().to_os_string();
+        name.push(format!("-{me}"));
+        let alt = default_out.with_file_name(name);
+        host::progress(format!(
+            "{} is in use by another run; results go to {}",
+            default_out.display(),
+            alt.display()
+        ));
+        return Ok(alt);
+    }
+    std::fs::write(&pid_file, me.to_string())
+        .map_err(lab::io_err(format!("cannot write {}", pid_file.display())))?;
+    Ok(default_out)
 }
 
 fn boot_and_run(b: &BootArgs, job: Job) -> Result<u8, LabError> {
