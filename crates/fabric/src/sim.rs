@@ -1,0 +1,990 @@
+//! The in-process fabric: deterministic, on a virtual clock, driven by a scheduler.
+//!
+//! All nodes of a simulated cluster share one [`SimNet`], which owns the virtual clock, a
+//! seeded random number generator, and a queue of in-flight packets ordered by delivery time
+//! (ties broken by posting order). Nothing happens until the driver calls [`SimNet::step`] or
+//! [`SimNet::run_until`], so a run is a pure function of its seed and of the calls made.
+//!
+//! The model follows RC verbs:
+//! - each directed pair of nodes is a FIFO wire: a packet is delivered no earlier than the one
+//!   posted before it on the same connection, which gives "send after write is seen after the
+//!   write's bytes";
+//! - a write or send is acked by a packet travelling back; a lost request *or* a lost ack makes
+//!   the writer's oldest outstanding operation fail with `RetryExceeded` after
+//!   [`SimConfig::retry_timeout_ns`] (so a write can land and still not be acked, as on a real
+//!   network), and all later ones `Flushed`;
+//! - remote write is checked at the target against the connection's grant, the rkey and the
+//!   bounds; a refused write leaves memory unchanged and breaks the connection;
+//! - receive buffers are pre-posted per connection; credits count them, and a send that finds
+//!   none fails with `RnrRetryExceeded`.
+//!
+//! Faults for the simulator: [`SimNet::set_link`] (partitions, symmetric or not),
+//! [`SimNet::set_extra_delay`], [`SimNet::break_connection`], [`SimNet::crash`] and
+//! [`SimNet::restart`].
+
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::{
+    Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
+    MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, WcOp, WcStatus, WriteRequest, read_bytes,
+    write_bytes,
+};
+
+/// Timing and sizing of a simulated fabric. Virtual nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Base one-way latency. 2 µs is a typical RoCE hop through one switch.
+    pub one_way_ns: u64,
+    /// Extra one-way latency per KiB (serialisation): ~80 ns/KiB is 100 Gb/s.
+    pub per_kib_ns: u64,
+    /// Uniform random jitter added per packet, 0..jitter_ns.
+    pub jitter_ns: u64,
+    /// How long an unacked operation waits before `RetryExceeded`: the dead-peer bound,
+    /// (retry_cnt + 1) × 4.096 µs × 2^timeout on hardware, ~0.5 s at timeout 14, retry 7.
+    pub retry_timeout_ns: u64,
+    /// Receive buffers posted per connection (the initial credits).
+    pub recv_slots: u32,
+    /// Send queue depth per connection.
+    pub max_outstanding: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            one_way_ns: 2_000,
+            per_kib_ns: 80,
+            jitter_ns: 500,
+            retry_timeout_ns: 500_000_000,
+            recv_slots: 32,
+            max_outstanding: 256,
+        }
+    }
+}
+
+/// A small, fast, seedable generator (SplitMix64) so runs replay exactly from a seed.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// Seeds the generator.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+}
+
+#[derive(Debug)]
+struct Region {
+    memory: Arc<dyn Memory>,
+    remote: RemoteRegion,
+}
+
+#[derive(Debug)]
+struct Outstanding {
+    wr_id: u64,
+    op: WcOp,
+    signaled: bool,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Conn {
+    epoch: u64,
+    state: ConnState,
+    remote_write: bool,
+    credits: u32,
+    outstanding: VecDeque<Outstanding>,
+    /// Messages delivered by the net, not yet moved to the endpoint by `poll`.
+    inbox: VecDeque<(u64, Vec<u8>)>,
+    free_slots: Vec<u64>,
+}
+
+impl Conn {
+    fn new(epoch: u64, slots: u32) -> Self {
+        Conn {
+            epoch,
+            state: ConnState::Down,
+            remote_write: false,
+            credits: 0,
+            outstanding: VecDeque::new(),
+            inbox: VecDeque::new(),
+            free_slots: (0..u64::from(slots)).rev().collect(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct NodeState {
+    up: bool,
+    regions: Vec<Region>,
+    advertised: Option<RemoteRegion>,
+    conns: BTreeMap<NodeId, Conn>,
+    events: VecDeque<Event>,
+}
+
+#[derive(Debug)]
+enum Packet {
+    ConnectReq {
+        advertised: Option<RemoteRegion>,
+    },
+    ConnectAck {
+        advertised: Option<RemoteRegion>,
+    },
+    Write {
+        rkey: u32,
+        addr: u64,
+        data: Vec<u8>,
+        op_seq: u64,
+    },
+    Send {
+        data: Vec<u8>,
+        op_seq: u64,
+    },
+    Ack {
+        op_seq: u64,
+    },
+    Nak {
+        op_seq: u64,
+        status: WcStatus,
+    },
+    Credit,
+}
+
+#[derive(Debug)]
+enum Action {
+    Deliver {
+        src: NodeId,
+        dst: NodeId,
+        epoch: u64,
+        packet: Packet,
+    },
+    /// The sender gives up on operation `op_seq` (or on a connect, when `op_seq` is 0).
+    Timeout {
+        node: NodeId,
+        peer: NodeId,
+        epoch: u64,
+        op_seq: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Net {
+    now: u64,
+    seq: u64,
+    rng: SplitMix64,
+    config: SimConfig,
+    nodes: BTreeMap<NodeId, NodeState>,
+    queue: BinaryHeap<Reverse<(u64, u64)>>,
+    actions: BTreeMap<u64, Action>,
+    blocked: BTreeSet<(NodeId, NodeId)>,
+    extra_delay: BTreeMap<(NodeId, NodeId), u64>,
+    last_delivery: BTreeMap<(NodeId, NodeId), u64>,
+    next_rkey: u32,
+    next_epoch: u64,
+    stats: SimStats,
+}
+
+/// Counters of what the fabric did, for tests and the simulator's summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Writes whose bytes were placed.
+    pub writes_placed: u64,
+    /// Writes refused at the target (fenced, bad rkey, out of bounds).
+    pub writes_refused: u64,
+    /// Messages delivered into receive buffers.
+    pub messages_delivered: u64,
+    /// Packets dropped by partitions, crashes or stale connections.
+    pub packets_dropped: u64,
+    /// Connections established.
+    pub connects: u64,
+}
+
+impl Net {
+    fn schedule(&mut self, at: u64, action: Action) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq)));
+        self.actions.insert(self.seq, action);
+    }
+
+    fn send_packet(&mut self, src: NodeId, dst: NodeId, epoch: u64, packet: Packet) {
+        let bytes = match &packet {
+            Packet::Write { data, .. } | Packet::Send { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        let jitter = self.rng.below(self.config.jitter_ns);
+        let extra = self.extra_delay.get(&(src, dst)).copied().unwrap_or(0);
+        let mut at = self.now
+            + self.config.one_way_ns
+            + bytes * self.config.per_kib_ns / 1024
+            + jitter
+            + extra;
+        // FIFO per directed wire: never overtake the packet posted before.
+        let last = self.last_delivery.entry((src, dst)).or_insert(0);
+        if at <= *last {
+            at = *last + 1;
+        }
+        *last = at;
+        self.schedule(
+            at,
+            Action::Deliver {
+                src,
+                dst,
+                epoch,
+                packet,
+            },
+        );
+    }
+
+    fn conn_epoch(&self, node: NodeId, peer: NodeId) -> Option<u64> {
+        self.nodes.get(&node)?.conns.get(&peer).map(|c| c.epoch)
+    }
+
+    /// Breaks `node`'s side of the connection to `peer`: the oldest outstanding operation gets
+    /// `first`, the rest `Flushed`, then a `Disconnected` event.
+    fn fail_conn(
+        &mut self,
+        node: NodeId,
+        peer: NodeId,
+        first: Option<WcStatus>,
+        reason: DisconnectReason,
+    ) {
+        let slots = self.config.recv_slots;
+        let Some(n) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        let Some(c) = n.conns.get_mut(&peer) else {
+            return;
+        };
+        if c.state == ConnState::Down && c.outstanding.is_empty() {
+            return;
+        }
+        let mut status = first;
+        while let Some(o) = c.outstanding.pop_front() {
+            let s = status.take().unwrap_or(WcStatus::Flushed);
+            n.events.push_back(Event::Completion(Completion {
+                peer,
+                wr_id: o.wr_id,
+                op: o.op,
+                status: s,
+                byte_len: 0,
+            }));
+        }
+        let epoch = c.epoch;
+        *c = Conn::new(epoch, slots);
+        n.events.push_back(Event::Disconnected { peer, reason });
+    }
+
+    /// Retires outstanding operations up to and including `op_seq` (RC completes in order;
+    /// unsignaled ones complete silently).
+    fn ack(&mut self, node: NodeId, peer: NodeId, op_seq: u64) {
+        let Some(n) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        let Some(c) = n.conns.get_mut(&peer) else {
+            return;
+        };
+        while let Some(o) = c.outstanding.front() {
+            if o.seq > op_seq {
+                break;
+            }
+            let o = c.outstanding.pop_front().expect("front exists");
+            if o.signaled {
+                n.events.push_back(Event::Completion(Completion {
+                    peer,
+                    wr_id: o.wr_id,
+                    op: o.op,
+                    status: WcStatus::Success,
+                    byte_len: 0,
+                }));
+            }
+        }
+    }
+
+    fn deliverable(&self, src: NodeId, dst: NodeId, epoch: u64) -> bool {
+        !self.blocked.contains(&(src, dst))
+            && self.nodes.get(&dst).is_some_and(|n| n.up)
+            && self.nodes.get(&src).is_some_and(|n| n.up)
+            && self.conn_epoch(dst, src) == Some(epoch)
+    }
+
+    fn deliver(&mut self, src: NodeId, dst: NodeId, epoch: u64, packet: Packet) {
+        let slots = self.config.recv_slots;
+        if let Packet::ConnectReq { advertised } = packet {
+            let reachable =
+                !self.blocked.contains(&(src, dst)) && self.nodes.get(&dst).is_some_and(|n| n.up);
+            if !reachable {
+                self.stats.packets_dropped += 1;
+                return;
+            }
+            // The responder resets its side: whatever was in flight on the old connection is
+            // flushed, and remote write starts revoked (granting is the owner's decision).
+            self.fail_conn(dst, src, None, DisconnectReason::PeerReset);
+            let n = self.nodes.get_mut(&dst).expect("dst exists");
+            let mut c = Conn::new(epoch, slots);
+            c.state = ConnState::Up;
+            c.credits = slots;
+            n.conns.insert(src, c);
+            n.events.push_back(Event::Connected {
+                peer: src,
+                remote: advertised,
+            });
+            let mine = n.advertised;
+            self.send_packet(dst, src, epoch, Packet::ConnectAck { advertised: mine });
+            return;
+        }
+        if !self.deliverable(src, dst, epoch) {
+            self.stats.packets_dropped += 1;
+            return;
+        }
+        match packet {
+            Packet::ConnectReq { .. } => unreachable!("handled above"),
+            Packet::ConnectAck { advertised } => {
+                let n = self.nodes.get_mut(&dst).expect("dst exists");
+                let c = n.conns.get_mut(&src).expect("deliverable implies a conn");
+                if c.state == ConnState::Connecting {
+                    c.state = ConnState::Up;
+                    c.credits = slots;
+                    n.events.push_back(Event::Connected {
+                        peer: src,
+                        remote: advertised,
+                    });
+                    self.stats.connects += 1;
+                }
+            }
+            Packet::Write {
+                rkey,
+                addr,
+                data,
+                op_seq,
+            } => {
+                let n = self.nodes.get(&dst).expect("dst exists");
+                let grant = n.conns.get(&src).is_some_and(|c| c.remote_write);
+                let end = addr + data.len() as u64;
+                let region = n.regions.iter().find(|r| {
+                    r.remote.rkey == rkey
+                        && addr >= r.remote.addr
+                        && end <= r.remote.addr + r.remote.len_bytes
+                });
+                match (grant, region) {
+                    (true, Some(r)) => {
+                        write_bytes(r.memory.as_ref(), addr - r.remote.addr, &data);
+                        self.stats.writes_placed += 1;
+                        self.send_packet(dst, src, epoch, Packet::Ack { op_seq });
+                    }
+                    _ => {
+                        self.stats.writes_refused += 1;
+                        self.send_packet(
+                            dst,
+                            src,
+                            epoch,
+                            Packet::Nak {
+                                op_seq,
+                                status: WcStatus::RemoteAccess,
+                            },
+                        );
+                        // The responder's QP goes to the error state too.
+                        self.fail_conn(
+                            dst,
+                            src,
+                            None,
+                            DisconnectReason::Failed(WcStatus::RemoteAccess),
+                        );
+                    }
+                }
+            }
+            Packet::Send { data, op_seq } => {
+                let n = self.nodes.get_mut(&dst).expect("dst exists");
+                let c = n.conns.get_mut(&src).expect("deliverable implies a conn");
+                match c.free_slots.pop() {
+                    Some(slot) => {
+                        c.inbox.push_back((slot, data));
+                        self.stats.messages_delivered += 1;
+                        self.send_packet(dst, src, epoch, Packet::Ack { op_seq });
+                    }
+                    None => {
+                        self.send_packet(
+                            dst,
+                            src,
+                            epoch,
+                            Packet::Nak {
+                                op_seq,
+                                status: WcStatus::RnrRetryExceeded,
+                            },
+                        );
+                        self.fail_conn(
+                            dst,
+                            src,
+                            None,
+                            DisconnectReason::Failed(WcStatus::RnrRetryExceeded),
+                        );
+                    }
+                }
+            }
+            Packet::Ack { op_seq } => self.ack(dst, src, op_seq),
+            Packet::Nak { op_seq, status } => {
+                // Everything before the refused operation completed.
+                self.ack(dst, src, op_seq.saturating_sub(1));
+                self.fail_conn(dst, src, Some(status), DisconnectReason::Failed(status));
+            }
+            Packet::Credit => {
+                if let Some(c) = self.nodes.get_mut(&dst).and_then(|n| n.conns.get_mut(&src)) {
+                    c.credits += 1;
+                }
+            }
+        }
+    }
+
+    fn timeout(&mut self, node: NodeId, peer: NodeId, epoch: u64, op_seq: u64) {
+        let Some(c) = self.nodes.get(&node).and_then(|n| n.conns.get(&peer)) else {
+            return;
+        };
+        if c.epoch != epoch {
+            return;
+        }
+        if op_seq == 0 {
+            if c.state == ConnState::Connecting {
+                self.fail_conn(node, peer, None, DisconnectReason::Unreachable);
+            }
+            return;
+        }
+        if c.outstanding.iter().any(|o| o.seq == op_seq) {
+            self.fail_conn(
+                node,
+                peer,
+                Some(WcStatus::RetryExceeded),
+                DisconnectReason::Failed(WcStatus::RetryExceeded),
+            );
+        }
+    }
+
+    fn step(&mut self) -> bool {
+        let Some(Reverse((at, seq))) = self.queue.pop() else {
+            return false;
+        };
+        self.now = self.now.max(at);
+        let action = self.actions.remove(&seq).expect("queued action exists");
+        match action {
+            Action::Deliver {
+                src,
+                dst,
+                epoch,
+                packet,
+            } => self.deliver(src, dst, epoch, packet),
+            Action::Timeout {
+                node,
+                peer,
+                epoch,
+                op_seq,
+            } => self.timeout(node, peer, epoch, op_seq),
+        }
+        true
+    }
+}
+
+/// The simulated network shared by all nodes of one cluster.
+#[derive(Debug, Clone)]
+pub struct SimNet {
+    net: Rc<RefCell<Net>>,
+}
+
+impl SimNet {
+    /// A network with `config`, whose randomness comes from `seed`.
+    pub fn new(config: SimConfig, seed: u64) -> Self {
+        SimNet {
+            net: Rc::new(RefCell::new(Net {
+                now: 0,
+                seq: 0,
+                rng: SplitMix64::new(seed),
+                config,
+                nodes: BTreeMap::new(),
+                queue: BinaryHeap::new(),
+                actions: BTreeMap::new(),
+                blocked: BTreeSet::new(),
+                extra_delay: BTreeMap::new(),
+                last_delivery: BTreeMap::new(),
+                next_rkey: 0x100,
+                next_epoch: 1,
+                stats: SimStats::default(),
+            })),
+        }
+    }
+
+    /// Adds a node and returns its endpoint. Panics if the node exists (a test bug).
+    pub fn add_node(&self, node: NodeId) -> SimEndpoint {
+        let mut n = self.net.borrow_mut();
+        let fresh = n
+            .nodes
+            .insert(
+                node,
+                NodeState {
+                    up: true,
+                    regions: Vec::new(),
+                    advertised: None,
+                    conns: BTreeMap::new(),
+                    events: VecDeque::new(),
+                },
+            )
+            .is_none();
+        assert!(fresh, "{node} added twice");
+        let slots = n.config.recv_slots as usize;
+        SimEndpoint {
+            net: self.net.clone(),
+            node,
+            inboxes: BTreeMap::new(),
+            slots,
+        }
+    }
+
+    /// Virtual time now, in ns.
+    pub fn now(&self) -> u64 {
+        self.net.borrow().now
+    }
+
+    /// Time of the next scheduled action, if any.
+    pub fn next_time(&self) -> Option<u64> {
+        self.net.borrow().queue.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Processes one scheduled action; false when nothing is scheduled.
+    pub fn step(&self) -> bool {
+        self.net.borrow_mut().step()
+    }
+
+    /// Processes every action scheduled up to `t` and sets the clock to `t`.
+    pub fn run_until(&self, t: u64) {
+        loop {
+            match self.next_time() {
+                Some(next) if next <= t => {
+                    self.step();
+                }
+                _ => break,
+            }
+        }
+        let mut n = self.net.borrow_mut();
+        n.now = n.now.max(t);
+    }
+
+    /// Blocks (`up = false`) or restores the directed link `from → to`.
+    pub fn set_link(&self, from: NodeId, to: NodeId, up: bool) {
+        let mut n = self.net.borrow_mut();
+        if up {
+            n.blocked.remove(&(from, to));
+        } else {
+            n.blocked.insert((from, to));
+        }
+    }
+
+    /// Adds `ns` of one-way delay to packets `from → to`.
+    pub fn set_extra_delay(&self, from: NodeId, to: NodeId, ns: u64) {
+        self.net.borrow_mut().extra_delay.insert((from, to), ns);
+    }
+
+    /// Breaks the connection between `a` and `b` on both sides (as a QP error would).
+    pub fn break_connection(&self, a: NodeId, b: NodeId) {
+        let mut n = self.net.borrow_mut();
+        n.fail_conn(a, b, None, DisconnectReason::PeerReset);
+        n.fail_conn(b, a, None, DisconnectReason::PeerReset);
+    }
+
+    /// Crashes `node`: its connections, registrations and pending events vanish. Peers notice
+    /// only through timeouts, as on a real network.
+    pub fn crash(&self, node: NodeId) {
+        let mut n = self.net.borrow_mut();
+        if let Some(s) = n.nodes.get_mut(&node) {
+            s.up = false;
+            s.regions.clear();
+            s.advertised = None;
+            s.conns.clear();
+            s.events.clear();
+        }
+    }
+
+    /// Restarts a crashed node with a fresh endpoint; it must register its memory again.
+    pub fn restart(&self, node: NodeId) -> SimEndpoint {
+        {
+            let mut n = self.net.borrow_mut();
+            let s = n.nodes.get_mut(&node).expect("restart of an unknown node");
+            s.up = true;
+        }
+        let slots = self.net.borrow().config.recv_slots as usize;
+        SimEndpoint {
+            net: self.net.clone(),
+            node,
+            inboxes: BTreeMap::new(),
+            slots,
+        }
+    }
+
+    /// Whether `node` is up.
+    pub fn is_up(&self, node: NodeId) -> bool {
+        self.net.borrow().nodes.get(&node).is_some_and(|n| n.up)
+    }
+
+    /// The fabric's counters.
+    pub fn stats(&self) -> SimStats {
+        self.net.borrow().stats
+    }
+
+    /// A random number from the network's seeded generator (for drivers that want one stream).
+    pub fn random_below(&self, n: u64) -> u64 {
+        self.net.borrow_mut().rng.below(n)
+    }
+}
+
+/// One node's endpoint on a [`SimNet`].
+#[derive(Debug)]
+pub struct SimEndpoint {
+    net: Rc<RefCell<Net>>,
+    node: NodeId,
+    /// Receive buffers per peer: the messages moved out of the net by `poll`.
+    inboxes: BTreeMap<NodeId, Vec<Option<Vec<u8>>>>,
+    slots: usize,
+}
+
+impl SimEndpoint {
+    fn check_up(&self, n: &Net) -> Result<(), FabricError> {
+        if n.nodes.get(&self.node).is_some_and(|s| s.up) {
+            Ok(())
+        } else {
+            Err(FabricError::NodeDown { node: self.node })
+        }
+    }
+}
+
+impl Fabric for SimEndpoint {
+    fn node(&self) -> NodeId {
+        self.node
+    }
+
+    fn register(
+        &mut self,
+        memory: Arc<dyn Memory>,
+    ) -> Result<(LocalRegion, RemoteRegion), FabricError> {
+        let mut n = self.net.borrow_mut();
+        self.check_up(&n)?;
+        let len_bytes = memory.words().len() as u64 * 8;
+        if len_bytes == 0 {
+            return Err(FabricError::Register {
+                len_bytes,
+                reason: "empty region".into(),
+            });
+        }
+        // rkeys are sequential, as on rxe: guessable, which is why fencing is per connection.
+        n.next_rkey += 1;
+        let rkey = n.next_rkey;
+        let node = n.nodes.get_mut(&self.node).expect("node exists");
+        let id = node.regions.len() as u32;
+        let addr = (self.node.0 << 44) | (u64::from(id) << 36) | 0x1000;
+        let remote = RemoteRegion {
+            addr,
+            rkey,
+            len_bytes,
+        };
+        node.regions.push(Region { memory, remote });
+        Ok((LocalRegion { id, len_bytes }, remote))
+    }
+
+    fn advertise(&mut self, region: RemoteRegion) {
+        if let Some(n) = self.net.borrow_mut().nodes.get_mut(&self.node) {
+            n.advertised = Some(region);
+        }
+    }
+
+    fn connect(&mut self, peer: NodeId) -> Result<(), FabricError> {
+        let mut n = self.net.borrow_mut();
+        self.check_up(&n)?;
+        if peer == self.node || !n.nodes.contains_key(&peer) {
+            return Err(FabricError::UnknownPeer { peer });
+        }
+        if let Some(c) = n.nodes[&self.node].conns.get(&peer) {
+            if c.state != ConnState::Down {
+                return Ok(());
+            }
+        }
+        n.fail_conn(self.node, peer, None, DisconnectReason::Closed);
+        n.next_epoch += 1;
+        let epoch = n.next_epoch;
+        let slots = n.config.recv_slots;
+        let me = n.nodes.get_mut(&self.node).expect("node exists");
+        // Drop the Disconnected event fail_conn may have queued for a connection that was
+        // already down from our point of view.
+        let mut c = Conn::new(epoch, slots);
+        c.state = ConnState::Connecting;
+        me.conns.insert(peer, c);
+        let advertised = me.advertised;
+        self.inboxes.insert(peer, vec![None; self.slots]);
+        n.send_packet(self.node, peer, epoch, Packet::ConnectReq { advertised });
+        let at = n.now + 2 * n.config.retry_timeout_ns;
+        n.schedule(
+            at,
+            Action::Timeout {
+                node: self.node,
+                peer,
+                epoch,
+                op_seq: 0,
+            },
+        );
+        Ok(())
+    }
+
+    fn disconnect(&mut self, peer: NodeId) {
+        self.net
+            .borrow_mut()
+            .fail_conn(self.node, peer, None, DisconnectReason::Closed);
+    }
+
+    fn conn_state(&self, peer: NodeId) -> ConnState {
+        self.net
+            .borrow()
+            .nodes
+            .get(&self.node)
+            .and_then(|n| n.conns.get(&peer))
+            .map_or(ConnState::Down, |c| c.state)
+    }
+
+    fn post_write(&mut self, peer: NodeId, wr: WriteRequest) -> Result<(), FabricError> {
+        let mut n = self.net.borrow_mut();
+        self.check_up(&n)?;
+        let depth = n.config.max_outstanding;
+        let me = n.nodes.get(&self.node).expect("node exists");
+        let c = me
+            .conns
+            .get(&peer)
+            .filter(|c| c.state == ConnState::Up)
+            .ok_or(FabricError::NotConnected { peer })?;
+        if c.outstanding.len() >= depth {
+            return Err(FabricError::QueueFull { peer, depth });
+        }
+        let end = wr.local_offset + wr.len_bytes;
+        let region = me
+            .regions
+            .get(wr.local.id as usize)
+            .filter(|r| end <= r.remote.len_bytes)
+            .ok_or(FabricError::LocalRange {
+                id: wr.local.id,
+                offset: wr.local_offset,
+                end,
+            })?;
+        // The NIC reads the source bytes when it transmits; the simulator reads them at post.
+        let mut data = vec![0u8; wr.len_bytes as usize];
+        read_bytes(region.memory.as_ref(), wr.local_offset, &mut data);
+        let epoch = c.epoch;
+        n.seq += 1;
+        let op_seq = n.seq;
+        let c = n
+            .nodes
+            .get_mut(&self.node)
+            .and_then(|m| m.conns.get_mut(&peer))
+            .expect("checked above");
+        c.outstanding.push_back(Outstanding {
+            wr_id: wr.wr_id,
+            op: WcOp::Write,
+            signaled: wr.signaled,
+            seq: op_seq,
+        });
+        let addr = wr.remote.addr + wr.remote_offset;
+        n.send_packet(
+            self.node,
+            peer,
+            epoch,
+            Packet::Write {
+                rkey: wr.remote.rkey,
+                addr,
+                data,
+                op_seq,
+            },
+        );
+        let at = n.now + n.config.retry_timeout_ns;
+        n.schedule(
+            at,
+            Action::Timeout {
+                node: self.node,
+                peer,
+                epoch,
+                op_seq,
+            },
+        );
+        Ok(())
+    }
+
+    fn post_send(&mut self, peer: NodeId, wr_id: u64, msg: &[u8]) -> Result<(), FabricError> {
+        if msg.len() > MAX_MESSAGE_BYTES {
+            return Err(FabricError::MessageTooLarge {
+                len: msg.len(),
+                max: MAX_MESSAGE_BYTES,
+            });
+        }
+        let mut n = self.net.borrow_mut();
+        self.check_up(&n)?;
+        let depth = n.config.max_outstanding;
+        let c = n
+            .nodes
+            .get(&self.node)
+            .and_then(|m| m.conns.get(&peer))
+            .filter(|c| c.state == ConnState::Up)
+            .ok_or(FabricError::NotConnected { peer })?;
+        if c.outstanding.len() >= depth {
+            return Err(FabricError::QueueFull { peer, depth });
+        }
+        if c.credits == 0 {
+            return Err(FabricError::NoCredit { peer });
+        }
+        let epoch = c.epoch;
+        n.seq += 1;
+        let op_seq = n.seq;
+        let c = n
+            .nodes
+            .get_mut(&self.node)
+            .and_then(|m| m.conns.get_mut(&peer))
+            .expect("checked above");
+        c.credits -= 1;
+        c.outstanding.push_back(Outstanding {
+            wr_id,
+            op: WcOp::Send,
+            signaled: true,
+            seq: op_seq,
+        });
+        n.send_packet(
+            self.node,
+            peer,
+            epoch,
+            Packet::Send {
+                data: msg.to_vec(),
+                op_seq,
+            },
+        );
+        let at = n.now + n.config.retry_timeout_ns;
+        n.schedule(
+            at,
+            Action::Timeout {
+                node: self.node,
+                peer,
+                epoch,
+                op_seq,
+            },
+        );
+        Ok(())
+    }
+
+    fn send_credits(&self, peer: NodeId) -> u32 {
+        self.net
+            .borrow()
+            .nodes
+            .get(&self.node)
+            .and_then(|n| n.conns.get(&peer))
+            .filter(|c| c.state == ConnState::Up)
+            .map_or(0, |c| c.credits)
+    }
+
+    fn recv_message(&self, peer: NodeId, slot: u64) -> Result<&[u8], FabricError> {
+        self.inboxes
+            .get(&peer)
+            .and_then(|v| v.get(slot as usize))
+            .and_then(|m| m.as_deref())
+            .ok_or(FabricError::BadSlot { peer, slot })
+    }
+
+    fn repost_recv(&mut self, peer: NodeId, slot: u64) -> Result<(), FabricError> {
+        let taken = self
+            .inboxes
+            .get_mut(&peer)
+            .and_then(|v| v.get_mut(slot as usize))
+            .and_then(Option::take);
+        if taken.is_none() {
+            return Err(FabricError::BadSlot { peer, slot });
+        }
+        let mut n = self.net.borrow_mut();
+        let Some(c) = n
+            .nodes
+            .get_mut(&self.node)
+            .and_then(|m| m.conns.get_mut(&peer))
+        else {
+            return Ok(());
+        };
+        if c.state != ConnState::Up {
+            return Ok(());
+        }
+        c.free_slots.push(slot);
+        let epoch = c.epoch;
+        // The credit travels back to the sender (piggybacked on a real back-end's traffic).
+        n.send_packet(self.node, peer, epoch, Packet::Credit);
+        Ok(())
+    }
+
+    fn set_remote_write(&mut self, peer: NodeId, allowed: bool) -> Result<(), FabricError> {
+        let mut n = self.net.borrow_mut();
+        self.check_up(&n)?;
+        match n
+            .nodes
+            .get_mut(&self.node)
+            .and_then(|m| m.conns.get_mut(&peer))
+        {
+            Some(c) if c.state == ConnState::Up => {
+                c.remote_write = allowed;
+                Ok(())
+            }
+            _ if !allowed => Ok(()), // nothing to revoke
+            _ => Err(FabricError::NotConnected { peer }),
+        }
+    }
+
+    fn poll(&mut self, out: &mut [Event]) -> usize {
+        let mut n = self.net.borrow_mut();
+        let slots = self.slots;
+        let Some(me) = n.nodes.get_mut(&self.node) else {
+            return 0;
+        };
+        // Move delivered messages into this endpoint's receive buffers, in arrival order,
+        // queueing their completions behind earlier events.
+        for (peer, c) in me.conns.iter_mut() {
+            while let Some((slot, data)) = c.inbox.pop_front() {
+                let inbox = self
+                    .inboxes
+                    .entry(*peer)
+                    .or_insert_with(|| vec![None; slots]);
+                let len = data.len() as u32;
+                inbox[slot as usize] = Some(data);
+                me.events.push_back(Event::Completion(Completion {
+                    peer: *peer,
+                    wr_id: slot,
+                    op: WcOp::Recv,
+                    status: WcStatus::Success,
+                    byte_len: len,
+                }));
+            }
+        }
+        let mut k = 0;
+        while k < out.len() {
+            match me.events.pop_front() {
+                Some(e) => {
+                    if let Event::Disconnected { peer, .. } = e {
+                        if let Some(v) = self.inboxes.get_mut(&peer) {
+                            v.iter_mut().for_each(|m| *m = None);
+                        }
+                    }
+                    out[k] = e;
+                    k += 1;
+                }
+                None => break,
+            }
+        }
+        k
+    }
+}
