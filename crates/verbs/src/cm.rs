@@ -620,7 +620,9 @@ impl Connection {
         &self.peer
     }
 
-    /// Connects to `dst` (optionally from `src`), exchanging hellos.
+    /// Connects to `dst` (optionally from `src`), exchanging hellos. `prepare` runs once the
+    /// QP is in INIT and before the connect request goes out: post the receives there that
+    /// `hello.recv_credits` promises.
     #[allow(clippy::too_many_arguments)] // reason: the connect needs every one of these
     pub fn connect(
         pd: &Arc<ProtectionDomain>,
@@ -631,6 +633,7 @@ impl Connection {
         src: Option<IpAddr>,
         dst: SocketAddr,
         hello: &Hello,
+        prepare: impl FnOnce(&QueuePair) -> Result<()>,
     ) -> Result<Connection> {
         let peer = dst.to_string();
         let dev = pd.context().name().to_owned();
@@ -685,6 +688,8 @@ impl Connection {
             },
         )?;
 
+        // Receives go in now, before the peer can learn our credits and send.
+        prepare(&qp)?;
         let data = hello.encode();
         // SAFETY: plain data; zero is valid.
         let mut param: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
@@ -908,6 +913,8 @@ impl Listener {
 
     /// Waits (bounded) for one connect request; rejects it with the reason if its hello does
     /// not match ours (returning [`Error::RefusedPeer`]), else brings a QP up and accepts.
+    /// `prepare` runs with the QP in INIT, before the accept goes out: post the receives that
+    /// `hello.recv_credits` promises there.
     pub fn accept(
         &self,
         pd: &Arc<ProtectionDomain>,
@@ -916,6 +923,7 @@ impl Listener {
         qp_cfg: QpConfig,
         cfg: &ConnectConfig,
         hello: &Hello,
+        prepare: impl FnOnce(&QueuePair) -> Result<()>,
     ) -> Result<Connection> {
         let me = self.addr.to_string();
         let ev = self
@@ -978,6 +986,7 @@ impl Listener {
         )?;
         let dest_rd = qp_cfg.max_dest_rd_atomic.max(req.initiator_depth);
         let rd = qp_cfg.max_rd_atomic.min(req.responder_resources.max(1));
+        prepare(&qp)?;
         bring_up(&id, &qp, &qp_cfg, &peer, dest_rd, rd)?;
         let data = hello.encode();
         // SAFETY: plain data; zero is valid.
