@@ -65,7 +65,9 @@ pub enum WalError {
     },
     /// Writing entries to a segment failed; the entries from `lsn` on were discarded from the
     /// log and may be appended again.
-    #[error("could not write the segment starting at {segment} at {lsn}; entries from there on were discarded")]
+    #[error(
+        "could not write the segment starting at {segment} at {lsn}; entries from there on were discarded"
+    )]
     SegmentWrite {
         /// First Lsn of the segment.
         segment: Lsn,
@@ -77,7 +79,9 @@ pub enum WalError {
     },
     /// The disk is full. Entries from `lsn` on were discarded, nothing of them is committed,
     /// and appends work again once space is freed.
-    #[error("the disk is full while writing the segment starting at {segment}; entries from {lsn} on were discarded")]
+    #[error(
+        "the disk is full while writing the segment starting at {segment}; entries from {lsn} on were discarded"
+    )]
     NoSpace {
         /// First Lsn of the segment being written or created.
         segment: Lsn,
@@ -90,7 +94,9 @@ pub enum WalError {
     /// An fdatasync or directory fsync failed. The log is poisoned: the kernel may have dropped
     /// the dirty pages, so nothing after the last successful sync can be trusted, and every
     /// later append fails with [`WalError::Poisoned`]. Reopen the log to recover.
-    #[error("fsync of the segment starting at {segment} failed while making {lsn} durable; the log is now poisoned")]
+    #[error(
+        "fsync of the segment starting at {segment} failed while making {lsn} durable; the log is now poisoned"
+    )]
     Sync {
         /// First Lsn of the segment (or of the segment whose directory entry was synced).
         segment: Lsn,
@@ -165,7 +171,9 @@ pub enum WalError {
     },
     /// A bad record is followed by valid ones beyond the last unsynced window: this is not a
     /// torn write but corruption of bytes that were once durable. Nothing was truncated.
-    #[error("mid-log corruption in the segment starting at {segment} at {lsn} after {index}: valid entries follow the bad one")]
+    #[error(
+        "mid-log corruption in the segment starting at {segment} at {lsn} after {index}: valid entries follow the bad one"
+    )]
     Corrupt {
         /// First Lsn of the segment.
         segment: Lsn,
@@ -178,7 +186,9 @@ pub enum WalError {
         source: DecodeError,
     },
     /// An entry read back from a segment does not verify.
-    #[error("the entry {index} read at {lsn} from the segment starting at {segment} does not verify")]
+    #[error(
+        "the entry {index} read at {lsn} from the segment starting at {segment} does not verify"
+    )]
     ReadCorrupt {
         /// First Lsn of the segment.
         segment: Lsn,

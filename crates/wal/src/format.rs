@@ -187,7 +187,11 @@ pub const fn block_rest(pos: u64, block_bytes: u64) -> u64 {
 /// Largest payload a block of `block_bytes` holds.
 pub const fn max_payload(block_bytes: u64) -> usize {
     let by_block = block_bytes as usize - HEADER_BYTES;
-    if by_block < MAX_PAYLOAD_BYTES { by_block } else { MAX_PAYLOAD_BYTES }
+    if by_block < MAX_PAYLOAD_BYTES {
+        by_block
+    } else {
+        MAX_PAYLOAD_BYTES
+    }
 }
 
 impl EntryHeader {
@@ -224,7 +228,10 @@ impl EntryHeader {
         }
         let payload_len = u32_at(bytes, 4);
         if u64::from(payload_len) > max_payload_len {
-            return Err(DecodeError::Length { len: payload_len.into(), limit: max_payload_len });
+            return Err(DecodeError::Length {
+                len: payload_len.into(),
+                limit: max_payload_len,
+            });
         }
         Ok(Self {
             crc: u32_at(bytes, 0),
@@ -339,24 +346,37 @@ pub struct Decoded<'a> {
 pub fn decode_record(bytes: &[u8], lsn: Lsn, block_bytes: u64) -> Result<Decoded<'_>, DecodeError> {
     let rest = block_rest(lsn.0, block_bytes);
     if bytes.len() < HEADER_BYTES {
-        return Err(DecodeError::Truncated { needed: HEADER_BYTES as u64, available: bytes.len() as u64 });
+        return Err(DecodeError::Truncated {
+            needed: HEADER_BYTES as u64,
+            available: bytes.len() as u64,
+        });
     }
     let mut head = [0u8; HEADER_BYTES];
     head.copy_from_slice(&bytes[..HEADER_BYTES]);
-    let limit = rest.saturating_sub(HEADER_BYTES as u64).min(MAX_PAYLOAD_BYTES as u64);
+    let limit = rest
+        .saturating_sub(HEADER_BYTES as u64)
+        .min(MAX_PAYLOAD_BYTES as u64);
     let header = EntryHeader::decode(&head, limit)?;
     if header.lsn_low != lsn.0 as u32 {
-        return Err(DecodeError::Misplaced { expected: lsn.0 as u32, found: header.lsn_low });
+        return Err(DecodeError::Misplaced {
+            expected: lsn.0 as u32,
+            found: header.lsn_low,
+        });
     }
     let record_len = header.record_len();
     if header.kind == RecordKind::Padding && record_len != rest {
-        return Err(DecodeError::Padding { found: (lsn.0 & (block_bytes - 1)) + record_len });
+        return Err(DecodeError::Padding {
+            found: (lsn.0 & (block_bytes - 1)) + record_len,
+        });
     }
     let payload_end = HEADER_BYTES + header.payload_len as usize;
     let payload = match header.kind {
         RecordKind::Entry => {
             if bytes.len() < payload_end {
-                return Err(DecodeError::Truncated { needed: payload_end as u64, available: bytes.len() as u64 });
+                return Err(DecodeError::Truncated {
+                    needed: payload_end as u64,
+                    available: bytes.len() as u64,
+                });
             }
             &bytes[HEADER_BYTES..payload_end]
         }
@@ -364,9 +384,16 @@ pub fn decode_record(bytes: &[u8], lsn: Lsn, block_bytes: u64) -> Result<Decoded
     };
     let computed = EntryHeader::checksum(&head, header.kind, payload);
     if computed != header.crc {
-        return Err(DecodeError::Checksum { found: header.crc, computed });
+        return Err(DecodeError::Checksum {
+            found: header.crc,
+            computed,
+        });
     }
-    Ok(Decoded { header, payload, record_len })
+    Ok(Decoded {
+        header,
+        payload,
+        record_len,
+    })
 }
 
 /// The index chain rule: each entry's index is the previous entry's plus one and its term is
@@ -387,10 +414,16 @@ impl ChainCheck {
         }
         let expected = self.last_index.0.wrapping_add(1);
         if header.index.0 != expected {
-            return Err(DecodeError::IndexGap { expected, found: header.index.0 });
+            return Err(DecodeError::IndexGap {
+                expected,
+                found: header.index.0,
+            });
         }
         if header.term < self.last_term {
-            return Err(DecodeError::TermRegressed { previous: self.last_term.0, found: header.term.0 });
+            return Err(DecodeError::TermRegressed {
+                previous: self.last_term.0,
+                found: header.term.0,
+            });
         }
         self.last_index = header.index;
         self.last_term = header.term;
@@ -439,7 +472,10 @@ impl SegmentHeader {
     /// Decodes and verifies a header: magic, version, checksum and field ranges.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         if bytes.len() < SEGMENT_HEADER_BYTES {
-            return Err(DecodeError::Truncated { needed: SEGMENT_HEADER_BYTES as u64, available: bytes.len() as u64 });
+            return Err(DecodeError::Truncated {
+                needed: SEGMENT_HEADER_BYTES as u64,
+                available: bytes.len() as u64,
+            });
         }
         if bytes[0..8] != SEGMENT_MAGIC {
             return Err(DecodeError::Magic);
@@ -464,16 +500,27 @@ impl SegmentHeader {
         };
         let block = u64::from(header.block_bytes);
         if !block.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block) {
-            return Err(DecodeError::SegmentField { field: "block_bytes" });
+            return Err(DecodeError::SegmentField {
+                field: "block_bytes",
+            });
         }
-        if header.data_bytes == 0 || header.data_bytes % block != 0 || header.data_bytes > (1 << 40) {
-            return Err(DecodeError::SegmentField { field: "data_bytes" });
+        if header.data_bytes == 0 || header.data_bytes % block != 0 || header.data_bytes > (1 << 40)
+        {
+            return Err(DecodeError::SegmentField {
+                field: "data_bytes",
+            });
         }
-        if header.first_lsn.0 % block != 0 || header.first_lsn.0.checked_add(header.data_bytes).is_none() {
+        if header.first_lsn.0 % block != 0
+            || header.first_lsn.0.checked_add(header.data_bytes).is_none()
+        {
             return Err(DecodeError::SegmentField { field: "first_lsn" });
         }
-        if u64::from(header.window_bytes) < block || u64::from(header.window_bytes) > header.data_bytes {
-            return Err(DecodeError::SegmentField { field: "window_bytes" });
+        if u64::from(header.window_bytes) < block
+            || u64::from(header.window_bytes) > header.data_bytes
+        {
+            return Err(DecodeError::SegmentField {
+                field: "window_bytes",
+            });
         }
         Ok(header)
     }
@@ -498,7 +545,10 @@ mod tests {
         for bit in 0..(HEADER_BYTES + payload.len()) * 8 {
             let mut flipped = buf.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode_record(&flipped, lsn, 4096).is_err(), "bit {bit} flip went unnoticed");
+            assert!(
+                decode_record(&flipped, lsn, 4096).is_err(),
+                "bit {bit} flip went unnoticed"
+            );
         }
     }
 
@@ -508,7 +558,10 @@ mod tests {
         encode_entry(&mut buf, Lsn(64), Index(1), Term(1), b"x");
         assert_eq!(
             decode_record(&buf, Lsn(72), 4096).unwrap_err(),
-            DecodeError::Misplaced { expected: 72, found: 64 }
+            DecodeError::Misplaced {
+                expected: 72,
+                found: 64
+            }
         );
     }
 
@@ -516,9 +569,18 @@ mod tests {
     fn length_is_bounded_by_block_and_by_remaining_bytes() {
         let mut buf = vec![0u8; record_bytes(100)];
         encode_entry(&mut buf, Lsn(0), Index(1), Term(1), &[1; 100]);
-        assert!(matches!(decode_record(&buf, Lsn(0), 64), Err(DecodeError::Length { .. })));
-        assert!(matches!(decode_record(&buf[..60], Lsn(0), 4096), Err(DecodeError::Truncated { .. })));
-        assert_eq!(decode_record(&[0u8; 40], Lsn(0), 4096).unwrap_err(), DecodeError::Empty);
+        assert!(matches!(
+            decode_record(&buf, Lsn(0), 64),
+            Err(DecodeError::Length { .. })
+        ));
+        assert!(matches!(
+            decode_record(&buf[..60], Lsn(0), 4096),
+            Err(DecodeError::Truncated { .. })
+        ));
+        assert_eq!(
+            decode_record(&[0u8; 40], Lsn(0), 4096).unwrap_err(),
+            DecodeError::Empty
+        );
     }
 
     #[test]
@@ -536,12 +598,18 @@ mod tests {
         let decoded = decode_record(&buf, Lsn(88), 128).expect("valid padding");
         assert_eq!(decoded.header.kind, RecordKind::Padding);
         assert_eq!(decoded.record_len, 40);
-        assert!(matches!(decode_record(&buf, Lsn(88), 256), Err(DecodeError::Padding { .. })));
+        assert!(matches!(
+            decode_record(&buf, Lsn(88), 256),
+            Err(DecodeError::Padding { .. })
+        ));
     }
 
     #[test]
     fn chain_check_refuses_gaps_and_lower_terms() {
-        let mut chain = ChainCheck { last_index: Index(4), last_term: Term(2) };
+        let mut chain = ChainCheck {
+            last_index: Index(4),
+            last_term: Term(2),
+        };
         let mut header = EntryHeader {
             crc: 0,
             payload_len: 0,
@@ -552,10 +620,16 @@ mod tests {
         };
         chain.advance(&header).expect("next index");
         header.index = Index(7);
-        assert!(matches!(chain.advance(&header), Err(DecodeError::IndexGap { .. })));
+        assert!(matches!(
+            chain.advance(&header),
+            Err(DecodeError::IndexGap { .. })
+        ));
         header.index = Index(6);
         header.term = Term(1);
-        assert!(matches!(chain.advance(&header), Err(DecodeError::TermRegressed { .. })));
+        assert!(matches!(
+            chain.advance(&header),
+            Err(DecodeError::TermRegressed { .. })
+        ));
     }
 
     #[test]
@@ -573,6 +647,9 @@ mod tests {
         assert_eq!(SegmentHeader::decode(&bytes), Ok(header));
         let mut bad = bytes;
         bad[20] ^= 1;
-        assert!(matches!(SegmentHeader::decode(&bad), Err(DecodeError::Checksum { .. })));
+        assert!(matches!(
+            SegmentHeader::decode(&bad),
+            Err(DecodeError::Checksum { .. })
+        ));
     }
 }

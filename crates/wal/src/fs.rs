@@ -26,7 +26,7 @@ pub trait WalFile: Send + Sync + fmt::Debug {
     /// Preallocates `len` bytes (fallocate(2)), extending the size; ENOSPC shows up here.
     fn allocate(&self, len: u64) -> io::Result<()>;
     /// Current size in bytes.
-    fn len(&self) -> io::Result<u64>;
+    fn size_bytes(&self) -> io::Result<u64>;
 }
 
 /// The directory operations the wal needs.
@@ -73,7 +73,7 @@ impl WalFile for StdFile {
             Err(errno) => Err(errno.into()),
         }
     }
-    fn len(&self) -> io::Result<u64> {
+    fn size_bytes(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
 }
@@ -92,10 +92,17 @@ impl FileSystem for StdFs {
         Ok(names)
     }
     fn open(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
-        Ok(Arc::new(StdFile(OpenOptions::new().read(true).write(true).open(path)?)))
+        Ok(Arc::new(StdFile(
+            OpenOptions::new().read(true).write(true).open(path)?,
+        )))
     }
     fn create(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
         Ok(Arc::new(StdFile(file)))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -166,8 +173,12 @@ impl FaultState {
     }
 
     fn gc(&mut self) {
-        let live: std::collections::BTreeSet<u64> =
-            self.entries.values().chain(self.durable_entries.values()).copied().collect();
+        let live: std::collections::BTreeSet<u64> = self
+            .entries
+            .values()
+            .chain(self.durable_entries.values())
+            .copied()
+            .collect();
         self.files.retain(|id, _| live.contains(id));
     }
 }
@@ -187,7 +198,9 @@ impl FaultFs {
     }
 
     fn lock(&self) -> MutexGuard<'_, FaultState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Mutating operations performed since the last boot.
@@ -268,7 +281,10 @@ impl FaultFs {
     /// The bytes of a file as the process sees them (for tests that corrupt files).
     pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
         let state = self.lock();
-        state.entries.get(path).map(|id| state.files[id].data.clone())
+        state
+            .entries
+            .get(path)
+            .map(|id| state.files[id].data.clone())
     }
 
     /// Overwrites bytes of a file and makes them durable at once (for tests that corrupt
@@ -291,7 +307,11 @@ impl FaultFs {
     }
 
     fn handle(&self, id: u64, boot: u64) -> Arc<dyn WalFile> {
-        Arc::new(FaultHandle { fs: self.clone(), id, boot })
+        Arc::new(FaultHandle {
+            fs: self.clone(),
+            id,
+            boot,
+        })
     }
 }
 
@@ -303,10 +323,16 @@ struct FaultHandle {
 }
 
 impl FaultHandle {
-    fn with<T>(&self, mutating: bool, f: impl FnOnce(&mut FaultState, u64) -> io::Result<T>) -> io::Result<T> {
+    fn with<T>(
+        &self,
+        mutating: bool,
+        f: impl FnOnce(&mut FaultState, u64) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut state = self.fs.lock();
         if state.boot != self.boot {
-            return Err(io::Error::other("stale handle from before a simulated reboot"));
+            return Err(io::Error::other(
+                "stale handle from before a simulated reboot",
+            ));
         }
         if mutating {
             state.step()?;
@@ -325,7 +351,9 @@ impl WalFile for FaultHandle {
         self.with(false, |state, id| {
             let data = &state.files[&id].data;
             let start = offset as usize;
-            let end = start.checked_add(buf.len()).filter(|&end| end <= data.len());
+            let end = start
+                .checked_add(buf.len())
+                .filter(|&end| end <= data.len());
             let end = end.ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
             buf.copy_from_slice(&data[start..end]);
             Ok(())
@@ -338,7 +366,10 @@ impl WalFile for FaultHandle {
             let current = state.files[&id].data.len();
             if end > current {
                 let grow = (end - current) as u64;
-                if state.space_limit.is_some_and(|limit| state.used_bytes() + grow > limit) {
+                if state
+                    .space_limit
+                    .is_some_and(|limit| state.used_bytes() + grow > limit)
+                {
                     return Err(no_space());
                 }
             }
@@ -362,7 +393,9 @@ impl WalFile for FaultHandle {
                 // Like Linux after a failed writeback: the dirty pages are marked clean and
                 // their bytes never reach the disk.
                 file.dirty_sectors.clear();
-                return Err(io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error()));
+                return Err(io::Error::from_raw_os_error(
+                    rustix::io::Errno::IO.raw_os_error(),
+                ));
             }
             file.durable = file.data.clone();
             file.dirty_sectors.clear();
@@ -373,7 +406,11 @@ impl WalFile for FaultHandle {
     fn allocate(&self, len: u64) -> io::Result<()> {
         self.with(true, |state, id| {
             let current = state.files[&id].data.len() as u64;
-            if len > current && state.space_limit.is_some_and(|limit| state.used_bytes() + len - current > limit) {
+            if len > current
+                && state
+                    .space_limit
+                    .is_some_and(|limit| state.used_bytes() + len - current > limit)
+            {
                 return Err(no_space());
             }
             let file = state.files.get_mut(&id).expect("checked above");
@@ -384,7 +421,7 @@ impl WalFile for FaultHandle {
         })
     }
 
-    fn len(&self) -> io::Result<u64> {
+    fn size_bytes(&self) -> io::Result<u64> {
         self.with(false, |state, id| Ok(state.files[&id].data.len() as u64))
     }
 }
@@ -392,7 +429,11 @@ impl WalFile for FaultHandle {
 impl FileSystem for FaultFs {
     fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
         // Directories are implicit: a path's parent is its directory.
-        if self.lock().crashed { Err(crashed()) } else { Ok(()) }
+        if self.lock().crashed {
+            Err(crashed())
+        } else {
+            Ok(())
+        }
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -413,7 +454,10 @@ impl FileSystem for FaultFs {
         if state.crashed {
             return Err(crashed());
         }
-        let id = *state.entries.get(path).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let id = *state
+            .entries
+            .get(path)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         let boot = state.boot;
         drop(state);
         Ok(self.handle(id, boot))
@@ -435,7 +479,10 @@ impl FileSystem for FaultFs {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut state = self.lock();
         state.step()?;
-        let id = state.entries.remove(from).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let id = state
+            .entries
+            .remove(from)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         state.entries.insert(to.to_owned(), id);
         state.gc();
         Ok(())
@@ -444,7 +491,10 @@ impl FileSystem for FaultFs {
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut state = self.lock();
         state.step()?;
-        state.entries.remove(path).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        state
+            .entries
+            .remove(path)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         state.gc();
         Ok(())
     }
@@ -454,8 +504,12 @@ impl FileSystem for FaultFs {
         state.step()?;
         let in_dir = |path: &PathBuf| path.parent() == Some(dir);
         state.durable_entries.retain(|path, _| !in_dir(path));
-        let current: Vec<(PathBuf, u64)> =
-            state.entries.iter().filter(|(path, _)| in_dir(path)).map(|(p, id)| (p.clone(), *id)).collect();
+        let current: Vec<(PathBuf, u64)> = state
+            .entries
+            .iter()
+            .filter(|(path, _)| in_dir(path))
+            .map(|(p, id)| (p.clone(), *id))
+            .collect();
         state.durable_entries.extend(current);
         state.gc();
         Ok(())
@@ -481,7 +535,7 @@ mod tests {
         fs.reboot(None);
         assert_eq!(fs.names(dir), vec!["a".to_owned()]);
         assert_eq!(fs.read_file(&dir.join("a")).unwrap(), b"durable");
-        assert!(a.len().is_err(), "old handles are stale after a reboot");
+        assert!(a.size_bytes().is_err(), "old handles are stale after a reboot");
     }
 
     #[test]
@@ -494,7 +548,9 @@ mod tests {
         fs.set_space_limit(Some(100));
         assert!(crate::WalError::is_no_space(&f.allocate(200).unwrap_err()));
         f.allocate(100).unwrap();
-        assert!(crate::WalError::is_no_space(&f.write_all_at(&[1], 100).unwrap_err()));
+        assert!(crate::WalError::is_no_space(
+            &f.write_all_at(&[1], 100).unwrap_err()
+        ));
     }
 
     #[test]

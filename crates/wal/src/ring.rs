@@ -38,7 +38,8 @@ use crossbeam_utils::CachePadded;
 
 use crate::error::WalError;
 use crate::format::{
-    self, ChainCheck, Decoded, DecodeError, HEADER_BYTES, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, RecordKind,
+    self, ChainCheck, DecodeError, Decoded, HEADER_BYTES, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES,
+    RecordKind,
 };
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Index, Lsn, Position, Term};
@@ -79,7 +80,9 @@ pub struct AnonymousMemory {
 
 impl fmt::Debug for AnonymousMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnonymousMemory").field("len_bytes", &self.len_bytes()).finish()
+        f.debug_struct("AnonymousMemory")
+            .field("len_bytes", &self.len_bytes())
+            .finish()
     }
 }
 
@@ -87,7 +90,9 @@ impl AnonymousMemory {
     /// Allocates `len_bytes` of zeroed memory (a multiple of 8, at most [`MAX_RING_BYTES`]).
     pub fn new(len_bytes: u64) -> Result<Self, WalError> {
         if len_bytes == 0 || len_bytes % 8 != 0 || len_bytes > MAX_RING_BYTES {
-            return Err(WalError::Config { reason: "ring memory must be a non-zero multiple of 8 bytes, at most 64 GiB" });
+            return Err(WalError::Config {
+                reason: "ring memory must be a non-zero multiple of 8 bytes, at most 64 GiB",
+            });
         }
         let words = (0..len_bytes / 8).map(|_| AtomicU64::new(0)).collect();
         Ok(Self { words })
@@ -133,14 +138,16 @@ impl Shared {
         for chunk in &mut chunks {
             let mut word = [0u8; 8];
             word.copy_from_slice(chunk);
-            self.word(at).store(u64::from_le_bytes(word), Ordering::Relaxed);
+            self.word(at)
+                .store(u64::from_le_bytes(word), Ordering::Relaxed);
             at += 8;
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
             let mut word = [0u8; 8];
             word[..rest.len()].copy_from_slice(rest);
-            self.word(at).store(u64::from_le_bytes(word), Ordering::Relaxed);
+            self.word(at)
+                .store(u64::from_le_bytes(word), Ordering::Relaxed);
         }
     }
 
@@ -174,19 +181,34 @@ impl fmt::Debug for Shared {
 }
 
 /// Builds a ring over `memory` whose stream continues at `start`, and returns its two handles.
-pub fn ring(memory: Arc<dyn RingMemory>, config: RingConfig, start: Position) -> Result<(Producer, Consumer), WalError> {
-    let RingConfig { capacity_bytes: capacity, block_bytes: block } = config;
+pub fn ring(
+    memory: Arc<dyn RingMemory>,
+    config: RingConfig,
+    start: Position,
+) -> Result<(Producer, Consumer), WalError> {
+    let RingConfig {
+        capacity_bytes: capacity,
+        block_bytes: block,
+    } = config;
     if !block.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block) {
-        return Err(WalError::Config { reason: "ring block size must be a power of two in 64 B ..= 64 MiB" });
+        return Err(WalError::Config {
+            reason: "ring block size must be a power of two in 64 B ..= 64 MiB",
+        });
     }
     if !capacity.is_power_of_two() || capacity < block || capacity > MAX_RING_BYTES {
-        return Err(WalError::Config { reason: "ring capacity must be a power of two, at least one block, at most 64 GiB" });
+        return Err(WalError::Config {
+            reason: "ring capacity must be a power of two, at least one block, at most 64 GiB",
+        });
     }
     if memory.len_bytes() as u64 != capacity {
-        return Err(WalError::Config { reason: "ring memory length must equal the ring capacity" });
+        return Err(WalError::Config {
+            reason: "ring memory length must equal the ring capacity",
+        });
     }
     if start.lsn.0 % 8 != 0 {
-        return Err(WalError::Config { reason: "a ring must start at an 8-aligned lsn" });
+        return Err(WalError::Config {
+            reason: "a ring must start at an 8-aligned lsn",
+        });
     }
     let shared = Arc::new(Shared {
         memory,
@@ -204,7 +226,11 @@ pub fn ring(memory: Arc<dyn RingMemory>, config: RingConfig, start: Position) ->
         last_term: start.last_term,
         scratch: vec![0; block as usize].into_boxed_slice(),
     };
-    let consumer = Consumer { shared, head: start.lsn.0, scratch: vec![0; block as usize].into_boxed_slice() };
+    let consumer = Consumer {
+        shared,
+        head: start.lsn.0,
+        scratch: vec![0; block as usize].into_boxed_slice(),
+    };
     Ok((producer, consumer))
 }
 
@@ -232,10 +258,18 @@ impl Producer {
     pub fn append(&mut self, index: Index, term: Term, payload: &[u8]) -> Result<Lsn, WalError> {
         let max = format::max_payload(self.shared.block);
         if payload.len() > max {
-            return Err(WalError::EntryTooLarge { len: payload.len(), max });
+            return Err(WalError::EntryTooLarge {
+                len: payload.len(),
+                max,
+            });
         }
         if index.0 != self.last_index.0 + 1 || term < self.last_term {
-            return Err(WalError::OutOfOrder { index, term, last_index: self.last_index, last_term: self.last_term });
+            return Err(WalError::OutOfOrder {
+                index,
+                term,
+                last_index: self.last_index,
+                last_term: self.last_term,
+            });
         }
         let record = format::record_bytes(payload.len()) as u64;
         let start = format::place(self.tail, record, self.shared.block);
@@ -271,7 +305,8 @@ impl Producer {
     fn write_padding(&mut self, start: u64) {
         let gap = start - self.tail;
         if gap >= HEADER_BYTES as u64 {
-            let header = format::padding_header(Lsn(self.tail), gap, (self.last_index, self.last_term));
+            let header =
+                format::padding_header(Lsn(self.tail), gap, (self.last_index, self.last_term));
             self.shared.store(self.tail, &header);
         }
     }
@@ -285,19 +320,34 @@ impl Producer {
         let end = end.0;
         let head = self.shared.head.load(Ordering::Acquire);
         if end < self.tail || end % 8 != 0 || end - head > self.shared.capacity {
-            return Err(WalError::Range { start: Lsn(self.tail), end: Lsn(end), held_start: Lsn(head), held_end: Lsn(head + self.shared.capacity) });
+            return Err(WalError::Range {
+                start: Lsn(self.tail),
+                end: Lsn(end),
+                held_start: Lsn(head),
+                held_end: Lsn(head + self.shared.capacity),
+            });
         }
         let block = self.shared.block;
-        let mut chain = ChainCheck { last_index: self.last_index, last_term: self.last_term };
+        let mut chain = ChainCheck {
+            last_index: self.last_index,
+            last_term: self.last_term,
+        };
         let mut pos = self.tail;
         while pos < end {
             let last_index = chain.last_index;
-            let fail = move |source| WalError::RemoteRange { lsn: Lsn(pos), index: last_index, source };
+            let fail = move |source| WalError::RemoteRange {
+                lsn: Lsn(pos),
+                index: last_index,
+                source,
+            };
             let rest = format::block_rest(pos, block);
             let available = (end - pos).min(rest) as usize;
             if rest < HEADER_BYTES as u64 {
                 if end - pos < rest {
-                    return Err(fail(DecodeError::Truncated { needed: rest, available: end - pos }));
+                    return Err(fail(DecodeError::Truncated {
+                        needed: rest,
+                        available: end - pos,
+                    }));
                 }
                 pos += rest;
                 continue;
@@ -308,9 +358,11 @@ impl Producer {
             let head_len = HEADER_BYTES.min(available);
             self.shared.load(pos, &mut scratch[..head_len]);
             if head_len == HEADER_BYTES {
-                let claimed = u32::from_le_bytes([scratch[4], scratch[5], scratch[6], scratch[7]]) as usize;
+                let claimed =
+                    u32::from_le_bytes([scratch[4], scratch[5], scratch[6], scratch[7]]) as usize;
                 let want = (HEADER_BYTES + claimed).min(available);
-                self.shared.load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
+                self.shared
+                    .load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
             }
             let decoded = format::decode_record(scratch, Lsn(pos), block).map_err(fail)?;
             let header = decoded.header;
@@ -331,7 +383,12 @@ impl Producer {
     pub fn rewind(&mut self, to: Position) -> Result<(), WalError> {
         let head = self.shared.head.load(Ordering::Acquire);
         if to.lsn.0 < head || to.lsn.0 > self.tail || to.lsn.0 % 8 != 0 {
-            return Err(WalError::Range { start: to.lsn, end: Lsn(self.tail), held_start: Lsn(head), held_end: Lsn(self.tail) });
+            return Err(WalError::Range {
+                start: to.lsn,
+                end: Lsn(self.tail),
+                held_start: Lsn(head),
+                held_end: Lsn(self.tail),
+            });
         }
         self.tail = to.lsn.0;
         self.last_index = to.last_index;
@@ -342,7 +399,11 @@ impl Producer {
 
     /// End of the published records, and the last entry.
     pub fn position(&self) -> Position {
-        Position { lsn: Lsn(self.tail), last_index: self.last_index, last_term: self.last_term }
+        Position {
+            lsn: Lsn(self.tail),
+            last_index: self.last_index,
+            last_term: self.last_term,
+        }
     }
 
     /// Bytes free for new records (including any padding they need).
@@ -381,7 +442,12 @@ impl Consumer {
         let tail = self.shared.tail.load(Ordering::Acquire);
         let end = start.0.checked_add(out.len() as u64);
         if start.0 < self.head || start.0 % 8 != 0 || end.is_none_or(|end| end > tail) {
-            return Err(WalError::Range { start, end: Lsn(end.unwrap_or(u64::MAX)), held_start: Lsn(self.head), held_end: Lsn(tail) });
+            return Err(WalError::Range {
+                start,
+                end: Lsn(end.unwrap_or(u64::MAX)),
+                held_start: Lsn(self.head),
+                held_end: Lsn(tail),
+            });
         }
         self.shared.load(start.0, out);
         Ok(())
@@ -395,7 +461,12 @@ impl Consumer {
         let block = self.shared.block;
         let mut pos = from.0;
         if pos < self.head || pos % 8 != 0 {
-            return Err(WalError::Range { start: from, end: Lsn(tail), held_start: Lsn(self.head), held_end: Lsn(tail) });
+            return Err(WalError::Range {
+                start: from,
+                end: Lsn(tail),
+                held_start: Lsn(self.head),
+                held_end: Lsn(tail),
+            });
         }
         while pos < tail {
             let rest = format::block_rest(pos, block);
@@ -414,8 +485,13 @@ impl Consumer {
             let claimed = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
             let want = (HEADER_BYTES + claimed).min(available);
             self.shared.load(pos, &mut self.scratch[..want]);
-            let decoded = format::decode_record(&self.scratch[..want], Lsn(pos), block)
-                .map_err(|source| WalError::RemoteRange { lsn: Lsn(pos), index: Index(0), source })?;
+            let decoded = format::decode_record(&self.scratch[..want], Lsn(pos), block).map_err(
+                |source| WalError::RemoteRange {
+                    lsn: Lsn(pos),
+                    index: Index(0),
+                    source,
+                },
+            )?;
             return Ok(Some((Lsn(pos), decoded)));
         }
         Ok(None)
@@ -425,7 +501,12 @@ impl Consumer {
     pub fn release(&mut self, up_to: Lsn) -> Result<(), WalError> {
         let tail = self.shared.tail.load(Ordering::Acquire);
         if up_to.0 < self.head || up_to.0 > tail {
-            return Err(WalError::Range { start: Lsn(self.head), end: up_to, held_start: Lsn(self.head), held_end: Lsn(tail) });
+            return Err(WalError::Range {
+                start: Lsn(self.head),
+                end: up_to,
+                held_start: Lsn(self.head),
+                held_end: Lsn(tail),
+            });
         }
         self.head = up_to.0;
         self.shared.head.store(up_to.0, Ordering::Release);
@@ -444,7 +525,15 @@ mod tests {
 
     fn small_ring(capacity: u64, block: u64) -> (Producer, Consumer) {
         let memory = Arc::new(AnonymousMemory::new(capacity).unwrap());
-        ring(memory, RingConfig { capacity_bytes: capacity, block_bytes: block }, Position::default()).unwrap()
+        ring(
+            memory,
+            RingConfig {
+                capacity_bytes: capacity,
+                block_bytes: block,
+            },
+            Position::default(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -459,7 +548,10 @@ mod tests {
         let err = producer.append_next(Term(1), &[3; 56]).unwrap_err();
         assert!(matches!(err, WalError::RingFull { .. }), "{err}");
         let (lsn, entry) = consumer.next_entry(Lsn(0)).unwrap().unwrap();
-        assert_eq!((lsn, entry.header.index, entry.payload), (Lsn(0), Index(1), &[1u8; 56][..]));
+        assert_eq!(
+            (lsn, entry.header.index, entry.payload),
+            (Lsn(0), Index(1), &[1u8; 56][..])
+        );
         let next = lsn.0 + entry.record_len;
         consumer.release(Lsn(next)).unwrap();
         producer.append_next(Term(1), &[3; 56]).unwrap();
@@ -478,7 +570,11 @@ mod tests {
             let payload = vec![i as u8; (i % 70) as usize];
             let (index, lsn) = producer.append_next(Term(1 + i / 50), &payload).unwrap();
             assert_eq!(index, Index(i + 1));
-            assert_eq!(lsn.0 / 128, (lsn.0 + format::record_bytes(payload.len()) as u64 - 1) / 128, "never crosses a block");
+            assert_eq!(
+                lsn.0 / 128,
+                (lsn.0 + format::record_bytes(payload.len()) as u64 - 1) / 128,
+                "never crosses a block"
+            );
             let (at, entry) = consumer.next_entry(next).unwrap().unwrap();
             assert_eq!(at, lsn);
             assert_eq!(entry.payload, &payload[..]);
@@ -491,17 +587,28 @@ mod tests {
     #[test]
     fn oversized_and_out_of_order_entries_are_refused() {
         let (mut producer, _consumer) = small_ring(256, 128);
-        assert!(matches!(producer.append_next(Term(1), &[0; 97]), Err(WalError::EntryTooLarge { max: 96, .. })));
-        assert!(matches!(producer.append(Index(2), Term(1), b"x"), Err(WalError::OutOfOrder { .. })));
+        assert!(matches!(
+            producer.append_next(Term(1), &[0; 97]),
+            Err(WalError::EntryTooLarge { max: 96, .. })
+        ));
+        assert!(matches!(
+            producer.append(Index(2), Term(1), b"x"),
+            Err(WalError::OutOfOrder { .. })
+        ));
         producer.append(Index(1), Term(2), b"x").unwrap();
-        assert!(matches!(producer.append(Index(2), Term(1), b"x"), Err(WalError::OutOfOrder { .. })));
+        assert!(matches!(
+            producer.append(Index(2), Term(1), b"x"),
+            Err(WalError::OutOfOrder { .. })
+        ));
     }
 
     #[test]
     fn follower_accepts_a_valid_remote_range_and_refuses_a_bad_one() {
         let (mut leader, leader_consumer) = small_ring(1024, 256);
         for i in 0..6u64 {
-            leader.append_next(Term(2), &vec![i as u8; 40 + i as usize * 9]).unwrap();
+            leader
+                .append_next(Term(2), &vec![i as u8; 40 + i as usize * 9])
+                .unwrap();
         }
         let end = leader.position().lsn;
         let mut bytes = vec![0u8; end.0 as usize];
@@ -509,11 +616,17 @@ mod tests {
 
         // A faithful "RDMA Write" of the whole range into the follower's memory.
         let memory = Arc::new(AnonymousMemory::new(1024).unwrap());
-        let config = RingConfig { capacity_bytes: 1024, block_bytes: 256 };
+        let config = RingConfig {
+            capacity_bytes: 1024,
+            block_bytes: 256,
+        };
         let (mut follower, _c) = ring(memory.clone(), config, Position::default()).unwrap();
         write_words(&*memory, 0, &bytes);
         let position = follower.accept_written(end).unwrap();
-        assert_eq!((position.last_index, position.last_term, position.lsn), (Index(6), Term(2), end));
+        assert_eq!(
+            (position.last_index, position.last_term, position.lsn),
+            (Index(6), Term(2), end)
+        );
 
         // Each kind of damage is refused and nothing is accepted.
         for damage in 0..4 {
@@ -523,24 +636,43 @@ mod tests {
             match damage {
                 0 => bad[200] ^= 0x40,                                  // payload bit flip
                 1 => bad[4..8].copy_from_slice(&5000u32.to_le_bytes()), // length beyond block
-                2 => bad[8..16].copy_from_slice(&9u64.to_le_bytes()),   // index gap (crc breaks too)
+                2 => bad[8..16].copy_from_slice(&9u64.to_le_bytes()), // index gap (crc breaks too)
                 _ => {}
             }
             write_words(&*memory, 0, &bad);
             let claimed_end = if damage == 3 { Lsn(end.0 - 8) } else { end }; // torn range end
             let err = follower.accept_written(claimed_end).unwrap_err();
-            assert!(matches!(err, WalError::RemoteRange { .. }), "damage {damage}: {err}");
+            assert!(
+                matches!(err, WalError::RemoteRange { .. }),
+                "damage {damage}: {err}"
+            );
             assert_eq!(follower.position(), Position::default());
         }
         // A follower whose chain does not match (it expects index 10 next) refuses too.
         let memory = Arc::new(AnonymousMemory::new(1024).unwrap());
-        let start = Position { lsn: Lsn(0), last_index: Index(9), last_term: Term(1) };
+        let start = Position {
+            lsn: Lsn(0),
+            last_index: Index(9),
+            last_term: Term(1),
+        };
         let (mut follower, _c) = ring(memory.clone(), config, start).unwrap();
         write_words(&*memory, 0, &bytes);
         let err = follower.accept_written(end).unwrap_err();
-        assert!(matches!(err, WalError::RemoteRange { source: DecodeError::IndexGap { .. }, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                WalError::RemoteRange {
+                    source: DecodeError::IndexGap { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
         // And a range beyond the free window is refused before any byte is read.
-        assert!(matches!(follower.accept_written(Lsn(2048)), Err(WalError::Range { .. })));
+        assert!(matches!(
+            follower.accept_written(Lsn(2048)),
+            Err(WalError::Range { .. })
+        ));
     }
 
     fn write_words(memory: &dyn RingMemory, at: usize, bytes: &[u8]) {
@@ -593,11 +725,22 @@ mod tests {
             producer.append_next(Term(1), b"one").unwrap();
             producer.append_next(Term(1), b"two").unwrap()
         };
-        let to = Position { lsn: lsn2, last_index: Index(1), last_term: Term(1) };
+        let to = Position {
+            lsn: lsn2,
+            last_index: Index(1),
+            last_term: Term(1),
+        };
         producer.rewind(to).unwrap();
         assert_eq!(consumer.tail(), lsn2);
         producer.append(Index(2), Term(3), b"new two").unwrap();
-        assert!(producer.rewind(Position { lsn: Lsn(4096), ..to }).is_err());
+        assert!(
+            producer
+                .rewind(Position {
+                    lsn: Lsn(4096),
+                    ..to
+                })
+                .is_err()
+        );
     }
 }
 
@@ -611,7 +754,10 @@ mod loom_tests {
     fn loom_producer_consumer_handoff() {
         loom::model(|| {
             let memory = Arc::new(AnonymousMemory::new(128).unwrap());
-            let config = RingConfig { capacity_bytes: 128, block_bytes: 64 };
+            let config = RingConfig {
+                capacity_bytes: 128,
+                block_bytes: 64,
+            };
             let (mut producer, mut consumer) = ring(memory, config, Position::default()).unwrap();
             let writer = loom::thread::spawn(move || {
                 for i in 1..=3u8 {

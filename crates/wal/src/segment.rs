@@ -4,9 +4,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::Lsn;
 use crate::format::{SEGMENT_DATA_OFFSET, SegmentHeader};
 use crate::fs::{FileSystem, WalFile};
-use crate::Lsn;
 
 /// Suffix of a segment file. Names are the first Lsn, zero-padded to 20 decimal digits (the
 /// width of `u64::MAX`), so that lexical order is Lsn order.
@@ -58,7 +58,11 @@ pub(crate) fn parse_segment_name(name: &str) -> Option<Lsn> {
 /// leaves either no segment (a `.tmp` file recovery deletes) or a complete, durable one.
 /// On failure the temporary file is removed (best effort) and nothing of the segment remains
 /// visible.
-pub(crate) fn create_segment(fs: &dyn FileSystem, dir: &Path, header: SegmentHeader) -> io::Result<Segment> {
+pub(crate) fn create_segment(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    header: SegmentHeader,
+) -> io::Result<Segment> {
     let name = segment_name(header.first_lsn);
     let temp = dir.join(format!("{name}{TEMP_SUFFIX}"));
     let path = dir.join(&name);
@@ -87,7 +91,10 @@ mod tests {
     #[test]
     fn names_are_zero_padded_and_parse_back() {
         assert_eq!(segment_name(Lsn(4096)), "00000000000000004096.wal");
-        assert_eq!(parse_segment_name("00000000000000004096.wal"), Some(Lsn(4096)));
+        assert_eq!(
+            parse_segment_name("00000000000000004096.wal"),
+            Some(Lsn(4096))
+        );
         assert_eq!(parse_segment_name("4096.wal"), None);
         assert_eq!(parse_segment_name("00000000000000004096.wal.tmp"), None);
         assert_eq!(segment_name(Lsn(u64::MAX)).len(), 24);

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::WalError;
 use crate::format::{
-    self, ChainCheck, DecodeError, HEADER_BYTES, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, RecordKind, SEGMENT_DATA_OFFSET,
-    SEGMENT_HEADER_BYTES, SegmentHeader,
+    self, ChainCheck, DecodeError, HEADER_BYTES, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, RecordKind,
+    SEGMENT_DATA_OFFSET, SEGMENT_HEADER_BYTES, SegmentHeader,
 };
 use crate::fs::FileSystem;
 use crate::ring::Consumer;
@@ -82,22 +82,30 @@ impl WalConfig {
     fn validate(&self) -> Result<(), WalError> {
         let block = self.block_bytes;
         if !block.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block) {
-            return Err(WalError::Config { reason: "block_bytes must be a power of two in 64 B ..= 64 MiB" });
+            return Err(WalError::Config {
+                reason: "block_bytes must be a power of two in 64 B ..= 64 MiB",
+            });
         }
         if self.segment_data_bytes == 0
             || self.segment_data_bytes % block != 0
             || self.segment_data_bytes > MAX_SEGMENT_DATA_BYTES
         {
-            return Err(WalError::Config { reason: "segment_data_bytes must be a non-zero multiple of block_bytes, at most 1 TiB" });
+            return Err(WalError::Config {
+                reason: "segment_data_bytes must be a non-zero multiple of block_bytes, at most 1 TiB",
+            });
         }
         if self.max_batch_bytes < block
             || self.max_batch_bytes > self.segment_data_bytes
             || self.max_batch_bytes > MAX_BATCH_BYTES
         {
-            return Err(WalError::Config { reason: "max_batch_bytes must be at least one block and at most one segment and 1 GiB" });
+            return Err(WalError::Config {
+                reason: "max_batch_bytes must be at least one block and at most one segment and 1 GiB",
+            });
         }
         if self.start.lsn.0 % block != 0 {
-            return Err(WalError::Config { reason: "the start lsn must be block-aligned" });
+            return Err(WalError::Config {
+                reason: "the start lsn must be block-aligned",
+            });
         }
         Ok(())
     }
@@ -185,7 +193,13 @@ struct Failure {
 
 impl Failure {
     fn new(segment: Lsn, lsn: Lsn, error: &io::Error) -> Self {
-        Self { segment, lsn, kind: error.kind(), raw: error.raw_os_error(), no_space: WalError::is_no_space(error) }
+        Self {
+            segment,
+            lsn,
+            kind: error.kind(),
+            raw: error.raw_os_error(),
+            no_space: WalError::is_no_space(error),
+        }
     }
 
     fn io_error(&self) -> io::Error {
@@ -197,9 +211,17 @@ impl Failure {
 
     fn discard_error(&self) -> WalError {
         if self.no_space {
-            WalError::NoSpace { segment: self.segment, lsn: self.lsn, source: self.io_error() }
+            WalError::NoSpace {
+                segment: self.segment,
+                lsn: self.lsn,
+                source: self.io_error(),
+            }
         } else {
-            WalError::SegmentWrite { segment: self.segment, lsn: self.lsn, source: self.io_error() }
+            WalError::SegmentWrite {
+                segment: self.segment,
+                lsn: self.lsn,
+                source: self.io_error(),
+            }
         }
     }
 }
@@ -214,10 +236,15 @@ enum FlushError {
 impl State {
     fn usable(&self) -> Result<(), WalError> {
         if let Some(failure) = &self.poisoned {
-            return Err(WalError::Poisoned { lsn: failure.lsn, source: failure.io_error() });
+            return Err(WalError::Poisoned {
+                lsn: failure.lsn,
+                source: failure.io_error(),
+            });
         }
         if self.closed {
-            return Err(WalError::Config { reason: "the log is closed" });
+            return Err(WalError::Config {
+                reason: "the log is closed",
+            });
         }
         Ok(())
     }
@@ -232,7 +259,10 @@ impl State {
         if n == 0 {
             (Index(self.first_index.0 - 1), self.prev_term)
         } else {
-            (Index(self.first_index.0 + n as u64 - 1), self.locs[n - 1].term)
+            (
+                Index(self.first_index.0 + n as u64 - 1),
+                self.locs[n - 1].term,
+            )
         }
     }
 
@@ -241,12 +271,23 @@ impl State {
         let n = self.locs.partition_point(|loc| loc.lsn < lsn);
         self.locs.truncate(n);
         let (last_index, last_term) = self.last_before(lsn);
-        let end = self.locs.back().map_or(self.segments[0].first_lsn().0, |loc| loc.lsn + u64::from(loc.record_len));
-        self.last = Position { lsn: Lsn(end), last_index, last_term };
+        let end = self
+            .locs
+            .back()
+            .map_or(self.segments[0].first_lsn().0, |loc| {
+                loc.lsn + u64::from(loc.record_len)
+            });
+        self.last = Position {
+            lsn: Lsn(end),
+            last_index,
+            last_term,
+        };
     }
 
     fn segment_for(&self, lsn: u64) -> Option<&Arc<Segment>> {
-        let n = self.segments.partition_point(|segment| segment.first_lsn().0 <= lsn);
+        let n = self
+            .segments
+            .partition_point(|segment| segment.first_lsn().0 <= lsn);
         n.checked_sub(1).map(|i| &self.segments[i])
     }
 }
@@ -256,7 +297,11 @@ impl Wal {
     /// checks every segment header, scans every record (length, crc32c, Lsn tag, index chain),
     /// cuts a torn tail (keeping the cut bytes in a `.broken` file) and refuses mid-log
     /// corruption with [`WalError::Corrupt`].
-    pub fn open(fs: Arc<dyn FileSystem>, dir: &Path, config: WalConfig) -> Result<(Self, RecoveryReport), WalError> {
+    pub fn open(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        config: WalConfig,
+    ) -> Result<(Self, RecoveryReport), WalError> {
         config.validate()?;
         let recovered = recover(&*fs, dir, &config)?;
         let mut report = recovered.report;
@@ -293,28 +338,52 @@ impl Wal {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.changed.wait(guard).unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.changed
+            .wait(guard)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Appends an entry with the next index. See [`Wal::append`].
-    pub fn append_next(&self, term: Term, payload: &[u8], durability: Durability) -> Result<Entry, WalError> {
+    pub fn append_next(
+        &self,
+        term: Term,
+        payload: &[u8],
+        durability: Durability,
+    ) -> Result<Entry, WalError> {
         self.append_inner(None, term, payload, durability)
     }
 
     /// Appends an entry; `index` must be the last index plus one and `term` not lower than
     /// the last term. Returns when `durability` is reached. Does not allocate.
-    pub fn append(&self, index: Index, term: Term, payload: &[u8], durability: Durability) -> Result<Entry, WalError> {
+    pub fn append(
+        &self,
+        index: Index,
+        term: Term,
+        payload: &[u8],
+        durability: Durability,
+    ) -> Result<Entry, WalError> {
         self.append_inner(Some(index), term, payload, durability)
     }
 
-    fn append_inner(&self, index: Option<Index>, term: Term, payload: &[u8], durability: Durability) -> Result<Entry, WalError> {
+    fn append_inner(
+        &self,
+        index: Option<Index>,
+        term: Term,
+        payload: &[u8],
+        durability: Durability,
+    ) -> Result<Entry, WalError> {
         let max = format::max_payload(self.config.block_bytes);
         if payload.len() > max {
-            return Err(WalError::EntryTooLarge { len: payload.len(), max });
+            return Err(WalError::EntryTooLarge {
+                len: payload.len(),
+                max,
+            });
         }
         let record = format::record_bytes(payload.len()) as u64;
         let mut st = self.lock();
@@ -322,12 +391,22 @@ impl Wal {
         let entry = loop {
             st.usable()?;
             if st.generation != generation {
-                return Err(st.discarded.map_or(WalError::Config { reason: "entries were discarded" }, |f| f.discard_error()));
+                return Err(st.discarded.map_or(
+                    WalError::Config {
+                        reason: "entries were discarded",
+                    },
+                    |f| f.discard_error(),
+                ));
             }
             let last = st.last;
             let index = index.unwrap_or(Index(last.last_index.0 + 1));
             if index.0 != last.last_index.0 + 1 || term < last.last_term {
-                return Err(WalError::OutOfOrder { index, term, last_index: last.last_index, last_term: last.last_term });
+                return Err(WalError::OutOfOrder {
+                    index,
+                    term,
+                    last_index: last.last_index,
+                    last_term: last.last_term,
+                });
             }
             let start = format::place(last.lsn.0, record, self.config.block_bytes);
             let end = start + record;
@@ -338,14 +417,30 @@ impl Wal {
             let at = (last.lsn.0 - st.buf_start) as usize;
             let from = (start - st.buf_start) as usize;
             let state = &mut *st;
-            format::encode_padding(&mut state.buf[at..from], last.lsn, (last.last_index, last.last_term));
-            format::encode_entry(&mut state.buf[from..from + record as usize], Lsn(start), index, term, payload);
+            format::encode_padding(
+                &mut state.buf[at..from],
+                last.lsn,
+                (last.last_index, last.last_term),
+            );
+            format::encode_entry(
+                &mut state.buf[from..from + record as usize],
+                Lsn(start),
+                index,
+                term,
+                payload,
+            );
             self.staged(state, start, record, index, term);
-            break Entry { index, term, lsn: Lsn(start) };
+            break Entry {
+                index,
+                term,
+                lsn: Lsn(start),
+            };
         };
         match durability {
             Durability::Memory => Ok(entry),
-            _ => self.wait_durable(st, entry.lsn.0 + record, generation).map(|_| entry),
+            _ => self
+                .wait_durable(st, entry.lsn.0 + record, generation)
+                .map(|_| entry),
         }
     }
 
@@ -353,32 +448,61 @@ impl Wal {
     fn staged(&self, state: &mut State, start: u64, record: u64, index: Index, term: Term) {
         let end = start + record;
         state.buf_len = (end - state.buf_start) as usize;
-        state.locs.push_back(Loc { lsn: start, term, record_len: record as u32 });
-        state.last = Position { lsn: Lsn(end), last_index: index, last_term: term };
-        if self.config.max_batch_delay > Duration::ZERO && state.buf_len as u64 >= self.config.max_batch_bytes / 2 {
+        state.locs.push_back(Loc {
+            lsn: start,
+            term,
+            record_len: record as u32,
+        });
+        state.last = Position {
+            lsn: Lsn(end),
+            last_index: index,
+            last_term: term,
+        };
+        if self.config.max_batch_delay > Duration::ZERO
+            && state.buf_len as u64 >= self.config.max_batch_bytes / 2
+        {
             self.changed.notify_all();
         }
     }
 
     /// The buffer is full: wait for the running flush, or flush it ourselves.
-    fn make_room<'a>(&'a self, st: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>, WalError> {
-        if st.flushing { Ok(self.wait(st)) } else { self.flush(st) }
+    fn make_room<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+    ) -> Result<MutexGuard<'a, State>, WalError> {
+        if st.flushing {
+            Ok(self.wait(st))
+        } else {
+            self.flush(st)
+        }
     }
 
     /// Persists the records of `consumer`'s ring from the log's end up to `end` (a follower's
     /// accepted range, or a leader's own appends), re-checking every record (bounds, crc32c,
     /// Lsn tag, index chain) on the way, and returns when `durability` is reached.
-    pub fn persist_from(&self, consumer: &Consumer, end: Lsn, durability: Durability) -> Result<Position, WalError> {
+    pub fn persist_from(
+        &self,
+        consumer: &Consumer,
+        end: Lsn,
+        durability: Durability,
+    ) -> Result<Position, WalError> {
         let block = self.config.block_bytes;
         if consumer.block_bytes() != block {
-            return Err(WalError::Config { reason: "the ring's block size differs from the log's" });
+            return Err(WalError::Config {
+                reason: "the ring's block size differs from the log's",
+            });
         }
         let mut st = self.lock();
         let generation = st.generation;
         while st.last.lsn < end {
             st.usable()?;
             if st.generation != generation {
-                return Err(st.discarded.map_or(WalError::Config { reason: "entries were discarded" }, |f| f.discard_error()));
+                return Err(st.discarded.map_or(
+                    WalError::Config {
+                        reason: "entries were discarded",
+                    },
+                    |f| f.discard_error(),
+                ));
             }
             let last = st.last;
             let mut pos = last.lsn.0;
@@ -388,7 +512,12 @@ impl Wal {
                 let rest = format::block_rest(pos, block);
                 if rest >= HEADER_BYTES as u64 {
                     if pos + HEADER_BYTES as u64 > end.0 {
-                        return Err(WalError::Range { start: Lsn(pos), end, held_start: consumer.head(), held_end: consumer.tail() });
+                        return Err(WalError::Range {
+                            start: Lsn(pos),
+                            end,
+                            held_start: consumer.head(),
+                            held_end: consumer.tail(),
+                        });
                     }
                     consumer.copy_range(Lsn(pos), &mut header)?;
                     if header[29] != RecordKind::Padding as u8 {
@@ -399,7 +528,9 @@ impl Wal {
             }
             let claimed = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
             let record = format::record_bytes(claimed.min(format::max_payload(block))) as u64;
-            let record_end = (pos + record).min(pos + format::block_rest(pos, block)).min(end.0);
+            let record_end = (pos + record)
+                .min(pos + format::block_rest(pos, block))
+                .min(end.0);
             if record_end - st.buf_start > st.buf.len() as u64 {
                 st = self.make_room(st)?;
                 continue;
@@ -408,38 +539,69 @@ impl Wal {
             let from = (pos - st.buf_start) as usize;
             let to = (record_end - st.buf_start) as usize;
             let state = &mut *st;
-            format::encode_padding(&mut state.buf[at..from], last.lsn, (last.last_index, last.last_term));
+            format::encode_padding(
+                &mut state.buf[at..from],
+                last.lsn,
+                (last.last_index, last.last_term),
+            );
             consumer.copy_range(Lsn(pos), &mut state.buf[from..to])?;
-            let invalid = |source| WalError::RemoteRange { lsn: Lsn(pos), index: last.last_index, source };
-            let decoded = format::decode_record(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
+            let invalid = |source| WalError::RemoteRange {
+                lsn: Lsn(pos),
+                index: last.last_index,
+                source,
+            };
+            let decoded =
+                format::decode_record(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
             let header = decoded.header;
-            let mut chain = ChainCheck { last_index: last.last_index, last_term: last.last_term };
+            let mut chain = ChainCheck {
+                last_index: last.last_index,
+                last_term: last.last_term,
+            };
             chain.advance(&header).map_err(invalid)?;
             self.staged(state, pos, decoded.record_len, header.index, header.term);
         }
         let position = st.last;
         match durability {
             Durability::Memory => Ok(position),
-            _ => self.wait_durable(st, position.lsn.0, generation).map(|_| position),
+            _ => self
+                .wait_durable(st, position.lsn.0, generation)
+                .map(|_| position),
         }
     }
 
     /// Waits until `target` is durable, leading flushes when nobody else does.
-    fn wait_durable<'a>(&'a self, mut st: MutexGuard<'a, State>, target: u64, generation: u64) -> Result<(), WalError> {
+    fn wait_durable<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        target: u64,
+        generation: u64,
+    ) -> Result<(), WalError> {
         loop {
             if st.durable >= target {
                 return Ok(());
             }
             st.usable()?;
             if st.generation != generation {
-                return Err(st.discarded.map_or(WalError::Config { reason: "entries were discarded" }, |f| f.discard_error()));
+                return Err(st.discarded.map_or(
+                    WalError::Config {
+                        reason: "entries were discarded",
+                    },
+                    |f| f.discard_error(),
+                ));
             }
-            st = if st.flushing { self.wait(st) } else { self.flush(st)? };
+            st = if st.flushing {
+                self.wait(st)
+            } else {
+                self.flush(st)?
+            };
         }
     }
 
     /// Becomes the sync leader: writes and fdatasyncs the current buffer.
-    fn flush<'a>(&'a self, mut st: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>, WalError> {
+    fn flush<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+    ) -> Result<MutexGuard<'a, State>, WalError> {
         debug_assert!(!st.flushing);
         st.flushing = true;
         let delay = self.config.max_batch_delay;
@@ -450,24 +612,43 @@ impl Wal {
                 if now >= deadline {
                     break;
                 }
-                st = self.changed.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+                st = self
+                    .changed
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
             }
         }
         let start = st.buf_start;
         let len = st.buf_len;
         let end = start + len as u64;
-        let spare = st.spare.take().expect("only the flushing thread takes the spare buffer");
+        let spare = st
+            .spare
+            .take()
+            .expect("only the flushing thread takes the spare buffer");
         let batch = std::mem::replace(&mut st.buf, spare);
         st.buf_start = end;
         st.buf_len = 0;
-        let current = Arc::clone(st.segments.back().expect("a log always has a segment"));
-        let rotation = (current.end_lsn().0 < end).then(|| {
-            let (index, term) = st.last_before(current.end_lsn().0);
+        // Usually one segment, two when the last flush ended in an empty rotated segment.
+        let existing: Vec<Arc<Segment>> = st
+            .segments
+            .iter()
+            .filter(|s| s.end_lsn().0 > start)
+            .cloned()
+            .collect();
+        let last_end = st
+            .segments
+            .back()
+            .expect("a log always has a segment")
+            .end_lsn()
+            .0;
+        let rotation = (last_end < end).then(|| {
+            let (index, term) = st.last_before(last_end);
             (Index(index.0 + 1), term)
         });
         drop(st);
 
-        let result = self.write_batch(&batch[..len], start, &current, rotation);
+        let result = self.write_batch(&batch[..len], start, &existing, rotation);
 
         let mut st = self.lock();
         st.spare = Some(batch);
@@ -486,81 +667,147 @@ impl Wal {
                 st.cut_locs(start);
                 st.generation += 1;
                 st.discarded = Some(failure);
-                tracing::warn!(lsn = start, "wal: discarded unwritten entries after a write failure");
+                tracing::warn!(
+                    lsn = start,
+                    "wal: discarded unwritten entries after a write failure"
+                );
                 Err(failure.discard_error())
             }
             Err(FlushError::Poison(failure)) => {
                 st.poisoned = Some(failure);
-                tracing::error!(lsn = failure.lsn.0, "wal: fsync failed, the log is poisoned");
-                Err(WalError::Sync { segment: failure.segment, lsn: failure.lsn, source: failure.io_error() })
+                tracing::error!(
+                    lsn = failure.lsn.0,
+                    "wal: fsync failed, the log is poisoned"
+                );
+                Err(WalError::Sync {
+                    segment: failure.segment,
+                    lsn: failure.lsn,
+                    source: failure.io_error(),
+                })
             }
         }
     }
 
-    /// Writes `bytes` (stream `[start, start + len)`) to `current` and, if the batch crosses
-    /// its end, to a new segment, then fdatasyncs both. Returns the created segment.
+    /// Writes `bytes` (stream `[start, start + len)`) to the `existing` segments that cover it
+    /// and, if the batch runs past the last one, to a new segment (`rotation` gives its first
+    /// index and previous term), then fdatasyncs every segment it touched, oldest first.
+    /// Returns the created segment.
     fn write_batch(
         &self,
         bytes: &[u8],
         start: u64,
-        current: &Arc<Segment>,
+        existing: &[Arc<Segment>],
         rotation: Option<(Index, Term)>,
     ) -> Result<Option<Arc<Segment>>, FlushError> {
         let end = start + bytes.len() as u64;
-        let split = current.end_lsn().0.min(end);
-        let head = &bytes[..(split - start) as usize];
-        if !head.is_empty() {
-            if let Err(error) = current.file.write_all_at(head, current.offset(Lsn(start))) {
-                return Err(self.undo(current, start, split, &error));
+        let mut pos = start;
+        for segment in existing {
+            let hi = segment.end_lsn().0.min(end);
+            if pos >= hi {
+                continue;
             }
+            let piece = &bytes[(pos - start) as usize..(hi - start) as usize];
+            if let Err(error) = segment.file.write_all_at(piece, segment.offset(Lsn(pos))) {
+                return Err(self.undo(
+                    existing,
+                    start,
+                    hi,
+                    Failure::new(segment.first_lsn(), Lsn(start), &error),
+                ));
+            }
+            pos = hi;
         }
-        let mut created = None;
-        if let Some((first_index, prev_term)) = rotation {
-            let header = SegmentHeader {
-                block_bytes: self.config.block_bytes as u32,
-                cluster_id: self.config.cluster_id,
-                first_index,
-                first_lsn: Lsn(split),
-                prev_term,
-                data_bytes: self.config.segment_data_bytes,
-                window_bytes: self.window_bytes as u32,
-            };
-            // The old segment's bytes become durable before the new one exists, so a crash
-            // during rotation leaves one consistent tail.
-            if let Err(error) = current.file.sync_data() {
-                return Err(FlushError::Poison(Failure::new(current.first_lsn(), Lsn(start), &error)));
-            }
-            let segment = match segment::create_segment(&*self.fs, &self.dir, header) {
-                Ok(segment) => Arc::new(segment),
-                Err(error) => return Err(self.undo(current, start, split, &error)),
-            };
-            if let Err(error) = segment.file.write_all_at(&bytes[head.len()..], segment.offset(Lsn(split))) {
-                let failure = self.undo(current, start, split, &error);
-                return Err(self.undo_segment(segment, failure));
-            }
+        // The old segments' bytes become durable before a new segment exists, so a crash
+        // during rotation leaves one consistent tail.
+        for segment in existing
+            .iter()
+            .filter(|s| s.end_lsn().0 > start && s.first_lsn().0 < end)
+        {
             if let Err(error) = segment.file.sync_data() {
-                return Err(FlushError::Poison(Failure::new(segment.first_lsn(), Lsn(split), &error)));
+                return Err(FlushError::Poison(Failure::new(
+                    segment.first_lsn(),
+                    Lsn(start),
+                    &error,
+                )));
             }
-            created = Some(segment);
-        } else if let Err(error) = current.file.sync_data() {
-            return Err(FlushError::Poison(Failure::new(current.first_lsn(), Lsn(start), &error)));
         }
-        Ok(created)
+        let Some((first_index, prev_term)) = rotation.filter(|_| pos < end) else {
+            debug_assert_eq!(pos, end);
+            return Ok(None);
+        };
+        let header = SegmentHeader {
+            block_bytes: self.config.block_bytes as u32,
+            cluster_id: self.config.cluster_id,
+            first_index,
+            first_lsn: Lsn(pos),
+            prev_term,
+            data_bytes: self.config.segment_data_bytes,
+            window_bytes: self.window_bytes as u32,
+        };
+        let segment = match segment::create_segment(&*self.fs, &self.dir, header) {
+            Ok(segment) => Arc::new(segment),
+            Err(error) => {
+                return Err(self.undo(
+                    existing,
+                    start,
+                    pos,
+                    Failure::new(Lsn(pos), Lsn(start), &error),
+                ));
+            }
+        };
+        if let Err(error) = segment
+            .file
+            .write_all_at(&bytes[(pos - start) as usize..], segment.offset(Lsn(pos)))
+        {
+            let failure = self.undo(
+                existing,
+                start,
+                pos,
+                Failure::new(segment.first_lsn(), Lsn(start), &error),
+            );
+            return Err(self.undo_segment(segment, failure));
+        }
+        if let Err(error) = segment.file.sync_data() {
+            return Err(FlushError::Poison(Failure::new(
+                segment.first_lsn(),
+                Lsn(pos),
+                &error,
+            )));
+        }
+        Ok(Some(segment))
     }
 
-    /// A write failed: zero what may have reached the page cache in `[start, end)` of
-    /// `segment`, so no stale record survives past the log's end.
-    fn undo(&self, segment: &Segment, start: u64, end: u64, error: &io::Error) -> FlushError {
-        let failure = Failure::new(segment.first_lsn(), Lsn(start), error);
-        match zero_range(segment, start, end) {
-            Ok(()) => FlushError::Discard(failure),
-            Err(_) => FlushError::Poison(failure),
+    /// A write failed: zero what may have reached the page cache in `[start, written)` of the
+    /// `segments`, so no stale record survives past the log's end. The zeroes are synced too:
+    /// part of the batch may already be durable (old segments are synced before a rotation),
+    /// and a failed append must not reappear after a crash.
+    fn undo(
+        &self,
+        segments: &[Arc<Segment>],
+        start: u64,
+        written: u64,
+        failure: Failure,
+    ) -> FlushError {
+        for segment in segments {
+            let lo = start.max(segment.first_lsn().0);
+            let hi = written.min(segment.end_lsn().0);
+            if lo < hi
+                && zero_range(segment, lo, hi)
+                    .and_then(|()| segment.file.sync_data())
+                    .is_err()
+            {
+                return FlushError::Poison(failure);
+            }
         }
+        FlushError::Discard(failure)
     }
 
     /// Removes a segment created by a batch that then failed.
     fn undo_segment(&self, segment: Arc<Segment>, failure: FlushError) -> FlushError {
-        let removed = self.fs.remove(&segment.path).and_then(|()| self.fs.sync_dir(&self.dir));
+        let removed = self
+            .fs
+            .remove(&segment.path)
+            .and_then(|()| self.fs.sync_dir(&self.dir));
         match (failure, removed) {
             (FlushError::Discard(f), Err(_)) => FlushError::Poison(f),
             (failure, _) => failure,
@@ -572,7 +819,8 @@ impl Wal {
         let st = self.lock();
         let position = st.last;
         let generation = st.generation;
-        self.wait_durable(st, position.lsn.0, generation).map(|()| position)
+        self.wait_durable(st, position.lsn.0, generation)
+            .map(|()| position)
     }
 
     /// Waits until no flush runs, then marks the log busy for exclusive I/O.
@@ -611,7 +859,11 @@ impl Wal {
         if from < st.first_index {
             let (first, last) = (st.first_index, st.last_index());
             self.end_exclusive(st);
-            return Err(WalError::NotFound { index: from, first, last });
+            return Err(WalError::NotFound {
+                index: from,
+                first,
+                last,
+            });
         }
         let n = (from.0 - st.first_index.0) as usize;
         let cut = if n == 0 {
@@ -642,18 +894,37 @@ impl Wal {
             Err((segment, error)) => {
                 st.poisoned = Some(Failure::new(segment, Lsn(cut), &error));
                 self.end_exclusive(st);
-                Err(WalError::Truncate { index: from, segment, source: error })
+                Err(WalError::Truncate {
+                    index: from,
+                    segment,
+                    source: error,
+                })
             }
         }
     }
 
-    fn cut_segments(&self, segments: &[Arc<Segment>], cut: u64, old_end: u64, from: Index) -> Result<usize, (Lsn, io::Error)> {
+    fn cut_segments(
+        &self,
+        segments: &[Arc<Segment>],
+        cut: u64,
+        old_end: u64,
+        from: Index,
+    ) -> Result<usize, (Lsn, io::Error)> {
         let _ = from;
         // Keep the first segment always, and every segment that starts before the cut.
-        let kept = segments.iter().skip(1).take_while(|s| s.first_lsn().0 < cut).count() + 1;
+        let kept = segments
+            .iter()
+            .skip(1)
+            .take_while(|s| s.first_lsn().0 < cut)
+            .count()
+            + 1;
         for segment in segments[kept..].iter().rev() {
-            self.fs.remove(&segment.path).map_err(|e| (segment.first_lsn(), e))?;
-            self.fs.sync_dir(&self.dir).map_err(|e| (segment.first_lsn(), e))?;
+            self.fs
+                .remove(&segment.path)
+                .map_err(|e| (segment.first_lsn(), e))?;
+            self.fs
+                .sync_dir(&self.dir)
+                .map_err(|e| (segment.first_lsn(), e))?;
         }
         let segment = &segments[kept - 1];
         let stop = old_end.min(segment.end_lsn().0);
@@ -661,7 +932,10 @@ impl Wal {
         while hi > cut {
             let lo = hi.saturating_sub(self.window_bytes).max(cut);
             zero_range(segment, lo, hi).map_err(|e| (segment.first_lsn(), e))?;
-            segment.file.sync_data().map_err(|e| (segment.first_lsn(), e))?;
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| (segment.first_lsn(), e))?;
             hi = lo;
         }
         Ok(kept)
@@ -710,7 +984,11 @@ impl Wal {
         if let Some((segment, error)) = failure {
             st.poisoned = Some(Failure::new(segment, segment, &error));
             self.end_exclusive(st);
-            return Err(WalError::Truncate { index: checkpoint, segment, source: error });
+            return Err(WalError::Truncate {
+                index: checkpoint,
+                segment,
+                source: error,
+            });
         }
         self.end_exclusive(st);
         Ok(first_index)
@@ -723,16 +1001,33 @@ impl Wal {
         let mut st = self.lock();
         loop {
             if index < st.first_index || index > st.last_index() {
-                return Err(WalError::NotFound { index, first: st.first_index, last: st.last_index() });
+                return Err(WalError::NotFound {
+                    index,
+                    first: st.first_index,
+                    last: st.last_index(),
+                });
             }
             let loc = st.locs[(index.0 - st.first_index.0) as usize];
-            let entry = Entry { index, term: loc.term, lsn: Lsn(loc.lsn) };
+            let entry = Entry {
+                index,
+                term: loc.term,
+                lsn: Lsn(loc.lsn),
+            };
             let block = self.config.block_bytes;
-            let segment = Arc::clone(st.segment_for(loc.lsn).expect("every entry lies in a segment"));
-            let corrupt = |source| WalError::ReadCorrupt { segment: segment.first_lsn(), lsn: entry.lsn, index, source };
+            let segment = Arc::clone(
+                st.segment_for(loc.lsn)
+                    .expect("every entry lies in a segment"),
+            );
+            let corrupt = |source| WalError::ReadCorrupt {
+                segment: segment.first_lsn(),
+                lsn: entry.lsn,
+                index,
+                source,
+            };
             if loc.lsn >= st.buf_start {
                 let at = (loc.lsn - st.buf_start) as usize;
-                let decoded = format::decode_record(&st.buf[at..st.buf_len], entry.lsn, block).map_err(corrupt)?;
+                let decoded = format::decode_record(&st.buf[at..st.buf_len], entry.lsn, block)
+                    .map_err(corrupt)?;
                 payload.clear();
                 payload.extend_from_slice(decoded.payload);
                 return Ok(entry);
@@ -744,14 +1039,20 @@ impl Wal {
             }
             drop(st);
             payload.resize(loc.record_len as usize, 0);
-            segment.file.read_exact_at(payload, segment.offset(entry.lsn)).map_err(|source| WalError::SegmentRead {
-                segment: segment.first_lsn(),
-                lsn: entry.lsn,
-                source,
-            })?;
+            segment
+                .file
+                .read_exact_at(payload, segment.offset(entry.lsn))
+                .map_err(|source| WalError::SegmentRead {
+                    segment: segment.first_lsn(),
+                    lsn: entry.lsn,
+                    source,
+                })?;
             let decoded = format::decode_record(payload, entry.lsn, block).map_err(corrupt)?;
             if decoded.header.index != index || decoded.header.term != entry.term {
-                return Err(corrupt(DecodeError::IndexGap { expected: index.0, found: decoded.header.index.0 }));
+                return Err(corrupt(DecodeError::IndexGap {
+                    expected: index.0,
+                    found: decoded.header.index.0,
+                }));
             }
             let len = decoded.payload.len();
             payload.copy_within(HEADER_BYTES..HEADER_BYTES + len, 0);
@@ -813,7 +1114,12 @@ impl Wal {
 impl Drop for Wal {
     fn drop(&mut self) {
         let st = self.lock();
-        let open = !st.closed && st.poisoned.is_none() && st.durable < st.last.lsn.0;
+        // While unwinding, a panic may have left a flush half done; closing could wait on it
+        // forever, so only log.
+        let open = !st.closed
+            && st.poisoned.is_none()
+            && st.durable < st.last.lsn.0
+            && !std::thread::panicking();
         drop(st);
         if open {
             if let Err(error) = self.close() {
@@ -829,7 +1135,9 @@ fn zero_range(segment: &Segment, start: u64, end: u64) -> io::Result<()> {
     let mut pos = start;
     while pos < end {
         let len = (end - pos).min(ZEROES.len() as u64);
-        segment.file.write_all_at(&ZEROES[..len as usize], segment.offset(Lsn(pos)))?;
+        segment
+            .file
+            .write_all_at(&ZEROES[..len as usize], segment.offset(Lsn(pos)))?;
         pos += len;
     }
     Ok(())
@@ -843,7 +1151,10 @@ struct Recovered {
 }
 
 fn recover(fs: &dyn FileSystem, dir: &Path, config: &WalConfig) -> Result<Recovered, WalError> {
-    let open_dir = |source| WalError::OpenDir { dir: dir.to_owned(), source };
+    let open_dir = |source| WalError::OpenDir {
+        dir: dir.to_owned(),
+        source,
+    };
     fs.create_dir_all(dir).map_err(open_dir)?;
     let mut names = fs.list(dir).map_err(open_dir)?;
     names.sort();
@@ -863,11 +1174,23 @@ fn recover(fs: &dyn FileSystem, dir: &Path, config: &WalConfig) -> Result<Recove
         let file = fs.open(&path).map_err(open_dir)?;
         let mut bytes = [0u8; SEGMENT_HEADER_BYTES];
         file.read_exact_at(&mut bytes, 0)
-            .map_err(|source| WalError::SegmentRead { segment: first, lsn: first, source })?;
-        let header = SegmentHeader::decode(&bytes).map_err(|source| WalError::SegmentHeader { path: path.clone(), source })?;
-        let mismatch = |reason| WalError::SegmentMismatch { path: path.clone(), reason };
+            .map_err(|source| WalError::SegmentRead {
+                segment: first,
+                lsn: first,
+                source,
+            })?;
+        let header = SegmentHeader::decode(&bytes).map_err(|source| WalError::SegmentHeader {
+            path: path.clone(),
+            source,
+        })?;
+        let mismatch = |reason| WalError::SegmentMismatch {
+            path: path.clone(),
+            reason,
+        };
         if header.first_lsn != first {
-            return Err(mismatch("the header's first lsn differs from the file name"));
+            return Err(mismatch(
+                "the header's first lsn differs from the file name",
+            ));
         }
         if header.cluster_id != config.cluster_id {
             return Err(mismatch("the cluster id differs"));
@@ -878,10 +1201,15 @@ fn recover(fs: &dyn FileSystem, dir: &Path, config: &WalConfig) -> Result<Recove
         segments.push_back(Arc::new(Segment { header, path, file }));
     }
     // Segments before a gap are leftovers of an interrupted prefix truncation.
-    if let Some(keep_from) = (1..segments.len()).rev().find(|&i| segments[i - 1].end_lsn() != segments[i].first_lsn()) {
+    if let Some(keep_from) = (1..segments.len())
+        .rev()
+        .find(|&i| segments[i - 1].end_lsn() != segments[i].first_lsn())
+    {
         for segment in segments.drain(..keep_from) {
             fs.remove(&segment.path).map_err(open_dir)?;
-            report.removed.push(segment::segment_name(segment.first_lsn()));
+            report
+                .removed
+                .push(segment::segment_name(segment.first_lsn()));
         }
     }
     if !report.removed.is_empty() {
@@ -897,11 +1225,18 @@ fn recover(fs: &dyn FileSystem, dir: &Path, config: &WalConfig) -> Result<Recove
             data_bytes: config.segment_data_bytes,
             window_bytes: config.max_batch_bytes as u32,
         };
-        let segment = segment::create_segment(fs, dir, header)
-            .map_err(|source| WalError::SegmentCreate { segment: config.start.lsn, source })?;
+        let segment =
+            segment::create_segment(fs, dir, header).map_err(|source| WalError::SegmentCreate {
+                segment: config.start.lsn,
+                source,
+            })?;
         segments.push_back(Arc::new(segment));
     }
-    let window = segments.iter().map(|s| u64::from(s.header.window_bytes)).max().unwrap_or(config.max_batch_bytes);
+    let window = segments
+        .iter()
+        .map(|s| u64::from(s.header.window_bytes))
+        .max()
+        .unwrap_or(config.max_batch_bytes);
     scan(fs, dir, segments, window, report)
 }
 
@@ -910,17 +1245,20 @@ fn load(segment: &Segment, buf: &mut Vec<u8>) -> Result<(), WalError> {
     let data = segment.header.data_bytes as usize;
     buf.clear();
     buf.resize(data, 0);
-    let len = segment.file.len().map_err(|source| WalError::SegmentRead {
+    let len = segment.file.size_bytes().map_err(|source| WalError::SegmentRead {
         segment: segment.first_lsn(),
         lsn: segment.first_lsn(),
         source,
     })?;
     let have = (len.saturating_sub(SEGMENT_DATA_OFFSET) as usize).min(data);
-    segment.file.read_exact_at(&mut buf[..have], SEGMENT_DATA_OFFSET).map_err(|source| WalError::SegmentRead {
-        segment: segment.first_lsn(),
-        lsn: segment.first_lsn(),
-        source,
-    })
+    segment
+        .file
+        .read_exact_at(&mut buf[..have], SEGMENT_DATA_OFFSET)
+        .map_err(|source| WalError::SegmentRead {
+            segment: segment.first_lsn(),
+            lsn: segment.first_lsn(),
+            source,
+        })
 }
 
 fn scan(
@@ -932,14 +1270,23 @@ fn scan(
 ) -> Result<Recovered, WalError> {
     let first = segments[0].header;
     let block = u64::from(first.block_bytes);
-    let mut chain = ChainCheck { last_index: Index(first.first_index.0 - 1), last_term: first.prev_term };
+    let mut chain = ChainCheck {
+        last_index: Index(first.first_index.0 - 1),
+        last_term: first.prev_term,
+    };
     let mut locs = VecDeque::with_capacity(INITIAL_INDEX_CAPACITY);
     let mut entry_end = first.first_lsn.0;
     let mut data = Vec::new();
     let mut bad: Option<(usize, u64, DecodeError)> = None;
     'segments: for (i, segment) in segments.iter().enumerate() {
-        if i > 0 && (segment.header.first_index.0 != chain.last_index.0 + 1 || segment.header.prev_term != chain.last_term) {
-            return Err(WalError::SegmentMismatch { path: segment.path.clone(), reason: "its first index does not continue the previous segment" });
+        if i > 0
+            && (segment.header.first_index.0 != chain.last_index.0 + 1
+                || segment.header.prev_term != chain.last_term)
+        {
+            return Err(WalError::SegmentMismatch {
+                path: segment.path.clone(),
+                reason: "its first index does not continue the previous segment",
+            });
         }
         load(segment, &mut data)?;
         let base = segment.first_lsn().0;
@@ -959,7 +1306,11 @@ fn scan(
             match checked {
                 Ok(decoded) => {
                     if decoded.header.kind == RecordKind::Entry {
-                        locs.push_back(Loc { lsn: pos, term: decoded.header.term, record_len: decoded.record_len as u32 });
+                        locs.push_back(Loc {
+                            lsn: pos,
+                            term: decoded.header.term,
+                            record_len: decoded.record_len as u32,
+                        });
                         entry_end = pos + decoded.record_len;
                     }
                     pos += decoded.record_len;
@@ -971,7 +1322,11 @@ fn scan(
             }
         }
     }
-    let position = Position { lsn: Lsn(entry_end), last_index: chain.last_index, last_term: chain.last_term };
+    let position = Position {
+        lsn: Lsn(entry_end),
+        last_index: chain.last_index,
+        last_term: chain.last_term,
+    };
     if let Some((i, bad_at, error)) = bad {
         // Look past the bad record: valid records beyond the unsynced window mean corruption;
         // anything else is a torn tail.
@@ -996,7 +1351,12 @@ fn scan(
         }
         if let Some(valid_end) = last_valid_end {
             if valid_end - bad_at > window {
-                return Err(WalError::Corrupt { segment: segments[i].first_lsn(), lsn: Lsn(bad_at), index: chain.last_index, source: error });
+                return Err(WalError::Corrupt {
+                    segment: segments[i].first_lsn(),
+                    lsn: Lsn(bad_at),
+                    index: chain.last_index,
+                    source: error,
+                });
             }
         }
         let cut_end = last_valid_end.unwrap_or(0).max(last_nonzero_end);
@@ -1006,7 +1366,12 @@ fn scan(
             tracing::warn!(lsn = bad_at, bytes = cut_end - bad_at, %error, "wal: cut a torn tail");
         }
     }
-    Ok(Recovered { segments, locs, position, report })
+    Ok(Recovered {
+        segments,
+        locs,
+        position,
+        report,
+    })
 }
 
 /// Cuts `[bad_at, cut_end)`: saves the bytes to `LSN.broken`, deletes later segments
@@ -1021,7 +1386,11 @@ fn repair(
     data: &mut Vec<u8>,
 ) -> Result<PathBuf, WalError> {
     let segment_lsn = segments[i].first_lsn();
-    let fail = |source| WalError::Recover { segment: segment_lsn, lsn: Lsn(bad_at), source };
+    let fail = |source| WalError::Recover {
+        segment: segment_lsn,
+        lsn: Lsn(bad_at),
+        source,
+    };
     let path = dir.join(format!("{:020}{BROKEN_SUFFIX}", bad_at));
     let broken = fs.create(&path).map_err(fail)?;
     let mut written = 0u64;
@@ -1033,7 +1402,9 @@ fn repair(
         }
         load(segment, data)?;
         let base = segment.first_lsn().0;
-        broken.write_all_at(&data[(lo - base) as usize..(hi - base) as usize], written).map_err(fail)?;
+        broken
+            .write_all_at(&data[(lo - base) as usize..(hi - base) as usize], written)
+            .map_err(fail)?;
         written += hi - lo;
     }
     broken.sync_data().map_err(fail)?;
