@@ -72,10 +72,11 @@ pub trait Memory: Send + Sync + fmt::Debug {
     fn words(&self) -> &[AtomicU64];
 }
 
-/// The largest control message: append descriptors, votes, responses and commit indexes are
-/// far smaller; payload never travels by send on the fast path, and slow-path chunks are cut
-/// to fit. 64 KiB keeps the receive pool of a 3-node cluster under a few MiB.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// The largest control message. Append descriptors, votes, responses and commit indexes are
+/// far smaller; the limit is set by the slow path, where one raft append carries up to one
+/// maximum-size entry (64 KiB) plus a batch of smaller ones (48 KiB), with room to spare.
+/// 32 receive buffers per connection of this size are 8 MiB per peer.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
 /// A one-sided write to post.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

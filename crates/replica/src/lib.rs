@@ -1,5 +1,209 @@
-//! Replication core: raft-rs over the fabric, the one-sided data path, fencing, the embedded API.
+//! Replication core: raft-rs over the fabric, the one-sided data path, fencing and durability.
 //!
-//! Not built yet: see ARCHITECTURE.md for the plan and the open issues for the work.
+//! # Data path
+//!
+//! 1. The leader proposes an entry to raft-rs; when raft hands it back in a `Ready`, the
+//!    entry is encoded into the leader's registered ring at its Lsn.
+//! 2. For each follower whose latest response showed its log ending exactly where the leader
+//!    will write (the *fast-path invariant*, tracked as `fast_end`), the leader RDMA-writes the
+//!    new byte range of its ring into the follower's ring at the same Lsns, then sends an
+//!    append descriptor (the MsgAppend fields, no payload) on the same connection.
+//! 3. The follower receives the descriptor only after the bytes are placed (send after write),
+//!    validates every record (bounds, crc32c, index chain, term) with
+//!    [`wal::Producer::accept_written`], checks the indexes and terms against the descriptor,
+//!    and steps raft with the entries. It persists per [`Durability`] and answers with its real
+//!    last index, ring end and ring head ([`wire::RingInfo`]).
+//! 4. Anything else (probing, conflicts, a follower behind the leader's ring, a new member)
+//!    takes the slow path: the raft message with its payload over send/recv; the follower
+//!    truncates and appends with its own CPU.
+//!
+//! # Fencing
+//!
+//! A follower grants remote write on its ring only to the connection of its current term's
+//! leader. When it sees a higher term it revokes every grant *before* stepping the message,
+//! and grants the new leader's connection after. A deposed leader's writes complete with
+//! `RemoteAccess`, counted in [`ReplicaStats::fenced_writes`].
+//!
+//! # Limits of this version
+//!
+//! Snapshot transfer is not built: a follower that needs entries below a prefix truncation
+//! point cannot be caught up.
 
 #![deny(unsafe_code)]
+// reason: raft-rs message types are generated protobuf structs with hidden cache fields, so
+// building them with struct literals is not possible; assignment after default() is the idiom.
+#![allow(clippy::field_reassign_with_default)]
+
+pub mod node;
+pub mod sim;
+pub mod storage;
+pub mod wire;
+
+use std::path::PathBuf;
+
+pub use node::{Committed, Replica, ReplicaStats, Role, Status, Ticket};
+pub use wal::Durability;
+
+/// Configuration of one replica.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This node's id (non-zero).
+    pub id: u64,
+    /// The initial voters, this node included, used only when the data dir is new.
+    pub voters: Vec<u64>,
+    /// Cluster id: frames and segments of another cluster are refused.
+    pub cluster_id: u64,
+    /// What an acknowledged append survives.
+    pub durability: Durability,
+    /// Ticks without a leader before an election.
+    pub election_tick: usize,
+    /// Ticks between heartbeats.
+    pub heartbeat_tick: usize,
+    /// Randomized election timeout range `[min, max)`; `None` uses raft-rs's default
+    /// (`election_tick .. 2 × election_tick`). The simulator pins it to width 1.
+    pub election_window: Option<(usize, usize)>,
+    /// Ring size in bytes: a power of two, a multiple of `block_bytes`.
+    pub ring_bytes: u64,
+    /// Placement block: every replica of a log must use the same value.
+    pub block_bytes: u64,
+    /// Segment file data size.
+    pub segment_bytes: u64,
+    /// Largest application payload.
+    pub max_entry_bytes: usize,
+    /// Where segments and the raft state live.
+    pub data_dir: PathBuf,
+    /// raft-rs `max_size_per_msg`: bounds one append message.
+    pub max_size_per_msg: u64,
+    /// raft-rs `max_inflight_msgs`: appends in flight per follower.
+    pub max_inflight_msgs: usize,
+    /// Ticks between reconnect attempts to a peer whose connection is down.
+    pub reconnect_ticks: u64,
+}
+
+impl ReplicaConfig {
+    /// A configuration with sane defaults for a 3-node cluster.
+    pub fn new(id: u64, voters: Vec<u64>, cluster_id: u64, data_dir: PathBuf) -> Self {
+        ReplicaConfig {
+            id,
+            voters,
+            cluster_id,
+            durability: Durability::Fsync,
+            election_tick: 10,
+            heartbeat_tick: 2,
+            election_window: None,
+            ring_bytes: 8 << 20,
+            block_bytes: 256 << 10,
+            segment_bytes: 64 << 20,
+            max_entry_bytes: 64 << 10,
+            data_dir,
+            max_size_per_msg: 48 << 10,
+            max_inflight_msgs: 64,
+            reconnect_ticks: 5,
+        }
+    }
+
+    /// Checks the configuration, naming the bad field.
+    pub fn validate(&self) -> Result<(), ReplicaError> {
+        let bad =
+            |field: &'static str, why: String| Err(ReplicaError::Config { field, reason: why });
+        if self.id == 0 {
+            return bad("id", "node ids start at 1".into());
+        }
+        if !self.voters.is_empty() && !self.voters.contains(&self.id) {
+            return bad(
+                "voters",
+                format!(
+                    "the initial voters {:?} do not include this node {}",
+                    self.voters, self.id
+                ),
+            );
+        }
+        if self.heartbeat_tick == 0 || self.election_tick <= self.heartbeat_tick {
+            return bad(
+                "election_tick",
+                "must be greater than heartbeat_tick, which must be positive".into(),
+            );
+        }
+        if !self.ring_bytes.is_power_of_two()
+            || self.ring_bytes % self.block_bytes != 0
+            || self.ring_bytes < 2 * self.block_bytes
+        {
+            return bad(
+                "ring_bytes",
+                "must be a power of two holding at least two blocks".into(),
+            );
+        }
+        let max = wal::format::max_payload(self.block_bytes).saturating_sub(1);
+        if self.max_entry_bytes == 0 || self.max_entry_bytes > max {
+            return bad(
+                "max_entry_bytes",
+                format!("must be 1..={max} for a {}-byte block", self.block_bytes),
+            );
+        }
+        if self.max_entry_bytes + 4096 > wire::MAX_BODY_BYTES / 2 {
+            return bad(
+                "max_entry_bytes",
+                "an entry must fit a slow-path message with room to spare".into(),
+            );
+        }
+        if self.max_size_per_msg as usize + self.max_entry_bytes + 4096 > wire::MAX_BODY_BYTES {
+            return bad(
+                "max_size_per_msg",
+                "one append message must fit the fabric's message limit".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Errors of the replica, each a sentence a caller can act on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplicaError {
+    /// A configuration field is invalid.
+    #[error("invalid replica configuration: {field}: {reason}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// This node is not the leader; retry at the hinted leader.
+    #[error("this node is not the leader (leader hint: {leader_hint:?})")]
+    NotLeader {
+        /// The leader this node believes in, if any.
+        leader_hint: Option<u64>,
+    },
+    /// The payload exceeds the limit.
+    #[error("a {len}-byte entry exceeds the {max}-byte limit")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// raft-rs dropped the proposal (leadership change, uncommitted limit); retry.
+    #[error("the proposal was dropped by raft ({0}); retry it")]
+    Dropped(String),
+    /// The entry at the proposal's index was replaced by another leader's; it is not in the log.
+    #[error("the proposal at index {index} was superseded by a new leader; retry it")]
+    Superseded {
+        /// The index it had.
+        index: u64,
+    },
+    /// The log failed durably (fsync error, corruption) and refuses further work.
+    #[error("the replica is poisoned and refuses further work: {0}")]
+    Poisoned(String),
+    /// Storage failed.
+    #[error("storage failed: {0}")]
+    Wal(#[from] wal::WalError),
+    /// The fabric refused a call.
+    #[error("fabric call failed: {0}")]
+    Fabric(#[from] fabric::FabricError),
+    /// raft-rs returned an error.
+    #[error("raft failed: {0}")]
+    Raft(#[from] raft::Error),
+    /// A membership change was refused.
+    #[error("membership change refused: {0}")]
+    Membership(String),
+}

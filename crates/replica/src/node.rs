@@ -1,0 +1,1163 @@
+//! One replica: raft-rs driven over a [`Fabric`], with the ring, the wal and fencing.
+//!
+//! The replica is driven from outside: [`Replica::tick`] advances raft's logical clock and
+//! [`Replica::process`] polls the fabric and handles every `Ready` in raft-rs's required
+//! order (messages, entries, committed entries, HardState, persisted messages, advance). The
+//! in-process simulator drives it from one thread; a production node drives it from its poller
+//! thread. It never blocks except in the fsync that [`Durability::Fsync`] asks for.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use fabric::{
+    ConnState, Event, Fabric, LocalRegion, NodeId, RemoteRegion, WcOp, WcStatus, WriteRequest,
+};
+use protobuf::Message as _;
+use raft::prelude::{
+    ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, HardState, Message,
+    MessageType,
+};
+use raft::{RawNode, StateRole};
+use wal::fs::FileSystem;
+use wal::{
+    AnonymousMemory, Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term, Wal,
+    WalConfig,
+};
+
+use crate::storage::{StateFile, TAG_NORMAL, WalStorage, entry_from_payload, payload_of};
+use crate::wire::{self, Body, RingInfo};
+use crate::{ReplicaConfig, ReplicaError};
+
+/// How many fabric events one poll takes (the array is allocated once).
+const POLL_BATCH: usize = 64;
+
+/// Encoded frames queued per peer while it has no send credits. raft-rs retransmits what is
+/// dropped past this bound, so the bound only limits memory.
+const MAX_OUTBOX: usize = 1024;
+
+/// A proposal's place in the log: it is committed when the commit index reaches `index` and
+/// the entry there still has `term`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket {
+    /// Index the entry was given.
+    pub index: u64,
+    /// Term it was proposed in.
+    pub term: u64,
+}
+
+/// What a committed index holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Committed {
+    /// An application entry of `term`.
+    Application {
+        /// Its term.
+        term: u64,
+    },
+    /// raft's own entry (a new leader's no-op, a membership change).
+    Internal {
+        /// Its term.
+        term: u64,
+    },
+}
+
+/// This node's role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Leader of `term`.
+    Leader,
+    /// Following (or waiting for) a leader.
+    Follower,
+    /// Campaigning.
+    Candidate,
+}
+
+/// Counters of what the replica did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStats {
+    /// Leader: appends sent by RDMA Write plus descriptor.
+    pub fast_appends: u64,
+    /// Leader: bytes RDMA-written into followers' rings.
+    pub fast_bytes: u64,
+    /// Leader: appends sent with their payload over send/recv.
+    pub slow_appends: u64,
+    /// Leader: writes that completed RemoteAccess because a follower revoked us (fenced).
+    pub fenced_writes: u64,
+    /// Follower: descriptors whose ring bytes or position did not check out.
+    pub fast_rejected: u64,
+    /// Frames that failed to decode or came from the wrong peer (connection dropped).
+    pub bad_frames: u64,
+    /// Messages dropped because a peer's outbox was full.
+    pub dropped_messages: u64,
+    /// Connection attempts after the first.
+    pub reconnects: u64,
+    /// Grants of remote write on our ring.
+    pub grants: u64,
+    /// Revocations of remote write on our ring.
+    pub revokes: u64,
+}
+
+/// A snapshot of the replica's state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// This node.
+    pub id: u64,
+    /// Its role.
+    pub role: Role,
+    /// Current term.
+    pub term: u64,
+    /// The leader it knows, if any.
+    pub leader: Option<u64>,
+    /// Commit index.
+    pub commit: u64,
+    /// Applied index.
+    pub applied: u64,
+    /// Last index of the log.
+    pub last_index: u64,
+    /// First index still held.
+    pub first_index: u64,
+    /// Bytes of the ring in use.
+    pub ring_used_bytes: u64,
+    /// Ring capacity.
+    pub ring_capacity_bytes: u64,
+    /// Voters.
+    pub voters: Vec<u64>,
+    /// Counters.
+    pub stats: ReplicaStats,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RingEntry {
+    index: u64,
+    term: u64,
+    start: u64,
+    end: u64,
+}
+
+#[derive(Debug, Default)]
+struct Peer {
+    remote: Option<RemoteRegion>,
+    /// The fast-path invariant: `Some((index, lsn))` only while this peer's latest response
+    /// showed its log ending exactly at `index` (our match for it) plus what we have written
+    /// after it on this connection since; `lsn` is where its next record goes.
+    fast_end: Option<(u64, u64)>,
+    ring_head: u64,
+    last_connect_tick: Option<u64>,
+    outbox: VecDeque<Vec<u8>>,
+}
+
+/// The memory of the ring, seen by the fabric.
+#[derive(Debug)]
+struct RingRegion(Arc<AnonymousMemory>);
+
+impl fabric::Memory for RingRegion {
+    fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.0.words()
+    }
+}
+
+/// One replica of the log.
+pub struct Replica<F: Fabric> {
+    cfg: ReplicaConfig,
+    raw: RawNode<WalStorage>,
+    fabric: F,
+    wal: Arc<Wal>,
+    state_file: StateFile,
+    persisted_hs: HardState,
+    memory: Arc<AnonymousMemory>,
+    producer: Producer,
+    consumer: Consumer,
+    ring_local: LocalRegion,
+    ring_entries: VecDeque<RingEntry>,
+    /// Follower: highest index whose ring bytes were accepted from the leader's write.
+    fast_accepted_to: u64,
+    peers: BTreeMap<u64, Peer>,
+    writes_in_flight: BTreeMap<u64, (u64, u64)>,
+    next_wr_id: u64,
+    granted: Option<u64>,
+    ticks: u64,
+    applied: u64,
+    stats: ReplicaStats,
+    poisoned: Option<String>,
+    events: Vec<Event>,
+    encode_buf: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl<F: Fabric> std::fmt::Debug for Replica<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+fn poison_msg(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+impl<F: Fabric> Replica<F> {
+    /// Opens (or creates) the replica's data dir, recovers the log, registers the ring with
+    /// the fabric once, and starts raft.
+    pub fn open(
+        cfg: ReplicaConfig,
+        mut fabric: F,
+        fs: Arc<dyn FileSystem>,
+    ) -> Result<Self, ReplicaError> {
+        cfg.validate()?;
+        fs.create_dir_all(&cfg.data_dir)
+            .map_err(|e| ReplicaError::Config {
+                field: "data_dir",
+                reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
+            })?;
+        let state_file = StateFile::new(fs.clone(), &cfg.data_dir);
+        let (hs, cs) = match state_file.load().map_err(ReplicaError::Poisoned)? {
+            Some(s) => s,
+            None => {
+                let hs = HardState::default();
+                let mut cs = ConfState::default();
+                cs.voters = cfg.voters.clone();
+                state_file.store(&hs, &cs).map_err(ReplicaError::Poisoned)?;
+                (hs, cs)
+            }
+        };
+        let wal_cfg = WalConfig {
+            cluster_id: cfg.cluster_id,
+            block_bytes: cfg.block_bytes,
+            segment_data_bytes: cfg.segment_bytes,
+            max_batch_bytes: cfg.segment_bytes.min(4 << 20).max(cfg.block_bytes),
+            max_batch_delay: std::time::Duration::ZERO,
+            start: Position::default(),
+        };
+        let (wal, _report) = Wal::open(fs.clone(), &cfg.data_dir, wal_cfg)?;
+        let wal = Arc::new(wal);
+        let memory = Arc::new(AnonymousMemory::new(cfg.ring_bytes)?);
+        let ring_cfg = RingConfig {
+            capacity_bytes: cfg.ring_bytes,
+            block_bytes: cfg.block_bytes,
+        };
+        let (producer, consumer) = wal::ring(memory.clone(), ring_cfg, wal.position())?;
+        let (ring_local, remote) = fabric.register(Arc::new(RingRegion(memory.clone())))?;
+        fabric.advertise(remote);
+
+        let first = wal.first_index().0.max(1);
+        let applied = first - 1;
+        let mut rc = raft::Config {
+            id: cfg.id,
+            election_tick: cfg.election_tick,
+            heartbeat_tick: cfg.heartbeat_tick,
+            applied,
+            max_size_per_msg: cfg.max_size_per_msg,
+            max_inflight_msgs: cfg.max_inflight_msgs,
+            check_quorum: true,
+            pre_vote: true,
+            max_uncommitted_size: (cfg.ring_bytes / 2).max(1 << 20),
+            ..Default::default()
+        };
+        if let Some((min, max)) = cfg.election_window {
+            rc.min_election_tick = min;
+            rc.max_election_tick = max;
+        }
+        rc.validate()?;
+        let mut peers = BTreeMap::new();
+        for id in cs.voters.iter().chain(cs.learners.iter()) {
+            if *id != cfg.id {
+                peers.insert(*id, Peer::default());
+            }
+        }
+        let storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, 0));
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&rc, storage, &logger)?;
+        let dummy = Event::Disconnected {
+            peer: NodeId(0),
+            reason: fabric::DisconnectReason::Closed,
+        };
+        let mut r = Replica {
+            cfg,
+            raw,
+            fabric,
+            wal,
+            state_file,
+            persisted_hs: hs,
+            memory,
+            producer,
+            consumer,
+            ring_local,
+            ring_entries: VecDeque::new(),
+            fast_accepted_to: 0,
+            peers,
+            writes_in_flight: BTreeMap::new(),
+            next_wr_id: 1,
+            granted: None,
+            ticks: 0,
+            applied,
+            stats: ReplicaStats::default(),
+            poisoned: None,
+            events: vec![dummy; POLL_BATCH],
+            encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
+            scratch: Vec::new(),
+        };
+        r.maintain_connections();
+        Ok(r)
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.cfg.id
+    }
+
+    /// Advances raft's logical clock by one tick and retries broken connections.
+    pub fn tick(&mut self) {
+        self.ticks += 1;
+        self.raw.tick();
+        self.maintain_connections();
+    }
+
+    /// Starts an election now (tests and operators).
+    pub fn campaign(&mut self) -> Result<(), ReplicaError> {
+        self.raw.campaign()?;
+        Ok(())
+    }
+
+    /// Proposes `data`; the returned ticket resolves through [`Replica::ticket_status`].
+    pub fn propose(&mut self, data: &[u8]) -> Result<Ticket, ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        if data.len() > self.cfg.max_entry_bytes {
+            return Err(ReplicaError::TooLarge {
+                len: data.len(),
+                max: self.cfg.max_entry_bytes,
+            });
+        }
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(ReplicaError::NotLeader {
+                leader_hint: self.leader(),
+            });
+        }
+        let before = self.raw.raft.raft_log.last_index();
+        let mut v = Vec::with_capacity(data.len() + 1);
+        v.push(TAG_NORMAL);
+        v.extend_from_slice(data);
+        self.raw
+            .propose(Vec::new(), v)
+            .map_err(|e| ReplicaError::Dropped(e.to_string()))?;
+        let after = self.raw.raft.raft_log.last_index();
+        if after != before + 1 {
+            return Err(ReplicaError::Dropped(
+                "raft did not append the proposal".into(),
+            ));
+        }
+        Ok(Ticket {
+            index: after,
+            term: self.raw.raft.term,
+        })
+    }
+
+    /// `None` while pending; `Some(Ok(index))` once committed; `Some(Err(..))` if another
+    /// leader's entry took its place.
+    pub fn ticket_status(&self, t: Ticket) -> Option<Result<u64, ReplicaError>> {
+        let log = &self.raw.raft.raft_log;
+        match log.term(t.index) {
+            Ok(term) if term == t.term => (log.committed >= t.index).then_some(Ok(t.index)),
+            Ok(_) => Some(Err(ReplicaError::Superseded { index: t.index })),
+            // Not in the log any more: truncated away after a conflict, or compacted.
+            Err(_) if t.index > log.last_index() => {
+                Some(Err(ReplicaError::Superseded { index: t.index }))
+            }
+            Err(_) => (log.committed >= t.index).then_some(Ok(t.index)),
+        }
+    }
+
+    /// Reads committed entry `index`. Application entries come back as
+    /// [`Committed::Application`] with their payload in `out`; raft's own entries (no-ops,
+    /// membership changes) as [`Committed::Internal`]. `None` when the index is not committed
+    /// or no longer held.
+    pub fn read(&self, index: u64, out: &mut Vec<u8>) -> Result<Option<Committed>, ReplicaError> {
+        if index > self.raw.raft.raft_log.committed
+            || index < self.wal.first_index().0
+            || index == 0
+        {
+            return Ok(None);
+        }
+        out.clear();
+        let e = self.wal.read(Index(index), out)?;
+        if out.first() == Some(&TAG_NORMAL) {
+            out.remove(0);
+            Ok(Some(Committed::Application { term: e.term.0 }))
+        } else {
+            out.clear();
+            Ok(Some(Committed::Internal { term: e.term.0 }))
+        }
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<u64> {
+        match self.raw.raft.leader_id {
+            0 => None,
+            l => Some(l),
+        }
+    }
+
+    /// Asks raft to hand leadership to `to`.
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.raw.transfer_leader(to);
+    }
+
+    /// Proposes adding (`add = true`) or removing a voter; it takes effect when committed.
+    pub fn change_membership(&mut self, node: u64, add: bool) -> Result<Ticket, ReplicaError> {
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(ReplicaError::NotLeader {
+                leader_hint: self.leader(),
+            });
+        }
+        let mut cc = ConfChange::default();
+        cc.set_change_type(if add {
+            ConfChangeType::AddNode
+        } else {
+            ConfChangeType::RemoveNode
+        });
+        cc.node_id = node;
+        let before = self.raw.raft.raft_log.last_index();
+        self.raw
+            .propose_conf_change(Vec::new(), cc)
+            .map_err(|e| ReplicaError::Membership(e.to_string()))?;
+        let after = self.raw.raft.raft_log.last_index();
+        if after != before + 1 {
+            return Err(ReplicaError::Membership(
+                "raft refused the change (one is already pending)".into(),
+            ));
+        }
+        Ok(Ticket {
+            index: after,
+            term: self.raw.raft.term,
+        })
+    }
+
+    /// Deletes entries below `index` (after the application checkpointed them).
+    pub fn truncate_prefix(&mut self, index: u64) -> Result<u64, ReplicaError> {
+        let upto = index.min(self.applied + 1);
+        let term = self
+            .raw
+            .raft
+            .raft_log
+            .term(upto.saturating_sub(1))
+            .unwrap_or(0);
+        let first = self.wal.truncate_prefix(Index(upto))?;
+        self.raw.mut_store().set_prefix(
+            first.0,
+            if first.0 == upto {
+                term
+            } else {
+                self.wal.term(Index(first.0 - 1)).map_or(0, |t| t.0)
+            },
+        );
+        Ok(first.0)
+    }
+
+    /// The replica's state.
+    pub fn status(&self) -> Status {
+        let r = &self.raw.raft;
+        Status {
+            id: self.cfg.id,
+            role: match r.state {
+                StateRole::Leader => Role::Leader,
+                StateRole::Candidate | StateRole::PreCandidate => Role::Candidate,
+                StateRole::Follower => Role::Follower,
+            },
+            term: r.term,
+            leader: self.leader(),
+            commit: r.raft_log.committed,
+            applied: self.applied,
+            last_index: r.raft_log.last_index(),
+            first_index: self.wal.first_index().0,
+            ring_used_bytes: self.producer.position().lsn.0 - self.consumer.head().0,
+            ring_capacity_bytes: self.cfg.ring_bytes,
+            voters: self.raw.raft.prs().conf().voters().ids().iter().collect(),
+            stats: self.stats,
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ReplicaStats {
+        self.stats
+    }
+
+    /// The fabric endpoint (tests inspect it).
+    pub fn fabric(&self) -> &F {
+        &self.fabric
+    }
+
+    /// Flushes and closes the log.
+    pub fn close(self) -> Result<(), ReplicaError> {
+        self.wal.close()?;
+        Ok(())
+    }
+
+    /// Polls the fabric and handles every `Ready` until there is nothing left to do.
+    pub fn process(&mut self) -> Result<(), ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        loop {
+            let n = self.fabric.poll(&mut self.events);
+            for i in 0..n {
+                let e = self.events[i];
+                self.handle_event(e)?;
+            }
+            let ready = self.raw.has_ready();
+            if ready {
+                if let Err(e) = self.handle_ready() {
+                    if self.poisoned.is_none() {
+                        self.poisoned = Some(e.to_string());
+                    }
+                    return Err(e);
+                }
+            }
+            self.update_fencing();
+            self.flush_outboxes();
+            if n == 0 && !ready {
+                return Ok(());
+            }
+        }
+    }
+
+    fn maintain_connections(&mut self) {
+        let me = self.cfg.id;
+        let every = self.cfg.reconnect_ticks;
+        let ticks = self.ticks;
+        for (&id, p) in self.peers.iter_mut() {
+            // One connection per pair: the lower id connects, the higher one accepts.
+            if me > id || self.fabric.conn_state(NodeId(id)) != ConnState::Down {
+                continue;
+            }
+            if p.last_connect_tick.is_some_and(|t| ticks < t + every) {
+                continue;
+            }
+            if p.last_connect_tick.is_some() {
+                self.stats.reconnects += 1;
+            }
+            p.last_connect_tick = Some(ticks);
+            let _ = self.fabric.connect(NodeId(id));
+        }
+    }
+
+    fn handle_event(&mut self, e: Event) -> Result<(), ReplicaError> {
+        match e {
+            Event::Completion(c) => match c.op {
+                WcOp::Recv => {
+                    let peer = c.peer;
+                    let decoded = match self.fabric.recv_message(peer, c.wr_id) {
+                        Ok(bytes) => wire::decode(self.cfg.cluster_id, bytes),
+                        Err(_) => return Ok(()),
+                    };
+                    let _ = self.fabric.repost_recv(peer, c.wr_id);
+                    match decoded {
+                        Ok(body) => self.handle_body(peer.0, body)?,
+                        Err(_) => self.reject_peer(peer.0),
+                    }
+                }
+                WcOp::Write => {
+                    let entry = self.writes_in_flight.remove(&c.wr_id);
+                    if c.status != WcStatus::Success {
+                        if c.status == WcStatus::RemoteAccess {
+                            self.stats.fenced_writes += 1;
+                        }
+                        if let Some((peer, _)) = entry {
+                            if let Some(p) = self.peers.get_mut(&peer) {
+                                p.fast_end = None;
+                            }
+                        }
+                    }
+                }
+                WcOp::Send => {}
+            },
+            Event::Connected { peer, remote } => {
+                if let Some(p) = self.peers.get_mut(&peer.0) {
+                    p.remote = remote;
+                    p.fast_end = None;
+                    p.ring_head = 0;
+                }
+                // A new connection starts without remote write: grant again if it is the leader's.
+                if self.granted == Some(peer.0) {
+                    self.granted = None;
+                }
+                self.update_fencing();
+            }
+            Event::Disconnected { peer, .. } => {
+                if let Some(p) = self.peers.get_mut(&peer.0) {
+                    p.fast_end = None;
+                    p.outbox.clear();
+                }
+                if self.granted == Some(peer.0) {
+                    self.granted = None;
+                }
+                self.writes_in_flight.retain(|_, (p, _)| *p != peer.0);
+                self.raw.report_unreachable(peer.0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops a connection that sent something we cannot trust.
+    fn reject_peer(&mut self, peer: u64) {
+        self.stats.bad_frames += 1;
+        self.fabric.disconnect(NodeId(peer));
+    }
+
+    fn handle_body(&mut self, peer: u64, body: Body) -> Result<(), ReplicaError> {
+        match body {
+            Body::Raft { msg, ring } => {
+                let Ok(m) = wire::from_wire(msg) else {
+                    self.reject_peer(peer);
+                    return Ok(());
+                };
+                if m.from != peer || m.to != self.cfg.id {
+                    self.reject_peer(peer);
+                    return Ok(());
+                }
+                if m.term > self.raw.raft.term {
+                    // Mu's order: revoke first; grant only after raft has the new term.
+                    self.revoke();
+                }
+                if let Some(r) = ring {
+                    self.on_ring_info(peer, &m, r);
+                }
+                self.step(m);
+            }
+            Body::FastAppend {
+                msg,
+                lsn_start,
+                lsn_end,
+            } => {
+                let Ok(m) = wire::from_wire(msg) else {
+                    self.reject_peer(peer);
+                    return Ok(());
+                };
+                if m.from != peer
+                    || m.to != self.cfg.id
+                    || m.get_msg_type() != MessageType::MsgAppend
+                {
+                    self.reject_peer(peer);
+                    return Ok(());
+                }
+                self.on_fast_append(peer, m, lsn_start, lsn_end)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, m: Message) {
+        // raft-rs rejects messages from unknown peers or stale terms; both are normal during
+        // membership changes and elections, so they are not errors of ours.
+        let _ = self.raw.step(m);
+    }
+
+    fn on_ring_info(&mut self, peer: u64, m: &Message, r: RingInfo) {
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        p.ring_head = r.ring_head;
+        if m.get_msg_type() != MessageType::MsgAppendResponse || m.term != self.raw.raft.term {
+            return;
+        }
+        if m.reject {
+            p.fast_end = None;
+        } else if r.last_index == m.index {
+            match p.fast_end {
+                // Our own fast appends after this one are in flight on this connection.
+                Some((i, _)) if i > r.last_index => {}
+                _ => p.fast_end = Some((r.last_index, r.ring_end)),
+            }
+        } else if p.fast_end.is_some_and(|(i, _)| i < r.last_index) {
+            // The follower holds entries we did not write: never write over them.
+            p.fast_end = None;
+        }
+    }
+
+    fn on_fast_append(
+        &mut self,
+        peer: u64,
+        mut m: Message,
+        lsn_start: u64,
+        lsn_end: u64,
+    ) -> Result<(), ReplicaError> {
+        if m.term > self.raw.raft.term {
+            self.revoke();
+        }
+        let log = &self.raw.raft.raft_log;
+        let pos = self.producer.position();
+        let ok = m.term == self.raw.raft.term
+            && self.raw.raft.state == StateRole::Follower
+            && self.raw.raft.leader_id == peer
+            && self.granted == Some(peer)
+            && log.last_index() == m.index
+            && log.term(m.index).ok() == Some(m.log_term)
+            && pos.lsn.0 == lsn_start
+            && pos.last_index.0 == m.index
+            && !m.entries.is_empty()
+            && lsn_end > lsn_start;
+        if ok {
+            match self.accept_fast(&m, lsn_end) {
+                Ok(entries) => {
+                    m.set_entries(entries.into());
+                    self.step(m);
+                    return Ok(());
+                }
+                Err(()) => {
+                    self.producer.rewind(pos)?;
+                    self.stats.fast_rejected += 1;
+                }
+            }
+        } else {
+            self.stats.fast_rejected += 1;
+        }
+        if m.term < self.raw.raft.term {
+            return Ok(()); // a stale leader's descriptor: ignore it.
+        }
+        // Let raft answer as if the append carried no entries: it acks the prefix it has or
+        // rejects with a hint, and the leader falls back to the slow path.
+        m.set_entries(Vec::new().into());
+        self.step(m);
+        Ok(())
+    }
+
+    /// Validates the leader's bytes and builds raft's entries from them.
+    fn accept_fast(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, ()> {
+        let before = self.producer.position();
+        let after = self.producer.accept_written(Lsn(lsn_end)).map_err(|_| ())?;
+        let want_last = m.entries.last().map(|e| e.index).unwrap_or(0);
+        if after.last_index.0 != want_last {
+            return Err(());
+        }
+        let mut out = Vec::with_capacity(m.entries.len());
+        let mut pos = before.lsn;
+        for want in m.entries.iter() {
+            let Ok(Some((lsn, d))) = self.consumer.next_entry(pos) else {
+                return Err(());
+            };
+            let (index, term) = (d.header.index.0, d.header.term.0);
+            if index != want.index || term != want.term {
+                return Err(());
+            }
+            let entry = entry_from_payload(index, term, d.payload).map_err(|_| ())?;
+            let end = lsn.0 + d.record_len;
+            out.push(entry);
+            self.ring_entries.push_back(RingEntry {
+                index,
+                term,
+                start: lsn.0,
+                end,
+            });
+            pos = Lsn(end);
+        }
+        self.fast_accepted_to = want_last;
+        Ok(out)
+    }
+
+    fn handle_ready(&mut self) -> Result<(), ReplicaError> {
+        let mut rd = self.raw.ready();
+        if !rd.snapshot().is_empty() {
+            return Err(ReplicaError::Poisoned(
+                "received a snapshot, which this version cannot install".into(),
+            ));
+        }
+        let entries = rd.take_entries();
+        // The leader's entries must be in the ring before its messages go out: the fast path
+        // writes them from there.
+        self.write_entries_to_ring(&entries)?;
+        for m in rd.take_messages() {
+            self.send_raft(m);
+        }
+        let committed = rd.take_committed_entries();
+        self.apply(committed)?;
+        if !entries.is_empty() {
+            self.persist()?;
+        }
+        if let Some(hs) = rd.hs() {
+            self.store_hard_state(hs.clone())?;
+        }
+        for m in rd.take_persisted_messages() {
+            self.send_raft(m);
+        }
+        let mut light = self.raw.advance(rd);
+        for m in light.take_messages() {
+            self.send_raft(m);
+        }
+        let committed = light.take_committed_entries();
+        self.apply(committed)?;
+        self.raw.advance_apply();
+        self.release_ring()?;
+        Ok(())
+    }
+
+    fn store_hard_state(&mut self, hs: HardState) -> Result<(), ReplicaError> {
+        // Term and vote must be durable before any message that depends on them leaves; the
+        // commit index is re-learned after a restart, so it alone does not cost an fsync.
+        let changed = hs.term != self.persisted_hs.term || hs.vote != self.persisted_hs.vote;
+        self.raw.mut_store().set_hard_state(hs.clone());
+        if changed {
+            let cs = self.raw.store().conf_state().clone();
+            self.state_file.store(&hs, &cs).map_err(|e| {
+                ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e))
+            })?;
+            self.persisted_hs = hs;
+        }
+        Ok(())
+    }
+
+    fn write_entries_to_ring(&mut self, entries: &[Entry]) -> Result<(), ReplicaError> {
+        for e in entries {
+            let pos = self.producer.position();
+            if e.index <= pos.last_index.0 {
+                let same = e.index <= self.fast_accepted_to
+                    && self
+                        .ring_entries
+                        .iter()
+                        .any(|r| r.index == e.index && r.term == e.term);
+                if same {
+                    continue;
+                }
+                self.truncate_from(e.index)?;
+            }
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let payload = payload_of(e, &mut scratch);
+            let result = self.producer.append(Index(e.index), Term(e.term), payload);
+            let result = match result {
+                Err(wal::WalError::RingFull { .. }) => {
+                    // Persist and release what the ring holds, then try once more.
+                    self.persist()?;
+                    self.release_ring()?;
+                    self.producer.append(Index(e.index), Term(e.term), payload)
+                }
+                other => other,
+            };
+            self.scratch = scratch;
+            let lsn = result?;
+            let end = self.producer.position().lsn.0;
+            self.ring_entries.push_back(RingEntry {
+                index: e.index,
+                term: e.term,
+                start: lsn.0,
+                end,
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes entries from `index` on (a raft conflict), in the ring and durably in the wal.
+    fn truncate_from(&mut self, index: u64) -> Result<(), ReplicaError> {
+        let prev = self
+            .ring_entries
+            .iter()
+            .find(|r| r.index == index - 1)
+            .copied();
+        let this = self.ring_entries.iter().find(|r| r.index == index).copied();
+        if index <= self.wal.last_index().0 {
+            self.wal.truncate_suffix(Index(index))?;
+        }
+        let prev_term = prev
+            .map(|p| p.term)
+            .or_else(|| self.wal.term(Index(index - 1)).map(|t| t.0))
+            .unwrap_or(0);
+        let target = match (prev, this) {
+            (Some(p), _) => Some(p.end),
+            (None, Some(t)) if t.start >= self.consumer.head().0 => Some(t.start),
+            _ => None,
+        };
+        match target {
+            Some(lsn) => self.producer.rewind(Position {
+                lsn: Lsn(lsn),
+                last_index: Index(index - 1),
+                last_term: Term(prev_term),
+            })?,
+            None => {
+                // The cut is below the ring's window: start a fresh ring at the wal's new end.
+                let ring_cfg = RingConfig {
+                    capacity_bytes: self.cfg.ring_bytes,
+                    block_bytes: self.cfg.block_bytes,
+                };
+                let (p, c) = wal::ring(self.memory.clone(), ring_cfg, self.wal.position())?;
+                self.producer = p;
+                self.consumer = c;
+            }
+        }
+        self.ring_entries.retain(|r| r.index < index);
+        self.fast_accepted_to = self.fast_accepted_to.min(index - 1);
+        Ok(())
+    }
+
+    fn persist(&mut self) -> Result<(), ReplicaError> {
+        let end = self.producer.position().lsn;
+        if end <= self.wal.position().lsn {
+            return Ok(());
+        }
+        self.wal
+            .persist_from(&self.consumer, end, self.cfg.durability)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
+        Ok(())
+    }
+
+    fn release_ring(&mut self) -> Result<(), ReplicaError> {
+        let persisted = self.wal.position().lsn.0;
+        let pinned = self
+            .writes_in_flight
+            .values()
+            .map(|(_, start)| *start)
+            .min()
+            .unwrap_or(u64::MAX);
+        let up_to = persisted.min(pinned).min(self.producer.position().lsn.0);
+        if up_to > self.consumer.head().0 {
+            self.consumer.release(Lsn(up_to))?;
+            while self.ring_entries.front().is_some_and(|r| r.end <= up_to) {
+                self.ring_entries.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
+        for e in entries {
+            if e.index <= self.applied {
+                continue;
+            }
+            match e.get_entry_type() {
+                EntryType::EntryNormal => {}
+                EntryType::EntryConfChange => {
+                    let cc = ConfChange::parse_from_bytes(&e.data)
+                        .map_err(|err| ReplicaError::Membership(err.to_string()))?;
+                    self.apply_conf_change(&cc)?;
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let cc = ConfChangeV2::parse_from_bytes(&e.data)
+                        .map_err(|err| ReplicaError::Membership(err.to_string()))?;
+                    self.apply_conf_change(&cc)?;
+                }
+            }
+            self.applied = e.index;
+        }
+        Ok(())
+    }
+
+    fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI) -> Result<(), ReplicaError> {
+        let cs = self.raw.apply_conf_change(cc)?;
+        let hs = self.raw.store().hard_state().clone();
+        self.state_file
+            .store(&hs, &cs)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the membership", e)))?;
+        let members: Vec<u64> = cs
+            .voters
+            .iter()
+            .chain(cs.learners.iter())
+            .copied()
+            .collect();
+        self.raw.mut_store().set_conf_state(cs);
+        for id in &members {
+            if *id != self.cfg.id {
+                self.peers.entry(*id).or_default();
+            }
+        }
+        let gone: Vec<u64> = self
+            .peers
+            .keys()
+            .filter(|id| !members.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            self.peers.remove(&id);
+            self.fabric.disconnect(NodeId(id));
+        }
+        self.maintain_connections();
+        Ok(())
+    }
+
+    fn ring_info(&self) -> RingInfo {
+        let pos = self.producer.position();
+        RingInfo {
+            last_index: pos.last_index.0,
+            last_term: pos.last_term.0,
+            ring_end: pos.lsn.0,
+            ring_head: self.consumer.head().0,
+            persisted_index: self.wal.last_index().0,
+        }
+    }
+
+    fn send_raft(&mut self, m: Message) {
+        let to = m.to;
+        if !self.peers.contains_key(&to) {
+            return;
+        }
+        let is_append = m.get_msg_type() == MessageType::MsgAppend && !m.entries.is_empty();
+        if is_append {
+            if self.try_fast_append(&m) {
+                return;
+            }
+            if let Some(p) = self.peers.get_mut(&to) {
+                p.fast_end = None;
+            }
+            self.stats.slow_appends += 1;
+        }
+        let ring = (self.raw.raft.state != StateRole::Leader).then(|| self.ring_info());
+        let body = Body::Raft {
+            msg: wire::to_wire(&m, true),
+            ring,
+        };
+        self.send_body(to, &body);
+    }
+
+    fn send_body(&mut self, to: u64, body: &Body) {
+        let mut buf = std::mem::take(&mut self.encode_buf);
+        if wire::encode(self.cfg.cluster_id, body, &mut buf).is_err() {
+            // Larger than a frame: raft's size limits should prevent it; drop, raft retries.
+            self.stats.dropped_messages += 1;
+            self.encode_buf = buf;
+            return;
+        }
+        let peer = NodeId(to);
+        let direct = self.peers.get(&to).is_some_and(|p| p.outbox.is_empty())
+            && self.fabric.conn_state(peer) == ConnState::Up
+            && self.fabric.send_credits(peer) > 0;
+        if direct {
+            let id = self.next_wr_id;
+            self.next_wr_id += 1;
+            if self.fabric.post_send(peer, id, &buf).is_ok() {
+                self.encode_buf = buf;
+                return;
+            }
+        }
+        if let Some(p) = self.peers.get_mut(&to) {
+            if p.outbox.len() < MAX_OUTBOX && self.fabric.conn_state(peer) == ConnState::Up {
+                p.outbox.push_back(buf.clone());
+            } else {
+                self.stats.dropped_messages += 1;
+            }
+        }
+        self.encode_buf = buf;
+    }
+
+    fn flush_outboxes(&mut self) {
+        for (&id, p) in self.peers.iter_mut() {
+            let peer = NodeId(id);
+            while !p.outbox.is_empty() && self.fabric.send_credits(peer) > 0 {
+                let msg = p.outbox.pop_front().expect("not empty");
+                let wr = self.next_wr_id;
+                self.next_wr_id += 1;
+                if self.fabric.post_send(peer, wr, &msg).is_err() {
+                    p.outbox.clear();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Sends `m` by RDMA Write plus descriptor if the fast-path invariant holds for its peer.
+    fn try_fast_append(&mut self, m: &Message) -> bool {
+        let to = m.to;
+        let peer = NodeId(to);
+        let Some(p) = self.peers.get(&to) else {
+            return false;
+        };
+        let (Some(remote), Some((fi, flsn))) = (p.remote, p.fast_end) else {
+            return false;
+        };
+        if fi != m.index
+            || !p.outbox.is_empty()
+            || self.fabric.conn_state(peer) != ConnState::Up
+            || self.fabric.send_credits(peer) == 0
+        {
+            return false;
+        }
+        // Our ring must hold every entry of the message, with the same terms, contiguous from
+        // the follower's end.
+        let first = m.entries[0].index;
+        let Some(k) = self.ring_entries.iter().position(|r| r.index == first) else {
+            return false;
+        };
+        let mut last_end = 0;
+        for (j, e) in m.entries.iter().enumerate() {
+            match self.ring_entries.get(k + j) {
+                Some(r) if r.index == e.index && r.term == e.term => last_end = r.end,
+                _ => return false,
+            }
+        }
+        let start = flsn;
+        let first_start = self.ring_entries[k].start;
+        let prev_end_ok = k == 0 || self.ring_entries[k - 1].end == start;
+        if start < self.consumer.head().0 || start > first_start || !prev_end_ok {
+            return false;
+        }
+        let end = last_end;
+        // Flow control: never past the follower's head plus its capacity.
+        if end.saturating_sub(p.ring_head) > remote.len_bytes {
+            return false;
+        }
+        let cap_local = self.cfg.ring_bytes;
+        let cap_remote = remote.len_bytes;
+        let mut pos = start;
+        while pos < end {
+            let loff = pos % cap_local;
+            let roff = pos % cap_remote;
+            let n = (end - pos).min(cap_local - loff).min(cap_remote - roff);
+            let wr_id = self.next_wr_id;
+            self.next_wr_id += 1;
+            let wr = WriteRequest {
+                wr_id,
+                local: self.ring_local,
+                local_offset: loff,
+                remote,
+                remote_offset: roff,
+                len_bytes: n,
+                signaled: true,
+            };
+            if self.fabric.post_write(peer, wr).is_err() {
+                if let Some(p) = self.peers.get_mut(&to) {
+                    p.fast_end = None;
+                }
+                return false;
+            }
+            self.writes_in_flight.insert(wr_id, (to, pos));
+            pos += n;
+        }
+        let body = Body::FastAppend {
+            msg: wire::to_wire(m, false),
+            lsn_start: start,
+            lsn_end: end,
+        };
+        self.send_body(to, &body);
+        let last = m.entries.last().expect("non-empty").index;
+        if let Some(p) = self.peers.get_mut(&to) {
+            p.fast_end = Some((last, end));
+        }
+        self.stats.fast_appends += 1;
+        self.stats.fast_bytes += end - start;
+        true
+    }
+
+    fn revoke(&mut self) {
+        if let Some(g) = self.granted.take() {
+            let _ = self.fabric.set_remote_write(NodeId(g), false);
+            self.stats.revokes += 1;
+        }
+    }
+
+    /// Grants remote write to the current term's leader's connection only; revokes first.
+    fn update_fencing(&mut self) {
+        let r = &self.raw.raft;
+        let want =
+            (r.state == StateRole::Follower && r.leader_id != 0 && r.leader_id != self.cfg.id)
+                .then_some(r.leader_id)
+                .filter(|l| self.fabric.conn_state(NodeId(*l)) == ConnState::Up);
+        if want == self.granted {
+            return;
+        }
+        self.revoke();
+        if let Some(l) = want {
+            if self.fabric.set_remote_write(NodeId(l), true).is_ok() {
+                self.granted = Some(l);
+                self.stats.grants += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! A whole cluster in one thread on the in-process fabric: the harness for scenario tests,
+//! benchmarks and the deterministic simulator.
+//!
+//! Virtual time advances only through [`SimCluster::run_for`]: fabric packets are delivered in
+//! time order, every live node processes its events after each delivery, and every node ticks
+//! each [`SimCluster::tick_ns`]. Disks are [`wal::fs::FaultFs`] instances, so a crash keeps
+//! only durable bytes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fabric::NodeId;
+use fabric::sim::{SimConfig, SimEndpoint, SimNet};
+use wal::fs::{FaultFs, FileSystem};
+
+use crate::node::{Committed, Replica, Role, Ticket};
+use crate::{ReplicaConfig, ReplicaError};
+
+/// A simulated cluster.
+#[derive(Debug)]
+pub struct SimCluster {
+    /// The network.
+    pub net: SimNet,
+    /// Live replicas (`None` while crashed).
+    pub nodes: BTreeMap<u64, Option<Replica<SimEndpoint>>>,
+    /// Each node's disk.
+    pub disks: BTreeMap<u64, Arc<FaultFs>>,
+    /// Each node's configuration.
+    pub configs: BTreeMap<u64, ReplicaConfig>,
+    /// Virtual nanoseconds per raft tick.
+    pub tick_ns: u64,
+    next_tick: u64,
+}
+
+impl SimCluster {
+    /// `n` nodes (ids 1..=n) with configurations shaped by `tune`, on a fabric with `fabric`
+    /// timing, seeded by `seed`. Each node's election window is pinned to width 1 from the
+    /// seed, so elections replay exactly.
+    pub fn new(
+        n: u64,
+        seed: u64,
+        fabric: SimConfig,
+        tune: impl Fn(&mut ReplicaConfig),
+    ) -> Result<Self, ReplicaError> {
+        let net = SimNet::new(fabric, seed);
+        let voters: Vec<u64> = (1..=n).collect();
+        let mut c = SimCluster {
+            net,
+            nodes: BTreeMap::new(),
+            disks: BTreeMap::new(),
+            configs: BTreeMap::new(),
+            tick_ns: 10_000_000,
+            next_tick: 10_000_000,
+        };
+        for id in 1..=n {
+            let mut cfg = ReplicaConfig::new(
+                id,
+                voters.clone(),
+                0x5eed,
+                PathBuf::from(format!("/node{id}")),
+            );
+            cfg.ring_bytes = 4 << 20;
+            cfg.segment_bytes = 16 << 20;
+            let base = cfg.election_tick + c.net.random_below(cfg.election_tick as u64) as usize;
+            cfg.election_window = Some((base, base + 1));
+            tune(&mut cfg);
+            let disk = Arc::new(FaultFs::new());
+            let ep = c.net.add_node(NodeId(id));
+            let r = Replica::open(cfg.clone(), ep, disk.clone() as Arc<dyn FileSystem>)?;
+            c.nodes.insert(id, Some(r));
+            c.disks.insert(id, disk);
+            c.configs.insert(id, cfg);
+        }
+        Ok(c)
+    }
+
+    /// The live replica `id`.
+    pub fn node(&mut self, id: u64) -> &mut Replica<SimEndpoint> {
+        self.nodes
+            .get_mut(&id)
+            .and_then(Option::as_mut)
+            .unwrap_or_else(|| panic!("node {id} is down"))
+    }
+
+    /// Lets every live node process what is pending.
+    pub fn process_all(&mut self) -> Result<(), ReplicaError> {
+        for r in self.nodes.values_mut().flatten() {
+            r.process()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the cluster for `ns` of virtual time.
+    pub fn run_for(&mut self, ns: u64) -> Result<(), ReplicaError> {
+        let until = self.net.now() + ns;
+        self.process_all()?;
+        loop {
+            let next_packet = self.net.next_time().unwrap_or(u64::MAX);
+            let next = next_packet.min(self.next_tick);
+            if next > until {
+                break;
+            }
+            if next_packet <= self.next_tick {
+                self.net.step();
+            } else {
+                self.net.run_until(self.next_tick);
+                self.next_tick += self.tick_ns;
+                for r in self.nodes.values_mut().flatten() {
+                    r.tick();
+                }
+            }
+            self.process_all()?;
+        }
+        self.net.run_until(until);
+        self.process_all()
+    }
+
+    /// Runs until `cond` holds or `max_ns` of virtual time passed; returns whether it held.
+    pub fn run_until(
+        &mut self,
+        max_ns: u64,
+        mut cond: impl FnMut(&mut SimCluster) -> bool,
+    ) -> Result<bool, ReplicaError> {
+        let deadline = self.net.now() + max_ns;
+        while self.net.now() < deadline {
+            if cond(self) {
+                return Ok(true);
+            }
+            self.run_for(self.tick_ns)?;
+        }
+        Ok(cond(self))
+    }
+
+    /// The single leader among live nodes, if exactly one claims the highest term.
+    pub fn leader(&self) -> Option<u64> {
+        let leaders: Vec<(u64, u64)> = self
+            .nodes
+            .values()
+            .flatten()
+            .map(|r| r.status())
+            .filter(|s| s.role == Role::Leader)
+            .map(|s| (s.term, s.id))
+            .collect();
+        leaders.iter().max().map(|&(_, id)| id)
+    }
+
+    /// Runs until some node is leader.
+    pub fn elect(&mut self) -> Result<u64, ReplicaError> {
+        let ok = self.run_until(30_000_000_000, |c| c.leader().is_some())?;
+        assert!(ok, "no leader within 30 s of virtual time");
+        // Let the new leader's no-op commit so proposals go through at once.
+        self.run_for(50_000_000)?;
+        Ok(self.leader().expect("elected"))
+    }
+
+    /// Proposes on the current leader and runs until the ticket resolves.
+    pub fn append(&mut self, data: &[u8]) -> Result<u64, ReplicaError> {
+        let leader = self
+            .leader()
+            .ok_or(ReplicaError::NotLeader { leader_hint: None })?;
+        let t = self.node(leader).propose(data)?;
+        self.wait(leader, t)
+    }
+
+    /// Runs until ticket `t` proposed on `node` resolves (or 30 s of virtual time pass).
+    pub fn wait(&mut self, node: u64, t: Ticket) -> Result<u64, ReplicaError> {
+        let mut result = None;
+        self.run_until(30_000_000_000, |c| {
+            match c.nodes.get(&node).and_then(Option::as_ref) {
+                Some(r) => {
+                    result = r.ticket_status(t);
+                    result.is_some()
+                }
+                None => true,
+            }
+        })?;
+        result.unwrap_or(Err(ReplicaError::Dropped(
+            "ticket did not resolve in 30 s of virtual time".into(),
+        )))
+    }
+
+    /// Crashes node `id`: its process memory is gone, its disk keeps only durable bytes.
+    pub fn crash(&mut self, id: u64) {
+        self.net.crash(NodeId(id));
+        self.nodes.insert(id, None);
+        self.disks[&id].crash_now();
+    }
+
+    /// Restarts a crashed node from its disk.
+    pub fn restart(&mut self, id: u64) -> Result<(), ReplicaError> {
+        self.disks[&id].reboot(None);
+        let ep = self.net.restart(NodeId(id));
+        let r = Replica::open(
+            self.configs[&id].clone(),
+            ep,
+            self.disks[&id].clone() as Arc<dyn FileSystem>,
+        )?;
+        self.nodes.insert(id, Some(r));
+        Ok(())
+    }
+
+    /// The committed application entries of node `id`, in order, from its log.
+    pub fn committed_log(&mut self, id: u64) -> Result<Vec<(u64, Vec<u8>)>, ReplicaError> {
+        let r = self.node(id);
+        let s = r.status();
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        for i in s.first_index.max(1)..=s.commit {
+            if let Some(Committed::Application { .. }) = r.read(i, &mut buf)? {
+                out.push((i, buf.clone()));
+            }
+        }
+        Ok(out)
+    }
+}
