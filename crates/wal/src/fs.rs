@@ -535,7 +535,10 @@ mod tests {
         fs.reboot(None);
         assert_eq!(fs.names(dir), vec!["a".to_owned()]);
         assert_eq!(fs.read_file(&dir.join("a")).unwrap(), b"durable");
-        assert!(a.size_bytes().is_err(), "old handles are stale after a reboot");
+        assert!(
+            a.size_bytes().is_err(),
+            "old handles are stale after a reboot"
+        );
     }
 
     #[test]

@@ -1245,11 +1245,14 @@ fn load(segment: &Segment, buf: &mut Vec<u8>) -> Result<(), WalError> {
     let data = segment.header.data_bytes as usize;
     buf.clear();
     buf.resize(data, 0);
-    let len = segment.file.size_bytes().map_err(|source| WalError::SegmentRead {
-        segment: segment.first_lsn(),
-        lsn: segment.first_lsn(),
-        source,
-    })?;
+    let len = segment
+        .file
+        .size_bytes()
+        .map_err(|source| WalError::SegmentRead {
+            segment: segment.first_lsn(),
+            lsn: segment.first_lsn(),
+            source,
+        })?;
     let have = (len.saturating_sub(SEGMENT_DATA_OFFSET) as usize).min(data);
     segment
         .file
