@@ -125,46 +125,54 @@ struct Shared {
 }
 
 impl Shared {
-    fn word(&self, pos: u64) -> &AtomicU64 {
-        &self.memory.words()[((pos & self.mask) / 8) as usize]
+    /// The words of `[pos, pos + len)`, which does not cross the ring end. One trait call
+    /// and one bounds check per range, not per word: this is the append hot path.
+    fn span(&self, pos: u64, len: usize) -> &[AtomicU64] {
+        let first = ((pos & self.mask) / 8) as usize;
+        &self.memory.words()[first..first + len.div_ceil(8)]
     }
 
     /// Stores `bytes` at 8-aligned `pos`; the last word is zero-filled. The range does not
     /// cross the ring end (records never cross a block).
     fn store(&self, pos: u64, bytes: &[u8]) {
         debug_assert!(pos % 8 == 0);
+        let words = self.span(pos, bytes.len());
         let mut chunks = bytes.chunks_exact(8);
-        let mut at = pos;
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.word(at)
-                .store(u64::from_le_bytes(word), Ordering::Relaxed);
-            at += 8;
+        for (word, chunk) in words.iter().zip(&mut chunks) {
+            let mut value = [0u8; 8];
+            value.copy_from_slice(chunk);
+            word.store(u64::from_le_bytes(value), Ordering::Relaxed);
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.word(at)
-                .store(u64::from_le_bytes(word), Ordering::Relaxed);
+            let mut value = [0u8; 8];
+            value[..rest.len()].copy_from_slice(rest);
+            words[words.len() - 1].store(u64::from_le_bytes(value), Ordering::Relaxed);
         }
     }
 
-    /// Loads `out.len()` bytes from 8-aligned `pos`, wrapping at the ring end.
+    /// Loads `out.len()` bytes from 8-aligned `pos`, splitting at the ring end.
     fn load(&self, pos: u64, out: &mut [u8]) {
         debug_assert!(pos % 8 == 0);
-        let mut at = pos;
+        let until_end = (self.capacity - (pos & self.mask)) as usize;
+        let (here, wrapped) = out.split_at_mut(out.len().min(until_end));
+        self.load_span(pos, here);
+        if !wrapped.is_empty() {
+            self.load_span(pos + here.len() as u64, wrapped);
+        }
+    }
+
+    fn load_span(&self, pos: u64, out: &mut [u8]) {
+        let words = self.span(pos, out.len());
         let mut chunks = out.chunks_exact_mut(8);
-        for chunk in &mut chunks {
-            chunk.copy_from_slice(&self.word(at).load(Ordering::Relaxed).to_le_bytes());
-            at += 8;
+        for (word, chunk) in words.iter().zip(&mut chunks) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
         let rest = chunks.into_remainder();
         if !rest.is_empty() {
-            let word = self.word(at).load(Ordering::Relaxed).to_le_bytes();
+            let value = words[words.len() - 1].load(Ordering::Relaxed).to_le_bytes();
             let len = rest.len();
-            rest.copy_from_slice(&word[..len]);
+            rest.copy_from_slice(&value[..len]);
         }
     }
 }
