@@ -472,7 +472,11 @@ impl<F: Fabric> Replica<F> {
             first_index: self.wal.first_index().0,
             ring_used_bytes: self.producer.position().lsn.0 - self.consumer.head().0,
             ring_capacity_bytes: self.cfg.ring_bytes,
-            voters: self.raw.raft.prs().conf().voters().ids().iter().collect(),
+            voters: {
+                let mut v: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+                v.sort_unstable();
+                v
+            },
             stats: self.stats,
         }
     }
@@ -490,6 +494,19 @@ impl<F: Fabric> Replica<F> {
     /// Flushes and closes the log.
     pub fn close(self) -> Result<(), ReplicaError> {
         self.wal.close()?;
+        Ok(())
+    }
+
+    /// Handles a pending `Ready` without polling the fabric first: what a leader paused in the
+    /// middle of its loop does when it wakes up, before it reads its inbox. The simulator uses
+    /// it to model a deposed leader that keeps writing.
+    pub fn process_ready_only(&mut self) -> Result<(), ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        if self.raw.has_ready() {
+            self.handle_ready()?;
+        }
         Ok(())
     }
 
@@ -572,11 +589,12 @@ impl<F: Fabric> Replica<F> {
                 WcOp::Send => {}
             },
             Event::Connected { peer, remote } => {
-                if let Some(p) = self.peers.get_mut(&peer.0) {
-                    p.remote = remote;
-                    p.fast_end = None;
-                    p.ring_head = 0;
-                }
+                // A node that joins learns its peers from who connects to it (it has no
+                // membership yet); raft ignores messages from non-members.
+                let p = self.peers.entry(peer.0).or_default();
+                p.remote = remote;
+                p.fast_end = None;
+                p.ring_head = 0;
                 // A new connection starts without remote write: grant again if it is the leader's.
                 if self.granted == Some(peer.0) {
                     self.granted = None;
@@ -827,8 +845,12 @@ impl<F: Fabric> Replica<F> {
             let result = self.producer.append(Index(e.index), Term(e.term), payload);
             let result = match result {
                 Err(wal::WalError::RingFull { .. }) => {
-                    // Persist and release what the ring holds, then try once more.
+                    // Persist what the ring holds and release it, even bytes that RDMA writes
+                    // still in flight read from: a write whose source is overwritten delivers
+                    // garbage, which the follower's checksum rejects, and that follower falls
+                    // back to the slow path. Pinning is an optimisation, never a reason to stall.
                     self.persist()?;
+                    self.unpin_writes();
                     self.release_ring()?;
                     self.producer.append(Index(e.index), Term(e.term), payload)
                 }
@@ -898,6 +920,16 @@ impl<F: Fabric> Replica<F> {
             .persist_from(&self.consumer, end, self.cfg.durability)
             .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
         Ok(())
+    }
+
+    /// Stops in-flight writes from pinning ring space; their peers leave the fast path until
+    /// their next response re-establishes it.
+    fn unpin_writes(&mut self) {
+        for (_, (peer, _)) in std::mem::take(&mut self.writes_in_flight) {
+            if let Some(p) = self.peers.get_mut(&peer) {
+                p.fast_end = None;
+            }
+        }
     }
 
     fn release_ring(&mut self) -> Result<(), ReplicaError> {

@@ -30,6 +30,9 @@ pub struct SimCluster {
     pub configs: BTreeMap<u64, ReplicaConfig>,
     /// Virtual nanoseconds per raft tick.
     pub tick_ns: u64,
+    /// Paused nodes: their CPU is stopped (no ticks, no processing) while their NIC keeps
+    /// placing and acking one-sided writes, like a process under SIGSTOP or a long GC.
+    pub paused: std::collections::BTreeSet<u64>,
     next_tick: u64,
 }
 
@@ -51,8 +54,15 @@ impl SimCluster {
             disks: BTreeMap::new(),
             configs: BTreeMap::new(),
             tick_ns: 10_000_000,
+            paused: Default::default(),
             next_tick: 10_000_000,
         };
+        let spread = ReplicaConfig::new(1, Vec::new(), 0, PathBuf::new()).election_tick;
+        let mut offsets: Vec<usize> = (0..spread.max(n as usize)).collect();
+        for i in (1..offsets.len()).rev() {
+            let j = c.net.random_below(i as u64 + 1) as usize;
+            offsets.swap(i, j);
+        }
         for id in 1..=n {
             let mut cfg = ReplicaConfig::new(
                 id,
@@ -62,7 +72,8 @@ impl SimCluster {
             );
             cfg.ring_bytes = 4 << 20;
             cfg.segment_bytes = 16 << 20;
-            let base = cfg.election_tick + c.net.random_below(cfg.election_tick as u64) as usize;
+            // Distinct, seed-chosen timeouts: equal ones would split every vote forever.
+            let base = cfg.election_tick + offsets[(id - 1) as usize % offsets.len()];
             cfg.election_window = Some((base, base + 1));
             tune(&mut cfg);
             let disk = Arc::new(FaultFs::new());
@@ -85,8 +96,10 @@ impl SimCluster {
 
     /// Lets every live node process what is pending.
     pub fn process_all(&mut self) -> Result<(), ReplicaError> {
-        for r in self.nodes.values_mut().flatten() {
-            r.process()?;
+        for (id, r) in self.nodes.iter_mut() {
+            if let Some(r) = r.as_mut().filter(|_| !self.paused.contains(id)) {
+                r.process()?;
+            }
         }
         Ok(())
     }
@@ -106,8 +119,10 @@ impl SimCluster {
             } else {
                 self.net.run_until(self.next_tick);
                 self.next_tick += self.tick_ns;
-                for r in self.nodes.values_mut().flatten() {
-                    r.tick();
+                for (id, r) in self.nodes.iter_mut() {
+                    if let Some(r) = r.as_mut().filter(|_| !self.paused.contains(id)) {
+                        r.tick();
+                    }
                 }
             }
             self.process_all()?;
@@ -197,6 +212,40 @@ impl SimCluster {
             self.disks[&id].clone() as Arc<dyn FileSystem>,
         )?;
         self.nodes.insert(id, Some(r));
+        Ok(())
+    }
+
+    /// Adds a new, empty node `id` that knows no members yet; the leader adds it with
+    /// [`Replica::change_membership`].
+    pub fn add_node(&mut self, id: u64) -> Result<(), ReplicaError> {
+        let template = self
+            .configs
+            .values()
+            .next()
+            .expect("a cluster has nodes")
+            .clone();
+        let mut cfg = ReplicaConfig::new(
+            id,
+            Vec::new(),
+            template.cluster_id,
+            PathBuf::from(format!("/node{id}")),
+        );
+        cfg.ring_bytes = template.ring_bytes;
+        cfg.segment_bytes = template.segment_bytes;
+        cfg.durability = template.durability;
+        let top = self
+            .configs
+            .values()
+            .filter_map(|c| c.election_window)
+            .map(|(_, b)| b)
+            .max();
+        cfg.election_window = top.map(|b| (b, b + 1));
+        let disk = Arc::new(FaultFs::new());
+        let ep = self.net.add_node(NodeId(id));
+        let r = Replica::open(cfg.clone(), ep, disk.clone() as Arc<dyn FileSystem>)?;
+        self.nodes.insert(id, Some(r));
+        self.disks.insert(id, disk);
+        self.configs.insert(id, cfg);
         Ok(())
     }
 
