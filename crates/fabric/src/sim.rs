@@ -1,5 +1,8 @@
 //! The in-process fabric: deterministic, on a virtual clock, driven by a scheduler.
 //!
+//! Deterministic use drives everything from one thread. [`SimNet::run_realtime`] instead lets a
+//! clock thread follow the wall clock, for examples with replicas on their own threads.
+//!
 //! All nodes of a simulated cluster share one [`SimNet`], which owns the virtual clock, a
 //! seeded random number generator, and a queue of in-flight packets ordered by delivery time
 //! (ties broken by posting order). Nothing happens until the driver calls [`SimNet::step`] or
@@ -22,11 +25,9 @@
 //! [`SimNet::set_extra_delay`], [`SimNet::break_connection`], [`SimNet::crash`] and
 //! [`SimNet::restart`].
 
-use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
@@ -498,17 +499,32 @@ impl Net {
     }
 }
 
-/// The simulated network shared by all nodes of one cluster.
+trait LockNet {
+    fn lock_net(&self) -> MutexGuard<'_, Net>;
+}
+
+impl LockNet for Arc<Mutex<Net>> {
+    fn lock_net(&self) -> MutexGuard<'_, Net> {
+        // A panic while holding the lock is a bug in the simulator itself; the state is still
+        // the last consistent one, so keep going rather than cascade the panic.
+        self.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The simulated network shared by all nodes of one cluster. It is `Send + Sync`: a single
+/// thread can drive it step by step (deterministic), or a clock thread can advance it in real
+/// time while replicas run on their own threads (the embedded API's example).
 #[derive(Debug, Clone)]
 pub struct SimNet {
-    net: Rc<RefCell<Net>>,
+    net: Arc<Mutex<Net>>,
 }
 
 impl SimNet {
     /// A network with `config`, whose randomness comes from `seed`.
     pub fn new(config: SimConfig, seed: u64) -> Self {
         SimNet {
-            net: Rc::new(RefCell::new(Net {
+            net: Arc::new(Mutex::new(Net {
                 now: 0,
                 seq: 0,
                 rng: SplitMix64::new(seed),
@@ -528,7 +544,7 @@ impl SimNet {
 
     /// Adds a node and returns its endpoint. Panics if the node exists (a test bug).
     pub fn add_node(&self, node: NodeId) -> SimEndpoint {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         let fresh = n
             .nodes
             .insert(
@@ -554,17 +570,17 @@ impl SimNet {
 
     /// Virtual time now, in ns.
     pub fn now(&self) -> u64 {
-        self.net.borrow().now
+        self.net.lock_net().now
     }
 
     /// Time of the next scheduled action, if any.
     pub fn next_time(&self) -> Option<u64> {
-        self.net.borrow().queue.peek().map(|Reverse((t, _))| *t)
+        self.net.lock_net().queue.peek().map(|Reverse((t, _))| *t)
     }
 
     /// Processes one scheduled action; false when nothing is scheduled.
     pub fn step(&self) -> bool {
-        self.net.borrow_mut().step()
+        self.net.lock_net().step()
     }
 
     /// Processes every action scheduled up to `t` and sets the clock to `t`.
@@ -577,13 +593,13 @@ impl SimNet {
                 _ => break,
             }
         }
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         n.now = n.now.max(t);
     }
 
     /// Blocks (`up = false`) or restores the directed link `from → to`.
     pub fn set_link(&self, from: NodeId, to: NodeId, up: bool) {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         if up {
             n.blocked.remove(&(from, to));
         } else {
@@ -593,12 +609,12 @@ impl SimNet {
 
     /// Adds `ns` of one-way delay to packets `from → to`.
     pub fn set_extra_delay(&self, from: NodeId, to: NodeId, ns: u64) {
-        self.net.borrow_mut().extra_delay.insert((from, to), ns);
+        self.net.lock_net().extra_delay.insert((from, to), ns);
     }
 
     /// Breaks the connection between `a` and `b` on both sides (as a QP error would).
     pub fn break_connection(&self, a: NodeId, b: NodeId) {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         n.fail_conn(a, b, None, DisconnectReason::PeerReset);
         n.fail_conn(b, a, None, DisconnectReason::PeerReset);
     }
@@ -606,7 +622,7 @@ impl SimNet {
     /// Crashes `node`: its connections, registrations and pending events vanish. Peers notice
     /// only through timeouts, as on a real network.
     pub fn crash(&self, node: NodeId) {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         if let Some(s) = n.nodes.get_mut(&node) {
             s.up = false;
             s.regions.clear();
@@ -619,11 +635,11 @@ impl SimNet {
     /// Restarts a crashed node with a fresh endpoint; it must register its memory again.
     pub fn restart(&self, node: NodeId) -> SimEndpoint {
         {
-            let mut n = self.net.borrow_mut();
+            let mut n = self.net.lock_net();
             let s = n.nodes.get_mut(&node).expect("restart of an unknown node");
             s.up = true;
         }
-        let slots = self.net.borrow().config.recv_slots as usize;
+        let slots = self.net.lock_net().config.recv_slots as usize;
         SimEndpoint {
             net: self.net.clone(),
             node,
@@ -632,26 +648,43 @@ impl SimNet {
         }
     }
 
+    /// Follows the wall clock from a background thread until `stop` is set: virtual time is
+    /// the real time since the call, so timeouts behave as configured in real seconds.
+    pub fn run_realtime(
+        &self,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        let net = self.clone();
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let base = net.now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                net.run_until(base + start.elapsed().as_nanos() as u64);
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        })
+    }
+
     /// Whether `node` is up.
     pub fn is_up(&self, node: NodeId) -> bool {
-        self.net.borrow().nodes.get(&node).is_some_and(|n| n.up)
+        self.net.lock_net().nodes.get(&node).is_some_and(|n| n.up)
     }
 
     /// The fabric's counters.
     pub fn stats(&self) -> SimStats {
-        self.net.borrow().stats
+        self.net.lock_net().stats
     }
 
     /// A random number from the network's seeded generator (for drivers that want one stream).
     pub fn random_below(&self, n: u64) -> u64 {
-        self.net.borrow_mut().rng.below(n)
+        self.net.lock_net().rng.below(n)
     }
 }
 
 /// One node's endpoint on a [`SimNet`].
 #[derive(Debug)]
 pub struct SimEndpoint {
-    net: Rc<RefCell<Net>>,
+    net: Arc<Mutex<Net>>,
     node: NodeId,
     /// Receive buffers per peer: the messages moved out of the net by `poll`.
     inboxes: BTreeMap<NodeId, Vec<Option<Vec<u8>>>>,
@@ -677,7 +710,7 @@ impl Fabric for SimEndpoint {
         &mut self,
         memory: Arc<dyn Memory>,
     ) -> Result<(LocalRegion, RemoteRegion), FabricError> {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         self.check_up(&n)?;
         let len_bytes = memory.words().len() as u64 * 8;
         if len_bytes == 0 {
@@ -702,13 +735,13 @@ impl Fabric for SimEndpoint {
     }
 
     fn advertise(&mut self, region: RemoteRegion) {
-        if let Some(n) = self.net.borrow_mut().nodes.get_mut(&self.node) {
+        if let Some(n) = self.net.lock_net().nodes.get_mut(&self.node) {
             n.advertised = Some(region);
         }
     }
 
     fn connect(&mut self, peer: NodeId) -> Result<(), FabricError> {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         self.check_up(&n)?;
         if peer == self.node || !n.nodes.contains_key(&peer) {
             return Err(FabricError::UnknownPeer { peer });
@@ -746,13 +779,13 @@ impl Fabric for SimEndpoint {
 
     fn disconnect(&mut self, peer: NodeId) {
         self.net
-            .borrow_mut()
+            .lock_net()
             .fail_conn(self.node, peer, None, DisconnectReason::Closed);
     }
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
         self.net
-            .borrow()
+            .lock_net()
             .nodes
             .get(&self.node)
             .and_then(|n| n.conns.get(&peer))
@@ -760,7 +793,7 @@ impl Fabric for SimEndpoint {
     }
 
     fn post_write(&mut self, peer: NodeId, wr: WriteRequest) -> Result<(), FabricError> {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         self.check_up(&n)?;
         let depth = n.config.max_outstanding;
         let me = n.nodes.get(&self.node).expect("node exists");
@@ -831,7 +864,7 @@ impl Fabric for SimEndpoint {
                 max: MAX_MESSAGE_BYTES,
             });
         }
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         self.check_up(&n)?;
         let depth = n.config.max_outstanding;
         let c = n
@@ -885,7 +918,7 @@ impl Fabric for SimEndpoint {
 
     fn send_credits(&self, peer: NodeId) -> u32 {
         self.net
-            .borrow()
+            .lock_net()
             .nodes
             .get(&self.node)
             .and_then(|n| n.conns.get(&peer))
@@ -910,7 +943,7 @@ impl Fabric for SimEndpoint {
         if taken.is_none() {
             return Err(FabricError::BadSlot { peer, slot });
         }
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         let Some(c) = n
             .nodes
             .get_mut(&self.node)
@@ -929,7 +962,7 @@ impl Fabric for SimEndpoint {
     }
 
     fn set_remote_write(&mut self, peer: NodeId, allowed: bool) -> Result<(), FabricError> {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         self.check_up(&n)?;
         match n
             .nodes
@@ -946,7 +979,7 @@ impl Fabric for SimEndpoint {
     }
 
     fn poll(&mut self, out: &mut [Event]) -> usize {
-        let mut n = self.net.borrow_mut();
+        let mut n = self.net.lock_net();
         let slots = self.slots;
         let Some(me) = n.nodes.get_mut(&self.node) else {
             return 0;

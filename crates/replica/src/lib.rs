@@ -34,6 +34,7 @@
 // building them with struct literals is not possible; assignment after default() is the idiom.
 #![allow(clippy::field_reassign_with_default)]
 
+pub mod log;
 pub mod node;
 pub mod sim;
 pub mod storage;
@@ -41,6 +42,7 @@ pub mod wire;
 
 use std::path::PathBuf;
 
+pub use log::{AppendHandle, Log, LogOptions, PollMode, Subscription};
 pub use node::{Committed, Replica, ReplicaStats, Role, Status, Ticket};
 pub use wal::Durability;
 
@@ -203,6 +205,15 @@ pub enum ReplicaError {
     /// raft-rs returned an error.
     #[error("raft failed: {0}")]
     Raft(#[from] raft::Error),
+    /// The wait timed out; the entry may still commit later.
+    #[error("timed out waiting for index {index} to commit; it may still commit")]
+    Timeout {
+        /// The index it had.
+        index: u64,
+    },
+    /// The log was closed.
+    #[error("the log is closed")]
+    Closed,
     /// A membership change was refused.
     #[error("membership change refused: {0}")]
     Membership(String),

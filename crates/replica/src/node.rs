@@ -179,6 +179,7 @@ pub struct Replica<F: Fabric> {
     stats: ReplicaStats,
     poisoned: Option<String>,
     events: Vec<Event>,
+    work: u64,
     encode_buf: Vec<u8>,
     scratch: Vec<u8>,
 }
@@ -293,6 +294,7 @@ impl<F: Fabric> Replica<F> {
             stats: ReplicaStats::default(),
             poisoned: None,
             events: vec![dummy; POLL_BATCH],
+            work: 0,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             scratch: Vec::new(),
         };
@@ -493,8 +495,24 @@ impl<F: Fabric> Replica<F> {
 
     /// Flushes and closes the log.
     pub fn close(self) -> Result<(), ReplicaError> {
+        self.flush()
+    }
+
+    /// Makes everything appended durable and closes the wal for writing.
+    pub fn flush(&self) -> Result<(), ReplicaError> {
         self.wal.close()?;
         Ok(())
+    }
+
+    /// The commit index.
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    /// A counter that changes whenever the replica did work (events, readies); the driver
+    /// uses it to decide whether to spin or rest.
+    pub fn work_counter(&self) -> u64 {
+        self.work
     }
 
     /// Handles a pending `Ready` without polling the fabric first: what a leader paused in the
@@ -517,12 +535,14 @@ impl<F: Fabric> Replica<F> {
         }
         loop {
             let n = self.fabric.poll(&mut self.events);
+            self.work += n as u64;
             for i in 0..n {
                 let e = self.events[i];
                 self.handle_event(e)?;
             }
             let ready = self.raw.has_ready();
             if ready {
+                self.work += 1;
                 if let Err(e) = self.handle_ready() {
                     if self.poisoned.is_none() {
                         self.poisoned = Some(e.to_string());

@@ -1,0 +1,511 @@
+//! The embedded log library: a replica on its own driver thread behind a thread-safe handle.
+//!
+//! ```text
+//! let log = Log::open(config, fabric, fs, LogOptions::default())?;
+//! let index = log.append(b"hello")?.wait(Duration::from_secs(1))?;   // blocking
+//! let index = log.append(b"world")?.await?;                          // or as a Future
+//! for entry in log.subscribe(1) { ... }                              // committed, in order
+//! log.close()?;
+//! ```
+//!
+//! The driver thread owns the loop of a production node: it polls the fabric, hands raft its
+//! `Ready`s, ticks raft's clock, and wakes waiters when the commit index moves. How it waits
+//! for work is the [`PollMode`]: busy (lowest latency, one core per node), adaptive (spin a
+//! bounded time, then sleep briefly) or event (sleep between ticks unless woken). It can be
+//! pinned to a core.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+use fabric::Fabric;
+use wal::fs::FileSystem;
+
+use crate::node::{Committed, Replica, Status, Ticket};
+use crate::{ReplicaConfig, ReplicaError};
+
+/// How the driver thread waits for work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// Never sleeps: the production mode on a dedicated core.
+    Busy,
+    /// Spins up to `spin`, then sleeps 50 µs at a time: for shared cores.
+    Adaptive {
+        /// Spin budget after the last work.
+        spin: Duration,
+    },
+    /// Sleeps until the next tick unless an append wakes it.
+    Event,
+}
+
+/// Options of the driver.
+#[derive(Clone, Copy, Debug)]
+pub struct LogOptions {
+    /// Real time per raft tick.
+    pub tick: Duration,
+    /// How the driver waits.
+    pub poll: PollMode,
+    /// Core to pin the driver thread to.
+    pub pin_core: Option<usize>,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            tick: Duration::from_millis(10),
+            poll: PollMode::Adaptive {
+                spin: Duration::from_micros(200),
+            },
+            pin_core: None,
+        }
+    }
+}
+
+struct Shared<F: Fabric> {
+    replica: Mutex<Replica<F>>,
+    /// Signalled whenever the commit index moves or the driver stops.
+    progress: Condvar,
+    progress_lock: Mutex<u64>,
+    wakers: Mutex<Vec<Waker>>,
+    stop: AtomicBool,
+    kick: Condvar,
+    kick_lock: Mutex<bool>,
+    failure: Mutex<Option<String>>,
+}
+
+impl<F: Fabric> Shared<F> {
+    fn lock(&self) -> MutexGuard<'_, Replica<F>> {
+        self.replica
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn check(&self) -> Result<(), ReplicaError> {
+        if let Some(f) = self
+            .failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            return Err(ReplicaError::Poisoned(f.clone()));
+        }
+        if self.stop.load(Ordering::Acquire) {
+            return Err(ReplicaError::Closed);
+        }
+        Ok(())
+    }
+
+    fn wake_all(&self) {
+        self.progress.notify_all();
+        for w in self
+            .wakers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+        {
+            w.wake();
+        }
+    }
+
+    fn kick(&self) {
+        *self
+            .kick_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        self.kick.notify_one();
+    }
+}
+
+/// A replicated log with its driver thread.
+pub struct Log<F: Fabric + Send + 'static> {
+    shared: Arc<Shared<F>>,
+    driver: Option<JoinHandle<()>>,
+}
+
+impl<F: Fabric + Send + 'static> std::fmt::Debug for Log<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("id", &self.shared.lock().id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Fabric + Send + 'static> Log<F> {
+    /// Opens the replica and starts its driver thread.
+    pub fn open(
+        config: ReplicaConfig,
+        fabric: F,
+        fs: Arc<dyn FileSystem>,
+        options: LogOptions,
+    ) -> Result<Self, ReplicaError> {
+        if options.tick.is_zero() {
+            return Err(ReplicaError::Config {
+                field: "tick",
+                reason: "must be positive".into(),
+            });
+        }
+        let replica = Replica::open(config, fabric, fs)?;
+        let shared = Arc::new(Shared {
+            replica: Mutex::new(replica),
+            progress: Condvar::new(),
+            progress_lock: Mutex::new(0),
+            wakers: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            kick: Condvar::new(),
+            kick_lock: Mutex::new(false),
+            failure: Mutex::new(None),
+        });
+        let s = shared.clone();
+        let driver = std::thread::Builder::new()
+            .name("rdmalog-driver".into())
+            .spawn(move || drive(s, options))
+            .map_err(|e| ReplicaError::Config {
+                field: "driver",
+                reason: format!("cannot start the driver thread: {e}"),
+            })?;
+        Ok(Log {
+            shared,
+            driver: Some(driver),
+        })
+    }
+
+    /// Proposes one entry; the handle resolves to its index once committed.
+    pub fn append(&self, data: &[u8]) -> Result<AppendHandle<F>, ReplicaError> {
+        self.shared.check()?;
+        let ticket = self.shared.lock().propose(data)?;
+        self.shared.kick();
+        Ok(AppendHandle {
+            shared: self.shared.clone(),
+            ticket,
+        })
+    }
+
+    /// Proposes several entries in order, under one lock.
+    pub fn append_batch(&self, items: &[&[u8]]) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
+        self.shared.check()?;
+        let mut out = Vec::with_capacity(items.len());
+        {
+            let mut r = self.shared.lock();
+            for data in items {
+                let ticket = r.propose(data)?;
+                out.push(AppendHandle {
+                    shared: self.shared.clone(),
+                    ticket,
+                });
+            }
+        }
+        self.shared.kick();
+        Ok(out)
+    }
+
+    /// The application payload at committed `index`; `None` if not committed, held, or not an
+    /// application entry.
+    pub fn read(&self, index: u64) -> Result<Option<Vec<u8>>, ReplicaError> {
+        let mut buf = Vec::new();
+        match self.shared.lock().read(index, &mut buf)? {
+            Some(Committed::Application { .. }) => Ok(Some(buf)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Committed application entries from `from` on, in order, blocking for new ones.
+    pub fn subscribe(&self, from: u64) -> Subscription<F> {
+        Subscription {
+            shared: self.shared.clone(),
+            next: from.max(1),
+        }
+    }
+
+    /// Deletes entries below `index` after the application checkpointed them.
+    pub fn truncate_prefix(&self, index: u64) -> Result<u64, ReplicaError> {
+        self.shared.lock().truncate_prefix(index)
+    }
+
+    /// The replica's state.
+    pub fn status(&self) -> Status {
+        self.shared.lock().status()
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<u64> {
+        self.shared.lock().leader()
+    }
+
+    /// Hands leadership to `to`.
+    pub fn transfer_leader(&self, to: u64) {
+        self.shared.lock().transfer_leader(to);
+        self.shared.kick();
+    }
+
+    /// Adds a voter (joint consensus through raft-rs); resolves when the change commits.
+    pub fn add_node(&self, id: u64) -> Result<AppendHandle<F>, ReplicaError> {
+        let ticket = self.shared.lock().change_membership(id, true)?;
+        self.shared.kick();
+        Ok(AppendHandle {
+            shared: self.shared.clone(),
+            ticket,
+        })
+    }
+
+    /// Removes a voter; resolves when the change commits.
+    pub fn remove_node(&self, id: u64) -> Result<AppendHandle<F>, ReplicaError> {
+        let ticket = self.shared.lock().change_membership(id, false)?;
+        self.shared.kick();
+        Ok(AppendHandle {
+            shared: self.shared.clone(),
+            ticket,
+        })
+    }
+
+    /// Stops the driver, fails pending waits with [`ReplicaError::Closed`], and closes the wal.
+    pub fn close(mut self) -> Result<(), ReplicaError> {
+        self.stop_driver();
+        let r = self.shared.lock();
+        r.flush()
+    }
+
+    fn stop_driver(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.kick();
+        if let Some(d) = self.driver.take() {
+            let _ = d.join();
+        }
+        self.shared.wake_all();
+    }
+}
+
+impl<F: Fabric + Send + 'static> Drop for Log<F> {
+    fn drop(&mut self) {
+        if self.driver.is_some() {
+            // Fallback only: close() reports errors, Drop can just stop the thread.
+            self.stop_driver();
+        }
+    }
+}
+
+fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
+    if let Some(core) = o.pin_core {
+        let pinned = core_affinity::get_core_ids()
+            .and_then(|ids| ids.into_iter().find(|c| c.id == core))
+            .is_some_and(core_affinity::set_for_current);
+        if !pinned {
+            *s.failure
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(format!("cannot pin the driver to core {core}"));
+            s.stop.store(true, Ordering::Release);
+            s.wake_all();
+            return;
+        }
+    }
+    let mut next_tick = Instant::now() + o.tick;
+    let mut last_commit = 0;
+    let mut idle_since: Option<Instant> = None;
+    let backoff = Backoff::new();
+    while !s.stop.load(Ordering::Acquire) {
+        let (result, commit, busy) = {
+            let mut r = s.lock();
+            if Instant::now() >= next_tick {
+                r.tick();
+                next_tick += o.tick;
+            }
+            let before = r.work_counter();
+            let result = r.process();
+            (result, r.commit_index(), r.work_counter() != before)
+        };
+        if let Err(e) = result {
+            *s.failure
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.to_string());
+            s.stop.store(true, Ordering::Release);
+            s.wake_all();
+            return;
+        }
+        if commit != last_commit {
+            last_commit = commit;
+            *s.progress_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = commit;
+            s.wake_all();
+        }
+        if busy {
+            idle_since = None;
+            backoff.reset();
+            continue;
+        }
+        match o.poll {
+            PollMode::Busy => std::hint::spin_loop(),
+            PollMode::Adaptive { spin } => {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < spin {
+                    backoff.snooze();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+            PollMode::Event => {
+                let wait = next_tick
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(1));
+                let mut kicked = s
+                    .kick_lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if !*kicked {
+                    kicked = s
+                        .kick
+                        .wait_timeout(kicked, wait)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                }
+                *kicked = false;
+            }
+        }
+    }
+}
+
+/// An append in flight: wait for it with a timeout, or `.await` it (no runtime needed).
+pub struct AppendHandle<F: Fabric + Send + 'static> {
+    shared: Arc<Shared<F>>,
+    ticket: Ticket,
+}
+
+impl<F: Fabric + Send + 'static> std::fmt::Debug for AppendHandle<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppendHandle")
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
+
+impl<F: Fabric + Send + 'static> AppendHandle<F> {
+    /// The index the entry was given (committed only once the handle resolves `Ok`).
+    pub fn ticket(&self) -> Ticket {
+        self.ticket
+    }
+
+    fn status(&self) -> Option<Result<u64, ReplicaError>> {
+        if let Err(e) = self.shared.check() {
+            return Some(Err(e));
+        }
+        self.shared.lock().ticket_status(self.ticket)
+    }
+
+    /// Blocks until the entry is committed, superseded, the log closes, or `timeout` passes.
+    pub fn wait(self, timeout: Duration) -> Result<u64, ReplicaError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.status() {
+                return r;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReplicaError::Timeout {
+                    index: self.ticket.index,
+                });
+            }
+            let g = self
+                .shared
+                .progress_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = self
+                .shared
+                .progress
+                .wait_timeout(g, left.min(Duration::from_millis(10)));
+        }
+    }
+}
+
+impl<F: Fabric + Send + 'static> Future for AppendHandle<F> {
+    type Output = Result<u64, ReplicaError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(r) = self.status() {
+            return Poll::Ready(r);
+        }
+        self.shared
+            .wakers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(cx.waker().clone());
+        // Re-check after registering, so a commit between the check and the registration is
+        // not missed.
+        match self.status() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// Committed application entries in order (`Iterator<Item = (index, payload)>`); blocks for
+/// new ones and ends when the log closes.
+pub struct Subscription<F: Fabric + Send + 'static> {
+    shared: Arc<Shared<F>>,
+    next: u64,
+}
+
+impl<F: Fabric + Send + 'static> std::fmt::Debug for Subscription<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl<F: Fabric + Send + 'static> Subscription<F> {
+    /// The next entry, waiting at most `timeout`; `Ok(None)` on timeout.
+    pub fn next_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<(u64, Vec<u8>)>, ReplicaError> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = Vec::new();
+        loop {
+            self.shared.check()?;
+            {
+                let r = self.shared.lock();
+                while self.next <= r.commit_index() {
+                    let i = self.next;
+                    self.next += 1;
+                    if let Some(Committed::Application { .. }) = r.read(i, &mut buf)? {
+                        return Ok(Some((i, buf)));
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let g = self
+                .shared
+                .progress_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = self
+                .shared
+                .progress
+                .wait_timeout(g, left.min(Duration::from_millis(10)));
+        }
+    }
+}
+
+impl<F: Fabric + Send + 'static> Iterator for Subscription<F> {
+    type Item = Result<(u64, Vec<u8>), ReplicaError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            match self.next_timeout(Duration::from_millis(100)) {
+                Ok(Some(e)) => return Some(Ok(e)),
+                Ok(None) => continue,
+                Err(ReplicaError::Closed) => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Scenario: the embedded API on driver threads over the in-process fabric in real time:
+//! blocking and Future appends, batches, subscription in order, errors for a non-leader and an
+//! oversized entry, every poll mode, and close.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::task::{Context, Poll, Wake};
+use std::time::{Duration, Instant};
+
+use fabric::NodeId;
+use fabric::sim::{SimConfig, SimEndpoint, SimNet};
+use replica::{Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role};
+use wal::fs::{FaultFs, FileSystem};
+
+struct Thread(std::thread::Thread);
+impl Wake for Thread {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// A minimal executor: the API needs no runtime.
+fn block_on<T>(f: impl Future<Output = T>) -> T {
+    let waker = Arc::new(Thread(std::thread::current())).into();
+    let mut cx = Context::from_waker(&waker);
+    let mut f = pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+fn cluster(poll: PollMode) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
+    let net = SimNet::new(SimConfig::default(), 5);
+    let stop = Arc::new(AtomicBool::new(false));
+    net.run_realtime(stop.clone());
+    let logs = (1..=3u64)
+        .map(|id| {
+            let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
+            cfg.ring_bytes = 2 << 20;
+            cfg.segment_bytes = 8 << 20;
+            cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+            let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
+            let opts = LogOptions {
+                poll,
+                ..LogOptions::default()
+            };
+            Log::open(cfg, net.add_node(NodeId(id)), disk, opts).unwrap()
+        })
+        .collect();
+    (net, stop, logs)
+}
+
+fn leader(logs: &[Log<SimEndpoint>]) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Some(k) = logs.iter().position(|l| l.status().role == Role::Leader) {
+            return k;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("no leader");
+}
+
+#[test]
+fn appends_wait_await_batch_and_subscribe() {
+    let (_net, stop, logs) = cluster(PollMode::Adaptive {
+        spin: Duration::from_micros(100),
+    });
+    let l = leader(&logs);
+    let mut sub = logs[(l + 1) % 3].subscribe(1);
+    let a = logs[l]
+        .append(b"one")
+        .unwrap()
+        .wait(Duration::from_secs(5))
+        .unwrap();
+    let b = block_on(logs[l].append(b"two").unwrap()).unwrap();
+    assert!(b > a);
+    let batch = logs[l].append_batch(&[b"three", b"four", b"five"]).unwrap();
+    let idx: Vec<u64> = batch
+        .into_iter()
+        .map(|h| h.wait(Duration::from_secs(5)).unwrap())
+        .collect();
+    assert!(idx.windows(2).all(|w| w[1] == w[0] + 1));
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let (i, data) = sub
+            .next_timeout(Duration::from_secs(5))
+            .unwrap()
+            .expect("entry within 5 s");
+        seen.push((i, data));
+    }
+    let data: Vec<&[u8]> = seen.iter().map(|(_, d)| d.as_slice()).collect();
+    assert_eq!(data, [&b"one"[..], b"two", b"three", b"four", b"five"]);
+    assert_eq!(logs[l].read(a).unwrap().as_deref(), Some(&b"one"[..]));
+
+    let follower = (l + 1) % 3;
+    match logs[follower].append(b"x") {
+        Err(ReplicaError::NotLeader { leader_hint }) => assert_eq!(leader_hint, Some(l as u64 + 1)),
+        other => panic!("expected NotLeader, got {other:?}"),
+    }
+    let big = vec![0u8; 64 * 1024 + 1];
+    assert!(matches!(
+        logs[l].append(&big),
+        Err(ReplicaError::TooLarge { .. })
+    ));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for log in logs {
+        log.close().unwrap();
+    }
+}
+
+#[test]
+fn busy_and_event_modes_commit_too() {
+    for mode in [PollMode::Busy, PollMode::Event] {
+        let (_net, stop, logs) = cluster(mode);
+        let l = leader(&logs);
+        for i in 0..20u8 {
+            logs[l]
+                .append(&[i; 32])
+                .unwrap()
+                .wait(Duration::from_secs(5))
+                .unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for log in logs {
+            log.close().unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_pending_wait_ends_when_its_leader_is_stopped() {
+    let (net, stop, mut logs) = cluster(PollMode::Event);
+    let l = leader(&logs);
+    // Cut the leader off so the append cannot commit, then stop it.
+    for f in (1..=3u64).filter(|&f| f != l as u64 + 1) {
+        net.set_link(NodeId(l as u64 + 1), NodeId(f), false);
+    }
+    let h = logs[l].append(b"never").unwrap();
+    let log = logs.remove(l);
+    let waiter = std::thread::spawn(move || h.wait(Duration::from_secs(30)));
+    std::thread::sleep(Duration::from_millis(100));
+    log.close().unwrap();
+    let r = waiter.join().unwrap();
+    assert!(matches!(r, Err(ReplicaError::Closed)), "{r:?}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+}
