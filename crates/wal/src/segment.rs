@@ -3,6 +3,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use crate::Lsn;
 use crate::format::{SEGMENT_DATA_OFFSET, SegmentHeader};
@@ -22,9 +23,23 @@ pub(crate) struct Segment {
     pub(crate) header: SegmentHeader,
     pub(crate) path: PathBuf,
     pub(crate) file: Arc<dyn WalFile>,
+    /// Stream position up to which the data area holds written bytes (records or zeroes)
+    /// rather than preallocated, unwritten extents. Only a sync leader or an exclusive
+    /// operation moves it, so relaxed ordering is enough; it only ever grows.
+    pub(crate) zeroed_to: AtomicU64,
 }
 
 impl Segment {
+    pub(crate) fn new(header: SegmentHeader, path: PathBuf, file: Arc<dyn WalFile>) -> Self {
+        let zeroed_to = AtomicU64::new(header.first_lsn.0);
+        Self {
+            header,
+            path,
+            file,
+            zeroed_to,
+        }
+    }
+
     pub(crate) fn first_lsn(&self) -> Lsn {
         self.header.first_lsn
     }
@@ -76,7 +91,7 @@ pub(crate) fn create_segment(
         Ok(file)
     })();
     match result {
-        Ok(file) => Ok(Segment { header, path, file }),
+        Ok(file) => Ok(Segment::new(header, path, file)),
         Err(error) => {
             let _ = fs.remove(&temp);
             Err(error)
