@@ -915,6 +915,7 @@ impl Listener {
     /// not match ours (returning [`Error::RefusedPeer`]), else brings a QP up and accepts.
     /// `prepare` runs with the QP in INIT, before the accept goes out: post the receives that
     /// `hello.recv_credits` promises there.
+    #[allow(clippy::too_many_arguments)] // reason: the accept needs every one of these
     pub fn accept(
         &self,
         pd: &Arc<ProtectionDomain>,

@@ -506,7 +506,7 @@ pub fn spawn_busy_poller<F>(
     cq: Arc<CompletionQueue>,
     core: Option<usize>,
     mut handler: F,
-) -> BusyPoller
+) -> Result<BusyPoller>
 where
     F: FnMut(&Completion) + Send + 'static,
 {
@@ -530,11 +530,11 @@ where
             }
             Ok(())
         })
-        .expect("spawning a thread");
-    BusyPoller {
+        .map_err(|e| Error::io("spawn busy-poll thread", "-", 0, "-", e))?;
+    Ok(BusyPoller {
         stop,
         thread: Some(thread),
-    }
+    })
 }
 
 impl BusyPoller {

@@ -356,6 +356,20 @@ impl<M: RegistrableMemory> MemoryRegion<M> {
         unsafe { std::slice::from_raw_parts(p, l) }
     }
 
+    /// Borrows `len` bytes at `offset` as a slice.
+    ///
+    /// # Safety
+    /// While the slice lives, neither the device nor a remote peer may write that range (no
+    /// receive posted over it, no peer able to RDMA-write it), and the caller must not write
+    /// it through `write_at`/`fill`. Other ranges of the region are unaffected.
+    pub unsafe fn range(&self, offset: usize, len: usize) -> Result<&[u8]> {
+        self.check(offset, len)?;
+        fence(Ordering::Acquire);
+        // SAFETY: bounds checked; the caller guarantees no concurrent writer of this range;
+        // the memory lives as long as `self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.parts().0.add(offset), len) })
+    }
+
     fn dereg(&mut self) -> Result<()> {
         if self.mr.is_null() {
             return Ok(());

@@ -95,10 +95,11 @@ impl RecvPool {
         }
         let len = (wc.byte_len as usize).min(self.slot_size);
         // SAFETY: the slot's completion was polled and it is marked not posted, so the
-        // device no longer writes it; it stays unposted while the slice lives.
-        let all = unsafe { self.mr.as_slice() };
-        let start = slot * self.slot_size;
-        let r = f(&all[start..start + len]);
+        // device no longer writes this range (other slots may still be posted; the slice
+        // covers only this one); it stays unposted while the slice lives, and the pool's
+        // memory is never remotely writable (LOCAL_WRITE only).
+        let bytes = unsafe { self.mr.range(slot * self.slot_size, len)? };
+        let r = f(bytes);
         self.post(qp, slot)?;
         Ok(Ok(r))
     }

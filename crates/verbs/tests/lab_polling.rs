@@ -104,7 +104,8 @@ fn all_polling_modes_deliver_the_same_completions() {
     let (tx_c, rx_c) = channel();
     let poller = spawn_busy_poller(rx.recv_cq.clone(), Some(0), move |c| {
         let _ = tx_c.send(*c);
-    });
+    })
+    .unwrap();
     let mut got = Vec::new();
     while got.len() < N as usize {
         let c = rx_c
