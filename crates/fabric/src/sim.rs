@@ -112,8 +112,6 @@ struct Conn {
     remote_write: bool,
     credits: u32,
     outstanding: VecDeque<Outstanding>,
-    /// Messages delivered by the net, not yet moved to the endpoint by `poll`.
-    inbox: VecDeque<(u64, Vec<u8>)>,
     free_slots: Vec<u64>,
 }
 
@@ -125,7 +123,6 @@ impl Conn {
             remote_write: false,
             credits: 0,
             outstanding: VecDeque::new(),
-            inbox: VecDeque::new(),
             free_slots: (0..u64::from(slots)).rev().collect(),
         }
     }
@@ -138,6 +135,10 @@ struct NodeState {
     advertised: Option<RemoteRegion>,
     conns: BTreeMap<NodeId, Conn>,
     events: VecDeque<Event>,
+    /// The messages of the receive completions in `events`, in the same order, with the
+    /// epoch of the connection they arrived on. Keeping them in event order means a
+    /// `Disconnected` event clears only the buffers of messages that arrived before it.
+    recv_data: VecDeque<(u64, Vec<u8>)>,
 }
 
 #[derive(Debug)]
@@ -215,6 +216,8 @@ pub struct SimStats {
     pub packets_dropped: u64,
     /// Connections established.
     pub connects: u64,
+    /// Writes cut short by their writer's crash: a random subset of their words landed.
+    pub writes_torn: u64,
 }
 
 impl Net {
@@ -318,11 +321,26 @@ impl Net {
         }
     }
 
+    /// Whether `dst` grants remote write to `src` on the connection of `epoch`.
+    fn conns_grant(&self, dst: NodeId, src: NodeId, epoch: u64) -> bool {
+        self.nodes
+            .get(&dst)
+            .and_then(|n| n.conns.get(&src))
+            .is_some_and(|c| c.epoch == epoch && c.remote_write && c.state == ConnState::Up)
+    }
+
+    /// Whether a packet of the connection `epoch` reaches `dst`'s side. A side in the error
+    /// state (`Down`) answers nothing, as a QP in ERROR does: the sender's operation then
+    /// fails after the retry bound, so a half-open connection is always detected.
     fn deliverable(&self, src: NodeId, dst: NodeId, epoch: u64) -> bool {
         !self.blocked.contains(&(src, dst))
             && self.nodes.get(&dst).is_some_and(|n| n.up)
             && self.nodes.get(&src).is_some_and(|n| n.up)
-            && self.conn_epoch(dst, src) == Some(epoch)
+            && self
+                .nodes
+                .get(&dst)
+                .and_then(|n| n.conns.get(&src))
+                .is_some_and(|c| c.epoch == epoch && c.state != ConnState::Down)
     }
 
     fn deliver(&mut self, src: NodeId, dst: NodeId, epoch: u64, packet: Packet) {
@@ -352,6 +370,29 @@ impl Net {
         }
         if !self.deliverable(src, dst, epoch) {
             self.stats.packets_dropped += 1;
+            let errored_side = !self.blocked.contains(&(src, dst))
+                && self.nodes.get(&dst).is_some_and(|n| n.up)
+                && self
+                    .nodes
+                    .get(&dst)
+                    .and_then(|n| n.conns.get(&src))
+                    .is_some_and(|c| c.epoch == epoch && c.state == ConnState::Down);
+            if errored_side && matches!(packet, Packet::Write { .. }) {
+                // The target's QP is in error: the write is refused there, memory unchanged.
+                self.stats.writes_refused += 1;
+            }
+            if matches!(packet, Packet::Credit) && self.conn_epoch(src, dst) == Some(epoch) {
+                // A credit rides on reliable traffic on hardware: it is never silently lost
+                // on a live connection. If it cannot arrive, the connection fails at the side
+                // that returned it (its carrier exhausted the retries), so the sender never
+                // waits forever with zero credits and nothing outstanding.
+                self.fail_conn(
+                    src,
+                    dst,
+                    None,
+                    DisconnectReason::Failed(WcStatus::RetryExceeded),
+                );
+            }
             return;
         }
         match packet {
@@ -415,7 +456,14 @@ impl Net {
                 let c = n.conns.get_mut(&src).expect("deliverable implies a conn");
                 match c.free_slots.pop() {
                     Some(slot) => {
-                        c.inbox.push_back((slot, data));
+                        n.events.push_back(Event::Completion(Completion {
+                            peer: src,
+                            wr_id: slot,
+                            op: WcOp::Recv,
+                            status: WcStatus::Success,
+                            byte_len: data.len() as u32,
+                        }));
+                        n.recv_data.push_back((epoch, data));
                         self.stats.messages_delivered += 1;
                         self.send_packet(dst, src, epoch, Packet::Ack { op_seq });
                     }
@@ -555,6 +603,7 @@ impl SimNet {
                     advertised: None,
                     conns: BTreeMap::new(),
                     events: VecDeque::new(),
+                    recv_data: VecDeque::new(),
                 },
             )
             .is_none();
@@ -629,7 +678,79 @@ impl SimNet {
             s.advertised = None;
             s.conns.clear();
             s.events.clear();
+            s.recv_data.clear();
         }
+    }
+
+    /// Crashes `node` in the middle of its in-flight writes: each write it posted that has not
+    /// landed yet places a random subset of its 8-byte words (where the target still grants
+    /// remote write, as a NIC would check), and the rest never arrives. Then it crashes as
+    /// [`SimNet::crash`] does. Returns how many writes were torn.
+    pub fn crash_tearing_writes(&self, node: NodeId) -> u64 {
+        let torn = {
+            let mut guard = self.net.lock_net();
+            let n = &mut *guard;
+            let mut torn = 0;
+            let in_flight: Vec<u64> = n
+                .actions
+                .iter()
+                .filter(|(_, a)| {
+                    matches!(a, Action::Deliver { src, packet: Packet::Write { .. }, .. } if *src == node)
+                })
+                .map(|(seq, _)| *seq)
+                .collect();
+            for seq in in_flight {
+                let Some(Action::Deliver {
+                    src,
+                    dst,
+                    epoch,
+                    packet:
+                        Packet::Write {
+                            rkey, addr, data, ..
+                        },
+                }) = n.actions.remove(&seq)
+                else {
+                    continue;
+                };
+                // The packet is gone from the wire; its queue slot becomes a no-op.
+                n.actions.insert(
+                    seq,
+                    Action::Timeout {
+                        node: src,
+                        peer: dst,
+                        epoch: 0,
+                        op_seq: 0,
+                    },
+                );
+                let Some(target) = n.nodes.get(&dst).filter(|t| t.up) else {
+                    continue;
+                };
+                let granted = n.conns_grant(dst, src, epoch);
+                let end = addr + data.len() as u64;
+                let Some(r) = target.regions.iter().find(|r| {
+                    r.remote.rkey == rkey
+                        && addr >= r.remote.addr
+                        && end <= r.remote.addr + r.remote.len_bytes
+                }) else {
+                    continue;
+                };
+                if !granted {
+                    continue;
+                }
+                let memory = r.memory.clone();
+                let base = addr - r.remote.addr;
+                for (k, chunk) in data.chunks(8).enumerate() {
+                    if n.rng.below(2) == 1 {
+                        write_bytes(memory.as_ref(), base + 8 * k as u64, chunk);
+                    }
+                }
+                torn += 1;
+            }
+            n.stats.writes_torn += torn;
+            torn
+        };
+        self.crash(node);
+        torn
     }
 
     /// Restarts a crashed node with a fresh endpoint; it must register its memory again.
@@ -681,13 +802,16 @@ impl SimNet {
     }
 }
 
+/// A message in a receive buffer, with the epoch of the connection it arrived on.
+type Received = (u64, Vec<u8>);
+
 /// One node's endpoint on a [`SimNet`].
 #[derive(Debug)]
 pub struct SimEndpoint {
     net: Arc<Mutex<Net>>,
     node: NodeId,
     /// Receive buffers per peer: the messages moved out of the net by `poll`.
-    inboxes: BTreeMap<NodeId, Vec<Option<Vec<u8>>>>,
+    inboxes: BTreeMap<NodeId, Vec<Option<Received>>>,
     slots: usize,
 }
 
@@ -930,7 +1054,8 @@ impl Fabric for SimEndpoint {
         self.inboxes
             .get(&peer)
             .and_then(|v| v.get(slot as usize))
-            .and_then(|m| m.as_deref())
+            .and_then(|m| m.as_ref())
+            .map(|(_, data)| data.as_slice())
             .ok_or(FabricError::BadSlot { peer, slot })
     }
 
@@ -940,9 +1065,9 @@ impl Fabric for SimEndpoint {
             .get_mut(&peer)
             .and_then(|v| v.get_mut(slot as usize))
             .and_then(Option::take);
-        if taken.is_none() {
+        let Some((arrived_on, _)) = taken else {
             return Err(FabricError::BadSlot { peer, slot });
-        }
+        };
         let mut n = self.net.lock_net();
         let Some(c) = n
             .nodes
@@ -951,7 +1076,9 @@ impl Fabric for SimEndpoint {
         else {
             return Ok(());
         };
-        if c.state != ConnState::Up {
+        // A buffer of an older connection goes back to nobody: the new connection started
+        // with all its buffers posted, so reposting would post one twice.
+        if c.state != ConnState::Up || c.epoch != arrived_on {
             return Ok(());
         }
         c.free_slots.push(slot);
@@ -984,33 +1111,34 @@ impl Fabric for SimEndpoint {
         let Some(me) = n.nodes.get_mut(&self.node) else {
             return 0;
         };
-        // Move delivered messages into this endpoint's receive buffers, in arrival order,
-        // queueing their completions behind earlier events.
-        for (peer, c) in me.conns.iter_mut() {
-            while let Some((slot, data)) = c.inbox.pop_front() {
-                let inbox = self
-                    .inboxes
-                    .entry(*peer)
-                    .or_insert_with(|| vec![None; slots]);
-                let len = data.len() as u32;
-                inbox[slot as usize] = Some(data);
-                me.events.push_back(Event::Completion(Completion {
-                    peer: *peer,
-                    wr_id: slot,
-                    op: WcOp::Recv,
-                    status: WcStatus::Success,
-                    byte_len: len,
-                }));
-            }
-        }
         let mut k = 0;
         while k < out.len() {
             match me.events.pop_front() {
                 Some(e) => {
-                    if let Event::Disconnected { peer, .. } = e {
-                        if let Some(v) = self.inboxes.get_mut(&peer) {
-                            v.iter_mut().for_each(|m| *m = None);
+                    match e {
+                        Event::Disconnected { peer, .. } => {
+                            if let Some(v) = self.inboxes.get_mut(&peer) {
+                                v.iter_mut().for_each(|m| *m = None);
+                            }
                         }
+                        Event::Completion(Completion {
+                            peer,
+                            wr_id: slot,
+                            op: WcOp::Recv,
+                            ..
+                        }) => {
+                            // Move the message into this endpoint's receive buffer.
+                            let data = me
+                                .recv_data
+                                .pop_front()
+                                .expect("every receive completion has its message");
+                            let inbox = self
+                                .inboxes
+                                .entry(peer)
+                                .or_insert_with(|| vec![None; slots]);
+                            inbox[slot as usize] = Some(data);
+                        }
+                        _ => {}
                     }
                     out[k] = e;
                     k += 1;

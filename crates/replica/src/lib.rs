@@ -80,6 +80,24 @@ pub struct ReplicaConfig {
     pub max_inflight_msgs: usize,
     /// Ticks between reconnect attempts to a peer whose connection is down.
     pub reconnect_ticks: u64,
+    /// Test-only: a rule to break on purpose, so the simulator's mutation check can prove its
+    /// checkers fail. Always [`Mutation::None`] outside that test.
+    #[doc(hidden)]
+    pub mutation: Mutation,
+}
+
+/// Test-only: a protocol rule broken on purpose (see [`ReplicaConfig::mutation`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mutation {
+    /// Every rule holds.
+    #[default]
+    None,
+    /// Acknowledge appends after writing them to the segment files but without fdatasync:
+    /// an acked entry survives a process crash of the page cache, not a power loss.
+    AckWithoutFsync,
+    /// Never revoke remote write: a deposed leader keeps its grant.
+    SkipRevoke,
 }
 
 impl ReplicaConfig {
@@ -101,6 +119,7 @@ impl ReplicaConfig {
             max_size_per_msg: 48 << 10,
             max_inflight_msgs: 64,
             reconnect_ticks: 5,
+            mutation: Mutation::None,
         }
     }
 

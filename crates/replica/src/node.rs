@@ -31,6 +31,10 @@ use crate::{ReplicaConfig, ReplicaError};
 /// How many fabric events one poll takes (the array is allocated once).
 const POLL_BATCH: usize = 64;
 
+/// How many reconnect periods the higher id of a pair waits, with the connection down, before
+/// it connects itself (the lower id normally does, every period).
+const HIGHER_ID_CONNECT_PERIODS: u64 = 4;
+
 /// Encoded frames queued per peer while it has no send credits. raft-rs retransmits what is
 /// dropped past this bound, so the bound only limits memory.
 const MAX_OUTBOX: usize = 1024;
@@ -142,6 +146,8 @@ struct Peer {
     fast_end: Option<(u64, u64)>,
     ring_head: u64,
     last_connect_tick: Option<u64>,
+    /// Tick since which the connection has been down, as the higher id of the pair sees it.
+    down_since: Option<u64>,
     outbox: VecDeque<Vec<u8>>,
 }
 
@@ -190,6 +196,20 @@ impl<F: Fabric> std::fmt::Debug for Replica<F> {
             .field("status", &self.status())
             .finish_non_exhaustive()
     }
+}
+
+/// The voters a membership change records for after itself (see
+/// [`Replica::change_membership`]); `None` for a change that records none.
+fn voters_after(cc: &ConfChange) -> Option<Vec<u64>> {
+    let ctx = &cc.context[..];
+    if ctx.is_empty() || ctx.len() % 8 != 0 {
+        return None;
+    }
+    Some(
+        ctx.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect(),
+    )
 }
 
 fn poison_msg(what: &str, e: impl std::fmt::Display) -> String {
@@ -392,6 +412,32 @@ impl<F: Fabric> Replica<F> {
         }
     }
 
+    /// Reads entry `index` of the log as persisted, committed or not: its term, with the raw
+    /// payload (raft's tag byte first) in `out`. `None` when the log does not hold it. The
+    /// simulator's checkers compare these bytes across nodes (log matching).
+    pub fn read_persisted(
+        &self,
+        index: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<u64>, ReplicaError> {
+        if index == 0 || index < self.wal.first_index().0 || index > self.wal.last_index().0 {
+            return Ok(None);
+        }
+        out.clear();
+        let e = self.wal.read(Index(index), out)?;
+        Ok(Some(e.term.0))
+    }
+
+    /// The term of entry `index` as persisted, if the log holds it.
+    pub fn persisted_term(&self, index: u64) -> Option<u64> {
+        self.wal.term(Index(index)).map(|t| t.0)
+    }
+
+    /// The last index the log holds as persisted.
+    pub fn persisted_last_index(&self) -> u64 {
+        self.wal.last_index().0
+    }
+
     /// The leader this node knows of.
     pub fn leader(&self) -> Option<u64> {
         match self.raw.raft.leader_id {
@@ -419,6 +465,22 @@ impl<F: Fabric> Replica<F> {
             ConfChangeType::RemoveNode
         });
         cc.node_id = node;
+        // The voters after the change travel in the entry, so that a node that joins with no
+        // membership (it replays the log from the start, and the bootstrap voters are not in
+        // the log) can adopt the real membership instead of applying the change to an empty
+        // one. Only one change is pending at a time (raft refuses a second), so the current
+        // configuration plus this change is exact.
+        let mut after_change: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+        after_change.retain(|&v| v != node);
+        if add {
+            after_change.push(node);
+        }
+        after_change.sort_unstable();
+        cc.context = after_change
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into();
         let before = self.raw.raft.raft_log.last_index();
         self.raw
             .propose_conf_change(Vec::new(), cc)
@@ -563,8 +625,23 @@ impl<F: Fabric> Replica<F> {
         let every = self.cfg.reconnect_ticks;
         let ticks = self.ticks;
         for (&id, p) in self.peers.iter_mut() {
-            // One connection per pair: the lower id connects, the higher one accepts.
-            if me > id || self.fabric.conn_state(NodeId(id)) != ConnState::Down {
+            if self.fabric.conn_state(NodeId(id)) != ConnState::Down {
+                p.down_since = None;
+                continue;
+            }
+            // One connection per pair: the lower id connects, the higher one accepts. But the
+            // lower one may not know the higher one yet (a node that has not applied the entry
+            // that added it), so the higher one connects too once the connection has stayed
+            // down for several reconnect periods; the wait keeps the two from colliding in the
+            // common case.
+            if me > id {
+                let since = *p.down_since.get_or_insert(ticks);
+                if ticks < since + HIGHER_ID_CONNECT_PERIODS * every {
+                    continue;
+                }
+                p.down_since = Some(ticks);
+                self.stats.reconnects += 1;
+                let _ = self.fabric.connect(NodeId(id));
                 continue;
             }
             if p.last_connect_tick.is_some_and(|t| ticks < t + every) {
@@ -937,7 +1014,7 @@ impl<F: Fabric> Replica<F> {
             return Ok(());
         }
         self.wal
-            .persist_from(&self.consumer, end, self.cfg.durability)
+            .persist_from(&self.consumer, end, self.durability())
             .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
         Ok(())
     }
@@ -980,7 +1057,22 @@ impl<F: Fabric> Replica<F> {
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::parse_from_bytes(&e.data)
                         .map_err(|err| ReplicaError::Membership(err.to_string()))?;
-                    self.apply_conf_change(&cc)?;
+                    let knows_members = !self.raw.raft.prs().conf().voters().ids().is_empty();
+                    match voters_after(&cc) {
+                        // A joining node knows no members: adopt the voters the change
+                        // records, one simple change at a time, instead of applying the change
+                        // to an empty membership (which made a joiner a cluster of itself, or
+                        // failed with "removed all voters").
+                        Some(voters) if !knows_members => {
+                            for v in voters {
+                                let mut add = ConfChange::default();
+                                add.set_change_type(ConfChangeType::AddNode);
+                                add.node_id = v;
+                                self.apply_conf_change(&add)?;
+                            }
+                        }
+                        _ => self.apply_conf_change(&cc)?,
+                    }
                 }
                 EntryType::EntryConfChangeV2 => {
                     let cc = ConfChangeV2::parse_from_bytes(&e.data)
@@ -1187,7 +1279,18 @@ impl<F: Fabric> Replica<F> {
         true
     }
 
+    /// The durability appends get; only the test-only mutation switch weakens it.
+    fn durability(&self) -> wal::Durability {
+        match self.cfg.mutation {
+            crate::Mutation::AckWithoutFsync => wal::Durability::Memory,
+            _ => self.cfg.durability,
+        }
+    }
+
     fn revoke(&mut self) {
+        if self.cfg.mutation == crate::Mutation::SkipRevoke {
+            return;
+        }
         if let Some(g) = self.granted.take() {
             let _ = self.fabric.set_remote_write(NodeId(g), false);
             self.stats.revokes += 1;

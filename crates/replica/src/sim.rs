@@ -33,6 +33,12 @@ pub struct SimCluster {
     /// Paused nodes: their CPU is stopped (no ticks, no processing) while their NIC keeps
     /// placing and acking one-sided writes, like a process under SIGSTOP or a long GC.
     pub paused: std::collections::BTreeSet<u64>,
+    /// Fail-stop mode (the simulator's): a node whose `process` fails (a poisoned log after an
+    /// fsync error or ENOSPC) is crashed, as its process would exit, and recorded in
+    /// [`SimCluster::failed`] instead of failing the whole run.
+    pub fail_stop: bool,
+    /// Nodes that failed in fail-stop mode, with the error, since the driver last took them.
+    pub failed: BTreeMap<u64, String>,
     next_tick: u64,
 }
 
@@ -55,6 +61,8 @@ impl SimCluster {
             configs: BTreeMap::new(),
             tick_ns: 10_000_000,
             paused: Default::default(),
+            fail_stop: false,
+            failed: BTreeMap::new(),
             next_tick: 10_000_000,
         };
         let spread = ReplicaConfig::new(1, Vec::new(), 0, PathBuf::new()).election_tick;
@@ -96,10 +104,20 @@ impl SimCluster {
 
     /// Lets every live node process what is pending.
     pub fn process_all(&mut self) -> Result<(), ReplicaError> {
+        let mut dead = Vec::new();
         for (id, r) in self.nodes.iter_mut() {
             if let Some(r) = r.as_mut().filter(|_| !self.paused.contains(id)) {
-                r.process()?;
+                if let Err(e) = r.process() {
+                    if !self.fail_stop {
+                        return Err(e);
+                    }
+                    dead.push((*id, e.to_string()));
+                }
             }
+        }
+        for (id, why) in dead {
+            self.crash(id);
+            self.failed.insert(id, why);
         }
         Ok(())
     }
@@ -197,6 +215,7 @@ impl SimCluster {
 
     /// Crashes node `id`: its process memory is gone, its disk keeps only durable bytes.
     pub fn crash(&mut self, id: u64) {
+        self.paused.remove(&id);
         self.net.crash(NodeId(id));
         self.nodes.insert(id, None);
         self.disks[&id].crash_now();
@@ -204,7 +223,13 @@ impl SimCluster {
 
     /// Restarts a crashed node from its disk.
     pub fn restart(&mut self, id: u64) -> Result<(), ReplicaError> {
-        self.disks[&id].reboot(None);
+        self.restart_torn(id, None)
+    }
+
+    /// Restarts a crashed node from its disk; with `tear_seed`, each sector written since its
+    /// last fdatasync survives or not at random (a torn unsynced tail).
+    pub fn restart_torn(&mut self, id: u64, tear_seed: Option<u64>) -> Result<(), ReplicaError> {
+        self.disks[&id].reboot(tear_seed);
         let ep = self.net.restart(NodeId(id));
         let r = Replica::open(
             self.configs[&id].clone(),

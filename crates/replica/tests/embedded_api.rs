@@ -124,7 +124,10 @@ fn busy_and_event_modes_commit_too() {
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
                 let l = leader(&logs);
-                match logs[l].append(&[i; 32]).and_then(|h| h.wait(Duration::from_secs(5))) {
+                match logs[l]
+                    .append(&[i; 32])
+                    .and_then(|h| h.wait(Duration::from_secs(5)))
+                {
                     Ok(_) => break,
                     Err(
                         ReplicaError::NotLeader { .. }

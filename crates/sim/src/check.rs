@@ -1,0 +1,316 @@
+//! The checkers. They run after every step of the simulation and see the cluster only through
+//! the replicas' public state and their logs as persisted, never through the driver's intent.
+//!
+//! Safety:
+//! - **Election safety:** at most one node is ever leader of a given term.
+//! - **Log matching:** two persisted entries with the same index and term have the same bytes,
+//!   on every node and at every time. This is also the fencing check: a deposed leader's write
+//!   that changed a follower's accepted log, or a torn write that was accepted, shows up as an
+//!   `(index, term)` with two different payloads.
+//! - **State machine safety:** the committed prefixes of all nodes agree byte for byte, and an
+//!   index once committed on any node never holds anything else anywhere.
+//! - **Durability:** an acknowledged append is in the committed log at its index, forever.
+//! - **Monotonicity:** per incarnation of a node, its commit and applied indexes never go back,
+//!   and it never applies past its commit index.
+//! - **Linearizability** of the client's appends against a sequential log, with the committed
+//!   log as the witness order: see [`Checker::check_history`].
+//!
+//! Liveness is checked by the driver (it bounds the time to finish after the faults stop).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use replica::{Replica, Role};
+
+/// What went wrong, as a sentence.
+pub type Violation = String;
+
+/// One client attempt at an append: an operation of the history.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    /// Its unique payload.
+    pub payload: Vec<u8>,
+    /// Node it was proposed on.
+    pub node: u64,
+    /// Its ticket, when the proposal was accepted.
+    pub ticket: Option<replica::Ticket>,
+    /// Virtual time of the invocation.
+    pub invoked_ns: u64,
+    /// How it ended, if it did.
+    pub outcome: Outcome,
+}
+
+/// How a client attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Still waiting.
+    Pending,
+    /// Acknowledged as committed at this index, at this virtual time.
+    Acked {
+        /// Index.
+        index: u64,
+        /// Time of the acknowledgement.
+        at_ns: u64,
+    },
+    /// Definitely not in the log: refused at propose time, or superseded by another leader.
+    Failed,
+    /// Unknown: the node crashed or the client gave up; it may or may not commit.
+    Unknown,
+}
+
+#[derive(Debug, Default)]
+struct NodeView {
+    commit: u64,
+    applied: u64,
+    /// Committed entries already compared against the global committed log.
+    committed_checked: u64,
+    /// The terms of the persisted entries already checked, index `i` at `terms[i - 1]`.
+    terms: Vec<u64>,
+}
+
+/// The checker's state across the whole run.
+#[derive(Debug, Default)]
+pub struct Checker {
+    leaders: BTreeMap<u64, u64>,
+    /// The committed log: index → (term, raw payload with raft's tag byte).
+    committed: BTreeMap<u64, (u64, Vec<u8>)>,
+    /// Log matching: (index, term) → crc32c of the raw payload and its length.
+    accepted: BTreeMap<(u64, u64), (u32, usize)>,
+    views: BTreeMap<u64, NodeView>,
+    buf: Vec<u8>,
+}
+
+/// raft's tag byte of an application entry (see `replica::storage`).
+const TAG_NORMAL: u8 = 1;
+
+impl Checker {
+    /// A checker that has seen nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets node `id`'s incarnation (it crashed): its indexes may start lower after a
+    /// restart.
+    pub fn node_restarted(&mut self, id: u64) {
+        self.views.remove(&id);
+    }
+
+    /// Checks one live node after a step.
+    pub fn check_node<F: fabric::Fabric>(
+        &mut self,
+        id: u64,
+        r: &Replica<F>,
+    ) -> Result<(), Violation> {
+        let s = r.status();
+        if s.role == Role::Leader {
+            match self.leaders.insert(s.term, id) {
+                Some(other) if other != id => {
+                    return Err(format!(
+                        "election safety: nodes {other} and {id} were both leader of term {}",
+                        s.term
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let v = self.views.entry(id).or_default();
+        if s.commit < v.commit {
+            return Err(format!(
+                "monotonicity: node {id}'s commit index went back from {} to {}",
+                v.commit, s.commit
+            ));
+        }
+        if s.applied < v.applied {
+            return Err(format!(
+                "monotonicity: node {id}'s applied index went back from {} to {}",
+                v.applied, s.applied
+            ));
+        }
+        if s.applied > s.commit {
+            return Err(format!(
+                "node {id} applied index {} beyond its commit index {}",
+                s.applied, s.commit
+            ));
+        }
+        v.commit = s.commit;
+        v.applied = s.applied;
+
+        // Log matching over the persisted log: walk back over a truncated suffix, then check
+        // the new entries.
+        let last = r.persisted_last_index();
+        v.terms.truncate(last as usize);
+        while let Some(&t) = v.terms.last() {
+            let i = v.terms.len() as u64;
+            if r.persisted_term(i) == Some(t) {
+                break;
+            }
+            v.terms.pop();
+        }
+        let first = s.first_index.max(1);
+        if (v.terms.len() as u64) < first - 1 {
+            v.terms.resize(first as usize - 1, 0);
+        }
+        for i in v.terms.len() as u64 + 1..=last {
+            let term = r
+                .read_persisted(i, &mut self.buf)
+                .map_err(|e| format!("node {id} cannot read its persisted entry {i}: {e}"))?
+                .ok_or_else(|| format!("node {id} lost persisted entry {i} below {last}"))?;
+            let crc = (crc32c::crc32c(&self.buf), self.buf.len());
+            match self.accepted.get(&(i, term)) {
+                Some(&seen) if seen != crc => {
+                    return Err(format!(
+                        "log matching: node {id} holds a different entry at index {i} term \
+                         {term} than another node did (crc {:#x}/{} bytes vs {:#x}/{} bytes)",
+                        crc.0, crc.1, seen.0, seen.1
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    self.accepted.insert((i, term), crc);
+                }
+            }
+            v.terms.push(term);
+        }
+
+        // The committed prefix agrees byte for byte with what any node ever committed.
+        let from = v.committed_checked.max(first - 1);
+        for i in from + 1..=s.commit {
+            let term = r
+                .read_persisted(i, &mut self.buf)
+                .map_err(|e| format!("node {id} cannot read committed entry {i}: {e}"))?
+                .ok_or_else(|| {
+                    format!(
+                        "node {id} has commit index {} but does not hold entry {i}",
+                        s.commit
+                    )
+                })?;
+            match self.committed.get(&i) {
+                Some((t, bytes)) if *t != term || *bytes != self.buf => {
+                    return Err(format!(
+                        "state machine safety: node {id} committed term {term} ({} bytes) at \
+                         index {i}, where term {t} ({} bytes) was committed before",
+                        self.buf.len(),
+                        bytes.len()
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    self.committed.insert(i, (term, self.buf.clone()));
+                }
+            }
+        }
+        v.committed_checked = s.commit.max(v.committed_checked);
+        Ok(())
+    }
+
+    /// Checks that an acknowledged append is in the committed log at its index.
+    pub fn check_ack(&self, a: &Attempt) -> Result<(), Violation> {
+        let Outcome::Acked { index, .. } = a.outcome else {
+            return Ok(());
+        };
+        match self.committed.get(&index) {
+            Some((_, bytes))
+                if bytes.first() == Some(&TAG_NORMAL) && bytes[1..] == a.payload[..] =>
+            {
+                Ok(())
+            }
+            Some(_) => Err(format!(
+                "durability: the append acknowledged at index {index} ({}) is not what the \
+                 committed log holds there",
+                String::from_utf8_lossy(&a.payload[..a.payload.len().min(16)])
+            )),
+            None => Err(format!(
+                "durability: the append acknowledged at index {index} is in no node's \
+                 committed log"
+            )),
+        }
+    }
+
+    /// The highest committed index any node reached.
+    pub fn max_committed(&self) -> u64 {
+        self.committed.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Linearizability of the appends, with the committed log as the witness linearization
+    /// (the Wing–Gong–Lowe search is trivial here because a log fixes the order):
+    /// - every acknowledged attempt is in the committed log at the index it was told;
+    /// - no attempt is in the log twice, and nothing is in the log that no client invoked;
+    /// - an attempt that failed definitely is not in the log;
+    /// - real-time order: if `a` was acknowledged before `b` was invoked and `b` is in the
+    ///   log, `a`'s index is below `b`'s.
+    pub fn check_history(&self, history: &[Attempt]) -> Result<(), Violation> {
+        let mut by_payload: BTreeMap<&[u8], usize> = BTreeMap::new();
+        for (k, a) in history.iter().enumerate() {
+            if by_payload.insert(&a.payload, k).is_some() {
+                return Err("harness bug: two attempts share a payload".into());
+            }
+        }
+        let mut position: BTreeMap<usize, u64> = BTreeMap::new();
+        for (&index, (_, bytes)) in &self.committed {
+            if bytes.first() != Some(&TAG_NORMAL) {
+                continue;
+            }
+            let Some(&k) = by_payload.get(&bytes[1..]) else {
+                return Err(format!(
+                    "linearizability: index {index} holds an entry no client invoked"
+                ));
+            };
+            if let Some(other) = position.insert(k, index) {
+                return Err(format!(
+                    "linearizability: one append is in the log twice, at {other} and {index}"
+                ));
+            }
+        }
+        for (k, a) in history.iter().enumerate() {
+            match a.outcome {
+                Outcome::Acked { index, .. } if position.get(&k) != Some(&index) => {
+                    return Err(format!(
+                        "linearizability: an append acknowledged at index {index} is at {:?} \
+                         in the committed log",
+                        position.get(&k)
+                    ));
+                }
+                Outcome::Failed if position.contains_key(&k) => {
+                    return Err(format!(
+                        "linearizability: an append reported as failed (proposed on node {}, \
+                         ticket {:?}) is committed at index {}",
+                        a.node, a.ticket, position[&k]
+                    ));
+                }
+                _ => {}
+            }
+        }
+        // Real-time order: sort the acknowledged ones by ack time; each logged attempt must
+        // come after every attempt acknowledged before it was invoked.
+        let mut acks: Vec<(u64, u64)> = history
+            .iter()
+            .filter_map(|a| match a.outcome {
+                Outcome::Acked { index, at_ns } => Some((at_ns, index)),
+                _ => None,
+            })
+            .collect();
+        acks.sort_unstable();
+        let mut prefix_max = Vec::with_capacity(acks.len());
+        let mut m = 0;
+        for &(_, index) in &acks {
+            m = m.max(index);
+            prefix_max.push(m);
+        }
+        for (&k, &index) in &position {
+            let invoked = history[k].invoked_ns;
+            let before = acks.partition_point(|&(at, _)| at < invoked);
+            if before > 0 && prefix_max[before - 1] >= index {
+                return Err(format!(
+                    "linearizability: the append at index {index}, invoked at {invoked} ns, \
+                     is ordered before index {} that was acknowledged earlier",
+                    prefix_max[before - 1]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Nodes whose views exist (live incarnations seen).
+    pub fn seen_nodes(&self) -> BTreeSet<u64> {
+        self.views.keys().copied().collect()
+    }
+}

@@ -1,0 +1,881 @@
+//! The deterministic simulator (issue 6): a whole cluster of real replicas, each with a real
+//! wal on a fault-injecting disk ([`wal::fs::FaultFs`]), on the in-process fabric
+//! ([`fabric::sim`]), in one thread on a virtual clock, driven by one seed.
+//!
+//! # Method
+//!
+//! [`run`] builds a 3- or 5-node [`replica::sim::SimCluster`] from the seed, draws the fault
+//! rates from the seed ([`FaultRates::draw`]), and then steps the cluster one raft tick
+//! (10 ms of virtual time) at a time. Before each step it may inject faults (connection breaks,
+//! link delays, symmetric and one-directional partitions and their healing, crashes with torn
+//! RDMA writes, restarts with torn unsynced disk tails, pauses whose deposed leader wakes and
+//! writes before it reads, fsync EIO, ENOSPC, leader transfers, membership changes) and client
+//! appends with retries. After each step the [`check::Checker`] checks every live node. When
+//! the fault phase ends, every fault is repaired and the run must reach a quiet, fully
+//! replicated state within a bounded number of election timeouts (liveness).
+//!
+//! Everything random comes from the seed: the driver's generator, the fabric's, the disks'
+//! tear seeds and the election windows. A run is a pure function of its seed and
+//! [`Options`], so any failure replays exactly with the one-line command it prints.
+
+#![deny(unsafe_code)]
+
+pub mod check;
+pub mod rates;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fabric::NodeId;
+use fabric::sim::{SimConfig, SplitMix64};
+use replica::sim::SimCluster;
+use replica::{Mutation, ReplicaError, Role};
+
+pub use check::{Attempt, Checker, Outcome, Violation};
+pub use rates::FaultRates;
+
+/// Virtual nanoseconds per step: one raft tick.
+pub const STEP_NS: u64 = 10_000_000;
+
+/// How long a client waits for an attempt before it gives up and retries (virtual ns). A few
+/// election timeouts: an attempt outlives a leader change.
+pub const CLIENT_TIMEOUT_NS: u64 = 1_500_000_000;
+
+/// How many attempts a client makes at one append before it gives up on it.
+pub const MAX_ATTEMPTS: u32 = 6;
+
+/// Concurrent client appends in flight at most.
+pub const MAX_IN_FLIGHT: usize = 4;
+
+/// Election timeouts allowed for the cluster to finish all work once faults stop. A node's
+/// election timeout is 10 to ~13 ticks here; reconnecting after a partition, a pre-vote, a vote
+/// and catching up take a few each, and a crashed node's restart one more.
+pub const LIVENESS_ELECTION_TIMEOUTS: u64 = 30;
+
+/// What one run does.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Virtual time of the fault phase.
+    pub fault_ns: u64,
+    /// Client appends started at most (attempts are not counted).
+    pub max_appends: u64,
+    /// Force the cluster size (3 or 5); `None` draws it from the seed.
+    pub nodes: Option<u64>,
+    /// Override the drawn fault rates.
+    pub rates: Option<FaultRates>,
+    /// The test-only rule to break.
+    pub mutation: Mutation,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            fault_ns: 2_000_000_000,
+            max_appends: 60,
+            nodes: None,
+            rates: None,
+            mutation: Mutation::None,
+        }
+    }
+}
+
+/// Fault kinds, for the summary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// A node crashed.
+    Crash,
+    /// A crash tore the node's in-flight RDMA writes.
+    TornRdmaWrite,
+    /// A crashed node restarted with a torn unsynced disk tail.
+    RestartTorn,
+    /// A symmetric partition.
+    PartitionSymmetric,
+    /// A one-directional partition.
+    PartitionAsymmetric,
+    /// All partitions healed.
+    Heal,
+    /// A connection broke.
+    BreakConnection,
+    /// A link got extra delay.
+    Delay,
+    /// A node paused.
+    Pause,
+    /// A paused leader woke and wrote before reading its inbox.
+    DeposedLeaderWrites,
+    /// An fdatasync failed with EIO.
+    FsyncEio,
+    /// A disk filled up.
+    Enospc,
+    /// A node fail-stopped on a storage error.
+    FailStop,
+    /// Leadership transfer.
+    LeaderTransfer,
+    /// A voter was added.
+    AddVoter,
+    /// A voter was removed.
+    RemoveVoter,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// The seed.
+    pub seed: u64,
+    /// Nodes at the start.
+    pub nodes: u64,
+    /// Faults injected, per kind.
+    pub faults: BTreeMap<Fault, u64>,
+    /// Client attempts made.
+    pub attempts: u64,
+    /// Attempts acknowledged.
+    pub acked: u64,
+    /// Highest committed index.
+    pub committed: u64,
+    /// Writes the fabric refused (fenced or stale).
+    pub writes_refused: u64,
+    /// Writes the fabric tore.
+    pub writes_torn: u64,
+    /// Virtual time the run took, ns.
+    pub virtual_ns: u64,
+    /// A hash of the run's event trace (same seed, same trace).
+    pub trace_hash: u64,
+}
+
+/// A failed run: what broke and how to replay it.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// The fault rates it ran with.
+    pub rates: FaultRates,
+    /// What went wrong.
+    pub violation: Violation,
+    /// Virtual time of the failure.
+    pub at_ns: u64,
+    /// The last events before the failure.
+    pub trace_tail: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "seed {} failed at {} ms of virtual time: {}",
+            self.seed,
+            self.at_ns / 1_000_000,
+            self.violation
+        )?;
+        writeln!(f, "fault rates: {}", self.rates)?;
+        writeln!(f, "last events:")?;
+        for line in &self.trace_tail {
+            writeln!(f, "  {line}")?;
+        }
+        write!(
+            f,
+            "replay: cargo run -p sim --release -- --seed {} --verbose",
+            self.seed
+        )
+    }
+}
+
+struct ClientOp {
+    attempts: Vec<usize>,
+    done: bool,
+    next_try_ns: u64,
+}
+
+struct Run {
+    seed: u64,
+    rng: SplitMix64,
+    rates: FaultRates,
+    c: SimCluster,
+    checker: Checker,
+    history: Vec<Attempt>,
+    ops: Vec<ClientOp>,
+    summary: Summary,
+    /// Nodes that left the cluster for good (removed voters).
+    retired: BTreeSet<u64>,
+    /// Crashed nodes waiting for a restart.
+    down: BTreeSet<u64>,
+    /// Disks with a space limit on.
+    full_disks: BTreeSet<u64>,
+    next_node: u64,
+    /// Nodes whose removal a leader proposed.
+    removed: BTreeSet<u64>,
+    trace: std::collections::VecDeque<String>,
+    verbose: bool,
+    options: Options,
+}
+
+fn mix(h: u64, v: u64) -> u64 {
+    (h ^ v)
+        .wrapping_mul(0x100_0000_01b3)
+        .rotate_left(29)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15)
+}
+
+impl Run {
+    fn now(&self) -> u64 {
+        self.c.net.now()
+    }
+
+    fn event(&mut self, what: String) {
+        let mut h = self.summary.trace_hash;
+        h = mix(h, self.now());
+        for b in what.bytes() {
+            h = mix(h, u64::from(b));
+        }
+        self.summary.trace_hash = h;
+        if self.verbose {
+            eprintln!("{:>8.3} ms  {what}", self.now() as f64 / 1e6);
+        }
+        if self.trace.len() == 40 {
+            self.trace.pop_front();
+        }
+        let line = format!("{:>8.3} ms  {what}", self.now() as f64 / 1e6);
+        self.trace.push_back(line);
+    }
+
+    fn fault(&mut self, kind: Fault, what: String) {
+        *self.summary.faults.entry(kind).or_default() += 1;
+        self.event(what);
+    }
+
+    fn chance(&mut self, ppm: u64) -> bool {
+        self.rng.below(1_000_000) < ppm
+    }
+
+    fn pick<T: Copy>(&mut self, v: &[T]) -> Option<T> {
+        (!v.is_empty()).then(|| v[self.rng.below(v.len() as u64) as usize])
+    }
+
+    /// Nodes that are members in the cluster's eyes (not retired), up or down.
+    fn members(&self) -> Vec<u64> {
+        self.c
+            .nodes
+            .keys()
+            .copied()
+            .filter(|id| !self.retired.contains(id))
+            .collect()
+    }
+
+    fn live(&self) -> Vec<u64> {
+        self.c
+            .nodes
+            .iter()
+            .filter(|(id, r)| r.is_some() && !self.retired.contains(id))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    fn leader(&self) -> Option<u64> {
+        self.c
+            .nodes
+            .iter()
+            .filter(|(id, _)| !self.c.paused.contains(id))
+            .filter_map(|(_, r)| r.as_ref())
+            .map(|r| r.status())
+            .filter(|s| s.role == Role::Leader)
+            .map(|s| (s.term, s.id))
+            .max()
+            .map(|(_, id)| id)
+    }
+
+    fn crash(&mut self, id: u64, tear_writes: bool) {
+        if tear_writes {
+            let torn = self.c.net.crash_tearing_writes(NodeId(id));
+            if torn > 0 {
+                self.fault(
+                    Fault::TornRdmaWrite,
+                    format!("node {id} crashes mid-write: {torn} writes torn"),
+                );
+            }
+        }
+        self.c.crash(id);
+        self.checker.node_restarted(id);
+        self.down.insert(id);
+        self.fault(Fault::Crash, format!("node {id} crashes"));
+    }
+
+    fn restart(&mut self, id: u64) -> Result<(), Violation> {
+        if self.full_disks.remove(&id) {
+            self.c.disks[&id].set_space_limit(None);
+        }
+        let tear = self.rng.next_u64();
+        self.c
+            .restart_torn(id, Some(tear))
+            .map_err(|e| format!("node {id} cannot restart from its disk: {e}"))?;
+        self.down.remove(&id);
+        self.checker.node_restarted(id);
+        self.fault(
+            Fault::RestartTorn,
+            format!("node {id} restarts (tear {tear:#x})"),
+        );
+        Ok(())
+    }
+
+    fn inject_faults(&mut self) -> Result<(), Violation> {
+        let r = self.rates;
+        let live = self.live();
+        let members = self.members();
+        let pairs = |a: &[u64]| -> Vec<(u64, u64)> {
+            a.iter()
+                .flat_map(|&x| a.iter().filter(move |&&y| y != x).map(move |&y| (x, y)))
+                .collect()
+        };
+        if self.chance(r.crash_ppm) {
+            // Never take down more than a minority at once, or nothing can happen until restarts.
+            let max_down = (members.len() as u64 - 1) / 2;
+            if (self.down.len() as u64) < max_down.max(1) {
+                if let Some(id) = self.pick(&live) {
+                    let tear = self.chance(r.torn_write_ppm);
+                    self.crash(id, tear);
+                }
+            }
+        }
+        if !self.down.is_empty() && self.chance(r.restart_ppm) {
+            let down: Vec<u64> = self.down.iter().copied().collect();
+            if let Some(id) = self.pick(&down) {
+                self.restart(id)?;
+            }
+        }
+        if self.chance(r.partition_ppm) && members.len() >= 2 {
+            let asym = self.rng.below(2) == 1;
+            if asym {
+                if let Some((a, b)) = self.pick(&pairs(&members)) {
+                    self.c.net.set_link(NodeId(a), NodeId(b), false);
+                    self.fault(
+                        Fault::PartitionAsymmetric,
+                        format!("link {a} -> {b} blocked"),
+                    );
+                }
+            } else {
+                // Cut a random non-empty proper subset from the rest, both ways.
+                let mut side = BTreeSet::new();
+                while side.is_empty() || side.len() == members.len() {
+                    side = members
+                        .iter()
+                        .copied()
+                        .filter(|_| self.rng.below(2) == 1)
+                        .collect();
+                }
+                for &a in &side {
+                    for &b in members.iter().filter(|b| !side.contains(b)) {
+                        self.c.net.set_link(NodeId(a), NodeId(b), false);
+                        self.c.net.set_link(NodeId(b), NodeId(a), false);
+                    }
+                }
+                self.fault(
+                    Fault::PartitionSymmetric,
+                    format!("partition {side:?} from the rest"),
+                );
+            }
+        }
+        if self.chance(r.heal_ppm) {
+            self.heal_links();
+        }
+        if self.chance(r.break_ppm) {
+            if let Some((a, b)) = self.pick(&pairs(&live)) {
+                self.c.net.break_connection(NodeId(a), NodeId(b));
+                self.fault(Fault::BreakConnection, format!("connection {a}-{b} breaks"));
+            }
+        }
+        if self.chance(r.delay_ppm) {
+            if let Some((a, b)) = self.pick(&pairs(&members)) {
+                let ns = match self.rng.below(3) {
+                    0 => 0,
+                    1 => self.rng.below(2_000_000),
+                    _ => self.rng.below(80_000_000),
+                };
+                self.c.net.set_extra_delay(NodeId(a), NodeId(b), ns);
+                self.fault(Fault::Delay, format!("link {a} -> {b} delayed {ns} ns"));
+            }
+        }
+        if self.chance(r.pause_ppm) && self.c.paused.len() < 2 {
+            // Most often the leader: that is the interesting case (a deposed leader).
+            let target = if self.rng.below(4) != 0 {
+                self.leader()
+            } else {
+                self.pick(&live)
+            };
+            if let Some(id) = target {
+                self.c.paused.insert(id);
+                self.fault(Fault::Pause, format!("node {id} pauses"));
+            }
+        }
+        if !self.c.paused.is_empty() && self.chance(r.resume_ppm) {
+            let paused: Vec<u64> = self.c.paused.iter().copied().collect();
+            if let Some(id) = self.pick(&paused) {
+                self.resume(id)?;
+            }
+        }
+        if self.chance(r.eio_ppm) {
+            if let Some(id) = self.pick(&live) {
+                self.c.disks[&id].fail_next_sync();
+                self.fault(Fault::FsyncEio, format!("node {id}'s next fdatasync fails"));
+            }
+        }
+        if self.chance(r.enospc_ppm) {
+            if let Some(id) = self.pick(&live) {
+                let disk = &self.c.disks[&id];
+                let limit = disk.used_bytes() + self.rng.below(256 << 10);
+                disk.set_space_limit(Some(limit));
+                self.full_disks.insert(id);
+                self.fault(
+                    Fault::Enospc,
+                    format!("node {id}'s disk fills at {limit} bytes"),
+                );
+            }
+        }
+        if self.chance(r.transfer_ppm) {
+            if let Some(l) = self.leader() {
+                let voters = self.c.node(l).status().voters;
+                let others: Vec<u64> = voters.into_iter().filter(|&v| v != l).collect();
+                if let Some(to) = self.pick(&others) {
+                    self.c.node(l).transfer_leader(to);
+                    self.fault(
+                        Fault::LeaderTransfer,
+                        format!("leader {l} transfers to {to}"),
+                    );
+                }
+            }
+        }
+        if self.chance(r.membership_ppm) {
+            self.change_membership()?;
+        }
+        Ok(())
+    }
+
+    fn describe_nodes(&self) -> String {
+        let mut out = String::new();
+        for (id, r) in &self.c.nodes {
+            let state = match r {
+                Some(r) => {
+                    let s = r.status();
+                    let conns: Vec<String> = self
+                        .c
+                        .nodes
+                        .keys()
+                        .filter(|p| *p != id)
+                        .map(|p| {
+                            use fabric::Fabric as _;
+                            format!("{p}:{:?}", r.fabric().conn_state(NodeId(*p)))
+                        })
+                        .collect();
+                    format!(
+                        "{:?} term {} commit {} applied {} last {} voters {:?} leader {:?} \
+                         conns {conns:?} stats {:?}",
+                        s.role,
+                        s.term,
+                        s.commit,
+                        s.applied,
+                        s.last_index,
+                        s.voters,
+                        s.leader,
+                        s.stats
+                    )
+                }
+                None if self.retired.contains(id) => "retired".into(),
+                None => "down".into(),
+            };
+            out.push_str(&format!("[{id}: {state}] "));
+        }
+        out
+    }
+
+    fn heal_links(&mut self) {
+        let ids: Vec<u64> = self.c.nodes.keys().copied().collect();
+        for &a in &ids {
+            for &b in &ids {
+                if a != b {
+                    self.c.net.set_link(NodeId(a), NodeId(b), true);
+                }
+            }
+        }
+        self.fault(Fault::Heal, "all links heal".into());
+    }
+
+    fn resume(&mut self, id: u64) -> Result<(), Violation> {
+        self.c.paused.remove(&id);
+        let Some(r) = self.c.nodes.get_mut(&id).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        if r.status().role == Role::Leader {
+            // The client's request queued while it slept is the first thing it does: it
+            // proposes and writes at its stale positions before it reads its inbox.
+            let now = self.c.net.now();
+            let op = self.ops.len();
+            self.ops.push(ClientOp {
+                attempts: Vec::new(),
+                done: false,
+                next_try_ns: now,
+            });
+            self.attempt(op, id);
+            let r = self.c.node(id);
+            if let Err(e) = r.process_ready_only() {
+                self.c.crash(id);
+                self.c.failed.insert(id, e.to_string());
+            }
+            self.fault(
+                Fault::DeposedLeaderWrites,
+                format!("node {id} wakes as a leader and writes before reading"),
+            );
+        } else {
+            self.event(format!("node {id} resumes"));
+        }
+        Ok(())
+    }
+
+    fn change_membership(&mut self) -> Result<(), Violation> {
+        let Some(l) = self.leader() else {
+            return Ok(());
+        };
+        let voters = self.c.node(l).status().voters;
+        if voters.len() <= 3 || (voters.len() < 5 && self.rng.below(2) == 0) {
+            let id = self.next_node;
+            self.next_node += 1;
+            self.c
+                .add_node(id)
+                .map_err(|e| format!("cannot add node {id}: {e}"))?;
+            match self.c.node(l).change_membership(id, true) {
+                Ok(_) => self.fault(Fault::AddVoter, format!("leader {l} adds node {id}")),
+                Err(e) => self.event(format!("leader {l} cannot add node {id}: {e}")),
+            }
+        } else {
+            let others: Vec<u64> = voters.into_iter().filter(|&v| v != l).collect();
+            if let Some(gone) = self.pick(&others) {
+                match self.c.node(l).change_membership(gone, false) {
+                    Ok(_) => {
+                        self.removed.insert(gone);
+                        self.fault(
+                            Fault::RemoveVoter,
+                            format!("leader {l} removes node {gone}"),
+                        )
+                    }
+                    Err(e) => self.event(format!("leader {l} cannot remove node {gone}: {e}")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Retires nodes that every live voter's configuration has dropped: they shut down.
+    fn retire_removed(&mut self) {
+        let Some(l) = self.leader() else {
+            return;
+        };
+        let s = self.c.node(l).status();
+        if s.commit < s.last_index {
+            return;
+        }
+        let voters: BTreeSet<u64> = s.voters.iter().copied().collect();
+        let gone: Vec<u64> = self
+            .members()
+            .into_iter()
+            .filter(|id| !voters.contains(id) && self.removed.contains(id))
+            .collect();
+        for id in gone {
+            if self.c.nodes[&id].is_some() {
+                self.c.crash(id);
+            }
+            self.down.remove(&id);
+            self.retired.insert(id);
+            self.event(format!("node {id} leaves the cluster"));
+        }
+    }
+
+    fn attempt(&mut self, op: usize, node: u64) {
+        let k = self.history.len();
+        let mut payload = format!("op{op}.{}", self.ops[op].attempts.len()).into_bytes();
+        // Mixed sizes move ring positions around block and wrap boundaries.
+        let pad = match self.rng.below(4) {
+            0 => 0,
+            1 => self.rng.below(200),
+            2 => self.rng.below(3_000),
+            _ => self.rng.below(7_000),
+        };
+        payload.push(b'/');
+        payload.extend((0..pad).map(|i| b'a' + ((i + self.seed) % 26) as u8));
+        let now = self.now();
+        let (ticket, outcome) = match self.c.nodes.get_mut(&node).and_then(Option::as_mut) {
+            Some(r) => match r.propose(&payload) {
+                Ok(t) => (Some(t), Outcome::Pending),
+                Err(_) => (None, Outcome::Failed),
+            },
+            None => (None, Outcome::Failed),
+        };
+        self.history.push(Attempt {
+            payload,
+            node,
+            ticket,
+            invoked_ns: now,
+            outcome,
+        });
+        self.ops[op].attempts.push(k);
+        self.summary.attempts += 1;
+        self.ops[op].next_try_ns = now + STEP_NS * (1 + self.rng.below(20));
+    }
+
+    fn drive_clients(&mut self, start_new: bool) {
+        let now = self.now();
+        if start_new
+            && (self.ops.len() as u64) < self.options.max_appends
+            && self.ops.iter().filter(|o| !o.done).count() < MAX_IN_FLIGHT
+            && self.chance(self.rates.append_ppm)
+        {
+            self.ops.push(ClientOp {
+                attempts: Vec::new(),
+                done: false,
+                next_try_ns: now,
+            });
+        }
+        for op in 0..self.ops.len() {
+            if self.ops[op].done {
+                continue;
+            }
+            // Resolve the latest attempt.
+            if let Some(&k) = self.ops[op].attempts.last() {
+                let a = &self.history[k];
+                if a.outcome == Outcome::Pending {
+                    let ticket = a.ticket.expect("pending attempts have tickets");
+                    let status = match self.c.nodes.get(&a.node).and_then(Option::as_ref) {
+                        Some(r) if !self.c.paused.contains(&a.node) => r.ticket_status(ticket),
+                        Some(_) => None,
+                        None => Some(Err(ReplicaError::Closed)),
+                    };
+                    let outcome = match status {
+                        None if now >= a.invoked_ns + CLIENT_TIMEOUT_NS => Outcome::Unknown,
+                        None => continue,
+                        Some(Ok(index)) => Outcome::Acked { index, at_ns: now },
+                        Some(Err(ReplicaError::Superseded { .. })) => Outcome::Failed,
+                        Some(Err(_)) => Outcome::Unknown,
+                    };
+                    self.history[k].outcome = outcome;
+                    if let Outcome::Acked { index, .. } = outcome {
+                        self.summary.acked += 1;
+                        self.ops[op].done = true;
+                        self.event(format!("op {op} acked at index {index}"));
+                        continue;
+                    }
+                    self.ops[op].next_try_ns = now + STEP_NS * (1 + self.rng.below(10));
+                }
+            }
+            // After the faults stop the client keeps trying until the liveness bound.
+            if start_new && self.ops[op].attempts.len() as u32 >= MAX_ATTEMPTS {
+                self.ops[op].done = true;
+                continue;
+            }
+            if now < self.ops[op].next_try_ns {
+                continue;
+            }
+            // A client knows no more than any node tells it: ask a random live node for the
+            // leader, and fall back to a random node.
+            let live = self.live();
+            let Some(asked) = self.pick(&live) else {
+                continue;
+            };
+            let hint = self.c.node(asked).leader();
+            let target = hint.filter(|h| live.contains(h)).unwrap_or(asked);
+            self.attempt(op, target);
+        }
+    }
+
+    fn step(&mut self) -> Result<(), Violation> {
+        self.c
+            .run_for(STEP_NS)
+            .map_err(|e| format!("the cluster failed outside fail-stop: {e}"))?;
+        for (id, why) in std::mem::take(&mut self.c.failed) {
+            self.checker.node_restarted(id);
+            if !self.retired.contains(&id) {
+                self.down.insert(id);
+            }
+            self.fault(Fault::FailStop, format!("node {id} fail-stops: {why}"));
+        }
+        self.check()
+    }
+
+    fn check(&mut self) -> Result<(), Violation> {
+        for (&id, r) in &self.c.nodes {
+            if let Some(r) = r {
+                self.checker.check_node(id, r)?;
+            }
+        }
+        for a in &self.history {
+            self.checker.check_ack(a)?;
+        }
+        Ok(())
+    }
+
+    /// Repairs every fault: heal links, clear delays, wake and restart everyone, lift disk
+    /// limits.
+    fn repair(&mut self) -> Result<(), Violation> {
+        self.heal_links();
+        let ids: Vec<u64> = self.c.nodes.keys().copied().collect();
+        for &a in &ids {
+            for &b in &ids {
+                if a != b {
+                    self.c.net.set_extra_delay(NodeId(a), NodeId(b), 0);
+                }
+            }
+        }
+        let paused: Vec<u64> = self.c.paused.iter().copied().collect();
+        for id in paused {
+            self.resume(id)?;
+        }
+        for id in self.full_disks.clone() {
+            self.c.disks[&id].set_space_limit(None);
+        }
+        self.full_disks.clear();
+        for id in self.down.clone() {
+            self.restart(id)?;
+        }
+        Ok(())
+    }
+
+    /// Whether all work is done: every client op finished, the live voters agree on a commit
+    /// index covering every acknowledged append, and a fresh append went through.
+    fn quiet(&mut self) -> bool {
+        if self.ops.iter().any(|o| !o.done) || !self.c.failed.is_empty() || !self.down.is_empty() {
+            return false;
+        }
+        let Some(l) = self.leader() else {
+            return false;
+        };
+        let s = self.c.node(l).status();
+        if s.commit < s.last_index {
+            return false;
+        }
+        s.voters.iter().all(|v| {
+            self.c
+                .nodes
+                .get(v)
+                .and_then(Option::as_ref)
+                .is_some_and(|r| r.status().commit == s.commit)
+        })
+    }
+}
+
+/// Runs one seed with `options`; `verbose` prints every event to stderr.
+pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Failure>> {
+    let mut rng = SplitMix64::new(seed ^ 0x5157_0bad_cafe_f00d);
+    let rates = options.rates.unwrap_or_else(|| FaultRates::draw(&mut rng));
+    let nodes = options
+        .nodes
+        .unwrap_or(if rng.below(3) == 0 { 5 } else { 3 });
+    let mutation = options.mutation;
+    let fail = |v: Violation, at_ns: u64, trace: Vec<String>| {
+        Box::new(Failure {
+            seed,
+            rates,
+            violation: v,
+            at_ns,
+            trace_tail: trace,
+        })
+    };
+    let mut c = SimCluster::new(nodes, seed, SimConfig::default(), |cfg| {
+        // Small rings and segments: wrap-around, ring-full and segment rotation happen within
+        // a short run.
+        cfg.ring_bytes = 1 << 20;
+        cfg.block_bytes = 64 << 10;
+        cfg.segment_bytes = 512 << 10;
+        cfg.max_entry_bytes = 8 << 10;
+        cfg.mutation = mutation;
+    })
+    .map_err(|e| fail(format!("cannot build the cluster: {e}"), 0, Vec::new()))?;
+    c.fail_stop = true;
+    let mut run = Run {
+        seed,
+        rng,
+        rates,
+        c,
+        checker: Checker::new(),
+        history: Vec::new(),
+        ops: Vec::new(),
+        summary: Summary {
+            seed,
+            nodes,
+            ..Summary::default()
+        },
+        retired: BTreeSet::new(),
+        down: BTreeSet::new(),
+        full_disks: BTreeSet::new(),
+        next_node: nodes + 1,
+        trace: Default::default(),
+        verbose,
+        options,
+        removed: BTreeSet::new(),
+    };
+    let result = run.drive();
+    let at = run.now();
+    match result {
+        Ok(()) => {
+            let s = run.c.net.stats();
+            run.summary.writes_refused = s.writes_refused;
+            run.summary.writes_torn = s.writes_torn;
+            run.summary.committed = run.checker.max_committed();
+            run.summary.virtual_ns = at;
+            Ok(run.summary)
+        }
+        Err(v) => Err(fail(v, at, run.trace.into_iter().collect())),
+    }
+}
+
+impl Run {
+    fn drive(&mut self) -> Result<(), Violation> {
+        let fault_end = self.now() + self.options.fault_ns;
+        while self.now() < fault_end {
+            self.inject_faults()?;
+            self.drive_clients(true);
+            self.step()?;
+            self.retire_removed();
+        }
+        // Liveness: once every fault is repaired and the whole cluster is connected, all
+        // pending work finishes within a bounded number of election timeouts.
+        self.event("faults stop".into());
+        self.repair()?;
+        let election_ns = self
+            .c
+            .configs
+            .values()
+            .next()
+            .map_or(10, |c| c.election_tick) as u64
+            * self.c.tick_ns;
+        let bound = self.now() + LIVENESS_ELECTION_TIMEOUTS * election_ns;
+        // One more append must go through after the repair.
+        let last = self.ops.len();
+        self.ops.push(ClientOp {
+            attempts: Vec::new(),
+            done: false,
+            next_try_ns: self.now(),
+        });
+        loop {
+            self.drive_clients(false);
+            if self.quiet() {
+                break;
+            }
+            if self.now() >= bound {
+                return Err(format!(
+                    "liveness: {} client appends still unfinished, leader {:?}, {} election \
+                     timeouts after the faults stopped; nodes: {}",
+                    self.ops.iter().filter(|o| !o.done).count(),
+                    self.leader(),
+                    LIVENESS_ELECTION_TIMEOUTS,
+                    self.describe_nodes()
+                ));
+            }
+            self.step()?;
+            self.retire_removed();
+            // A node that fail-stopped during the repair (an EIO armed before) restarts.
+            for id in self.down.clone() {
+                self.restart(id)?;
+            }
+        }
+        let acked_last = self.ops[last]
+            .attempts
+            .iter()
+            .any(|&k| matches!(self.history[k].outcome, Outcome::Acked { .. }));
+        if !acked_last {
+            return Err("liveness: the append made after the repair was never acknowledged".into());
+        }
+        self.checker.check_history(&self.history)
+    }
+}

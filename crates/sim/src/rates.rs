@@ -1,0 +1,106 @@
+//! Fault rates, drawn per seed in ranges, as TigerBeetle's VOPR does: one seed runs with many
+//! crashes and few partitions, the next the other way round, so that over many seeds every mix
+//! is tried without anyone choosing it.
+
+use fabric::sim::SplitMix64;
+
+/// Per-step probabilities in parts per million (one step is one raft tick of virtual time),
+/// plus the shape of the client load. Every field is drawn from the seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultRates {
+    /// A node crashes (process memory lost, disk keeps durable bytes).
+    pub crash_ppm: u64,
+    /// A crashed node restarts (its unsynced tail is torn at random).
+    pub restart_ppm: u64,
+    /// A crash tears the node's in-flight RDMA writes (a random subset of words lands).
+    pub torn_write_ppm: u64,
+    /// A partition starts (symmetric or one-directional).
+    pub partition_ppm: u64,
+    /// Every partition heals.
+    pub heal_ppm: u64,
+    /// A connection breaks (both sides see a QP error).
+    pub break_ppm: u64,
+    /// A link gets (or loses) extra one-way delay.
+    pub delay_ppm: u64,
+    /// A node (most often the leader) pauses: CPU stopped, NIC still acking.
+    pub pause_ppm: u64,
+    /// A paused node resumes.
+    pub resume_ppm: u64,
+    /// A node's next fdatasync fails with EIO (it fail-stops).
+    pub eio_ppm: u64,
+    /// A node's disk fills up (ENOSPC soon after).
+    pub enospc_ppm: u64,
+    /// The leader hands leadership to another voter.
+    pub transfer_ppm: u64,
+    /// The leader adds or removes a voter.
+    pub membership_ppm: u64,
+    /// A client starts an append.
+    pub append_ppm: u64,
+}
+
+impl FaultRates {
+    /// Draws every rate from `rng` within its range.
+    pub fn draw(rng: &mut SplitMix64) -> Self {
+        let mut r = |lo: u64, hi: u64| lo + rng.below(hi - lo + 1);
+        FaultRates {
+            crash_ppm: r(0, 20_000),
+            restart_ppm: r(20_000, 200_000),
+            torn_write_ppm: r(0, 1_000_000),
+            partition_ppm: r(0, 20_000),
+            heal_ppm: r(10_000, 100_000),
+            break_ppm: r(0, 30_000),
+            delay_ppm: r(0, 20_000),
+            pause_ppm: r(0, 10_000),
+            resume_ppm: r(20_000, 150_000),
+            eio_ppm: r(0, 4_000),
+            enospc_ppm: r(0, 3_000),
+            transfer_ppm: r(0, 10_000),
+            membership_ppm: r(0, 6_000),
+            append_ppm: r(100_000, 700_000),
+        }
+    }
+
+    /// No faults at all, only client load (tests of the harness itself).
+    pub fn quiet() -> Self {
+        FaultRates {
+            crash_ppm: 0,
+            restart_ppm: 0,
+            torn_write_ppm: 0,
+            partition_ppm: 0,
+            heal_ppm: 0,
+            break_ppm: 0,
+            delay_ppm: 0,
+            pause_ppm: 0,
+            resume_ppm: 0,
+            eio_ppm: 0,
+            enospc_ppm: 0,
+            transfer_ppm: 0,
+            membership_ppm: 0,
+            append_ppm: 300_000,
+        }
+    }
+}
+
+impl std::fmt::Display for FaultRates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ppm/step: crash {} restart {} torn-write {} partition {} heal {} break {} delay {} \
+             pause {} resume {} eio {} enospc {} transfer {} membership {} append {}",
+            self.crash_ppm,
+            self.restart_ppm,
+            self.torn_write_ppm,
+            self.partition_ppm,
+            self.heal_ppm,
+            self.break_ppm,
+            self.delay_ppm,
+            self.pause_ppm,
+            self.resume_ppm,
+            self.eio_ppm,
+            self.enospc_ppm,
+            self.transfer_ppm,
+            self.membership_ppm,
+            self.append_ppm
+        )
+    }
+}
