@@ -35,6 +35,7 @@
 #![allow(clippy::field_reassign_with_default)]
 
 pub mod log;
+mod mutation;
 pub mod node;
 pub mod sim;
 pub mod storage;
@@ -93,8 +94,8 @@ pub enum Mutation {
     /// Every rule holds.
     #[default]
     None,
-    /// Acknowledge appends after writing them to the segment files but without fdatasync:
-    /// an acked entry survives a process crash of the page cache, not a power loss.
+    /// Acknowledge appends whose fdatasync did nothing (the wal's file system lies about
+    /// syncing): an acked entry does not survive a power loss.
     AckWithoutFsync,
     /// Never revoke remote write: a deposed leader keeps its grant.
     SkipRevoke,

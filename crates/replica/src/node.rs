@@ -249,7 +249,11 @@ impl<F: Fabric> Replica<F> {
             max_batch_delay: std::time::Duration::ZERO,
             start: Position::default(),
         };
-        let (wal, _report) = Wal::open(fs.clone(), &cfg.data_dir, wal_cfg)?;
+        let wal_fs: Arc<dyn FileSystem> = match cfg.mutation {
+            crate::Mutation::AckWithoutFsync => Arc::new(crate::mutation::NoSyncFs(fs.clone())),
+            _ => fs.clone(),
+        };
+        let (wal, _report) = Wal::open(wal_fs, &cfg.data_dir, wal_cfg)?;
         let wal = Arc::new(wal);
         let memory = Arc::new(AnonymousMemory::new(cfg.ring_bytes)?);
         let ring_cfg = RingConfig {
@@ -1014,7 +1018,7 @@ impl<F: Fabric> Replica<F> {
             return Ok(());
         }
         self.wal
-            .persist_from(&self.consumer, end, self.durability())
+            .persist_from(&self.consumer, end, self.cfg.durability)
             .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
         Ok(())
     }
@@ -1277,14 +1281,6 @@ impl<F: Fabric> Replica<F> {
         self.stats.fast_appends += 1;
         self.stats.fast_bytes += end - start;
         true
-    }
-
-    /// The durability appends get; only the test-only mutation switch weakens it.
-    fn durability(&self) -> wal::Durability {
-        match self.cfg.mutation {
-            crate::Mutation::AckWithoutFsync => wal::Durability::Memory,
-            _ => self.cfg.durability,
-        }
     }
 
     fn revoke(&mut self) {

@@ -83,6 +83,8 @@ impl Default for Options {
 pub enum Fault {
     /// A node crashed.
     Crash,
+    /// Every node lost power at once.
+    PowerLossAll,
     /// A crash tore the node's in-flight RDMA writes.
     TornRdmaWrite,
     /// A crashed node restarted with a torn unsynced disk tail.
@@ -326,10 +328,42 @@ impl Run {
             // Never take down more than a minority at once, or nothing can happen until restarts.
             let max_down = (members.len() as u64 - 1) / 2;
             if (self.down.len() as u64) < max_down.max(1) {
-                if let Some(id) = self.pick(&live) {
-                    let tear = self.chance(r.torn_write_ppm);
-                    self.crash(id, tear);
+                let tear = self.chance(r.torn_write_ppm);
+                // A torn write needs writes in flight: crash the leader right after it
+                // proposed and posted its writes, before they land.
+                let target = if tear {
+                    self.leader().filter(|_| self.rng.below(4) != 0)
+                } else {
+                    None
+                };
+                match target {
+                    Some(l) => {
+                        self.start_op_on(l);
+                        let failed = self.c.node(l).process().is_err();
+                        if failed {
+                            self.c.crash(l);
+                            self.c
+                                .failed
+                                .insert(l, "failed while posting writes".into());
+                        } else {
+                            self.crash(l, true);
+                        }
+                    }
+                    None => {
+                        if let Some(id) = self.pick(&live) {
+                            self.crash(id, tear);
+                        }
+                    }
                 }
+            }
+        }
+        if self.chance(r.power_loss_ppm) && !live.is_empty() {
+            for id in self.live() {
+                self.crash(id, false);
+            }
+            self.fault(Fault::PowerLossAll, "every node loses power".into());
+            for id in self.down.clone() {
+                self.restart(id)?;
             }
         }
         if !self.down.is_empty() && self.chance(r.restart_ppm) {
@@ -502,14 +536,7 @@ impl Run {
         if r.status().role == Role::Leader {
             // The client's request queued while it slept is the first thing it does: it
             // proposes and writes at its stale positions before it reads its inbox.
-            let now = self.c.net.now();
-            let op = self.ops.len();
-            self.ops.push(ClientOp {
-                attempts: Vec::new(),
-                done: false,
-                next_try_ns: now,
-            });
-            self.attempt(op, id);
+            self.start_op_on(id);
             let r = self.c.node(id);
             if let Err(e) = r.process_ready_only() {
                 self.c.crash(id);
@@ -523,6 +550,17 @@ impl Run {
             self.event(format!("node {id} resumes"));
         }
         Ok(())
+    }
+
+    /// Starts a client append on node `id` at once.
+    fn start_op_on(&mut self, id: u64) {
+        let op = self.ops.len();
+        self.ops.push(ClientOp {
+            attempts: Vec::new(),
+            done: false,
+            next_try_ns: self.now(),
+        });
+        self.attempt(op, id);
     }
 
     fn change_membership(&mut self) -> Result<(), Violation> {
@@ -804,7 +842,15 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         options,
         removed: BTreeSet::new(),
     };
-    let result = run.drive();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.drive()))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(format!("panic: {what}"))
+        });
     let at = run.now();
     match result {
         Ok(()) => {

@@ -39,6 +39,9 @@ struct Args {
     /// Client appends per seed.
     #[arg(long, default_value_t = 60)]
     appends: u64,
+    /// Break a protocol rule on purpose (test-only): ack-without-fsync or skip-revoke.
+    #[arg(long)]
+    mutation: Option<String>,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -46,9 +49,16 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let mutation = match args.mutation.as_deref() {
+        None => replica::Mutation::None,
+        Some("ack-without-fsync") => replica::Mutation::AckWithoutFsync,
+        Some("skip-revoke") => replica::Mutation::SkipRevoke,
+        Some(other) => anyhow::bail!("unknown mutation {other:?}"),
+    };
     let options = sim::Options {
         fault_ns: args.fault_ms * 1_000_000,
         max_appends: args.appends,
+        mutation,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {

@@ -10,6 +10,8 @@ use fabric::sim::SplitMix64;
 pub struct FaultRates {
     /// A node crashes (process memory lost, disk keeps durable bytes).
     pub crash_ppm: u64,
+    /// Every node loses power at once (a correlated outage) and reboots.
+    pub power_loss_ppm: u64,
     /// A crashed node restarts (its unsynced tail is torn at random).
     pub restart_ppm: u64,
     /// A crash tears the node's in-flight RDMA writes (a random subset of words lands).
@@ -44,6 +46,7 @@ impl FaultRates {
         let mut r = |lo: u64, hi: u64| lo + rng.below(hi - lo + 1);
         FaultRates {
             crash_ppm: r(0, 20_000),
+            power_loss_ppm: r(0, 1_500),
             restart_ppm: r(20_000, 200_000),
             torn_write_ppm: r(0, 1_000_000),
             partition_ppm: r(0, 20_000),
@@ -64,6 +67,7 @@ impl FaultRates {
     pub fn quiet() -> Self {
         FaultRates {
             crash_ppm: 0,
+            power_loss_ppm: 0,
             restart_ppm: 0,
             torn_write_ppm: 0,
             partition_ppm: 0,
@@ -85,9 +89,10 @@ impl std::fmt::Display for FaultRates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "ppm/step: crash {} restart {} torn-write {} partition {} heal {} break {} delay {} \
+            "ppm/step: crash {} power-loss {} restart {} torn-write {} partition {} heal {} break {} delay {} \
              pause {} resume {} eio {} enospc {} transfer {} membership {} append {}",
             self.crash_ppm,
+            self.power_loss_ppm,
             self.restart_ppm,
             self.torn_write_ppm,
             self.partition_ppm,
