@@ -31,6 +31,8 @@ pub struct Attempt {
     pub payload: Vec<u8>,
     /// Node it was proposed on.
     pub node: u64,
+    /// That node's incarnation (a ticket means nothing to a later one).
+    pub incarnation: u64,
     /// Its ticket, when the proposal was accepted.
     pub ticket: Option<replica::Ticket>,
     /// Virtual time of the invocation.

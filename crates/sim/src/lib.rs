@@ -69,8 +69,8 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            fault_ns: 2_000_000_000,
-            max_appends: 60,
+            fault_ns: 3_000_000_000,
+            max_appends: 100,
             nodes: None,
             rates: None,
             mutation: Mutation::None,
@@ -201,6 +201,8 @@ struct Run {
     /// Disks with a space limit on.
     full_disks: BTreeSet<u64>,
     next_node: u64,
+    /// Crashes and restarts per node: a ticket belongs to one process.
+    incarnations: BTreeMap<u64, u64>,
     /// Nodes whose removal a leader proposed.
     removed: BTreeSet<u64>,
     trace: std::collections::VecDeque<String>,
@@ -295,6 +297,7 @@ impl Run {
         self.c.crash(id);
         self.checker.node_restarted(id);
         self.down.insert(id);
+        *self.incarnations.entry(id).or_default() += 1;
         self.fault(Fault::Crash, format!("node {id} crashes"));
     }
 
@@ -308,6 +311,7 @@ impl Run {
             .map_err(|e| format!("node {id} cannot restart from its disk: {e}"))?;
         self.down.remove(&id);
         self.checker.node_restarted(id);
+        *self.incarnations.entry(id).or_default() += 1;
         self.fault(
             Fault::RestartTorn,
             format!("node {id} restarts (tear {tear:#x})"),
@@ -641,9 +645,11 @@ impl Run {
             },
             None => (None, Outcome::Failed),
         };
+        let incarnation = self.incarnations.get(&node).copied().unwrap_or(0);
         self.history.push(Attempt {
             payload,
             node,
+            incarnation,
             ticket,
             invoked_ns: now,
             outcome,
@@ -675,7 +681,11 @@ impl Run {
                 let a = &self.history[k];
                 if a.outcome == Outcome::Pending {
                     let ticket = a.ticket.expect("pending attempts have tickets");
+                    let same_process =
+                        self.incarnations.get(&a.node).copied().unwrap_or(0) == a.incarnation;
                     let status = match self.c.nodes.get(&a.node).and_then(Option::as_ref) {
+                        // The process that gave the ticket is gone: the outcome is unknown.
+                        _ if !same_process => Some(Err(ReplicaError::Closed)),
                         Some(r) if !self.c.paused.contains(&a.node) => r.ticket_status(ticket),
                         Some(_) => None,
                         None => Some(Err(ReplicaError::Closed)),
@@ -723,6 +733,7 @@ impl Run {
             .map_err(|e| format!("the cluster failed outside fail-stop: {e}"))?;
         for (id, why) in std::mem::take(&mut self.c.failed) {
             self.checker.node_restarted(id);
+            *self.incarnations.entry(id).or_default() += 1;
             if !self.retired.contains(&id) {
                 self.down.insert(id);
             }
@@ -795,10 +806,15 @@ impl Run {
 /// Runs one seed with `options`; `verbose` prints every event to stderr.
 pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Failure>> {
     let mut rng = SplitMix64::new(seed ^ 0x5157_0bad_cafe_f00d);
-    let rates = options.rates.unwrap_or_else(|| FaultRates::draw(&mut rng));
+    let drawn = FaultRates::draw(&mut rng);
     let nodes = options
         .nodes
         .unwrap_or(if rng.below(3) == 0 { 5 } else { 3 });
+    let rates = options.rates.unwrap_or_else(|| {
+        let mut r = drawn;
+        r.draw_late(&mut rng);
+        r
+    });
     let mutation = options.mutation;
     let fail = |v: Violation, at_ns: u64, trace: Vec<String>| {
         Box::new(Failure {
@@ -841,6 +857,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         verbose,
         options,
         removed: BTreeSet::new(),
+        incarnations: BTreeMap::new(),
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.drive()))
         .unwrap_or_else(|panic| {

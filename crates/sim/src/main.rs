@@ -34,10 +34,10 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     start: u64,
     /// Virtual milliseconds of the fault phase per seed.
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 3_000)]
     fault_ms: u64,
     /// Client appends per seed.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 100)]
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync or skip-revoke.
     #[arg(long)]

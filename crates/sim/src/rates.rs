@@ -46,7 +46,8 @@ impl FaultRates {
         let mut r = |lo: u64, hi: u64| lo + rng.below(hi - lo + 1);
         FaultRates {
             crash_ppm: r(0, 20_000),
-            power_loss_ppm: r(0, 1_500),
+            // Drawn last, by `draw_late`, so that adding it kept every older seed's rates.
+            power_loss_ppm: 0,
             restart_ppm: r(20_000, 200_000),
             torn_write_ppm: r(0, 1_000_000),
             partition_ppm: r(0, 20_000),
@@ -61,6 +62,12 @@ impl FaultRates {
             membership_ppm: r(0, 6_000),
             append_ppm: r(100_000, 700_000),
         }
+    }
+
+    /// Draws the rates added after the first version (after the cluster size), so that older
+    /// seeds keep their other rates and size.
+    pub fn draw_late(&mut self, rng: &mut SplitMix64) {
+        self.power_loss_ppm = rng.below(1_501);
     }
 
     /// No faults at all, only client load (tests of the harness itself).

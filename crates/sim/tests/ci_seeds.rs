@@ -1,5 +1,5 @@
 //! The CI run of the deterministic simulator: 1,000 seeds (1..=1000), each with its own fault
-//! rates drawn from the seed, a 3- or 5-node cluster, 2 s of virtual time under faults and then
+//! rates drawn from the seed, a 3- or 5-node cluster, 3 s of virtual time under faults and up to 100 client appends and then
 //! the liveness phase. Split into shards so the test harness runs them on every core.
 //!
 //! Method: `sim::run(seed, Options::default())`; the checkers run after every step. On failure

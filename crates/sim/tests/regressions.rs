@@ -1,10 +1,18 @@
 //! Every seed that ever failed in the simulator, named after what it found. Each runs with the
-//! options it failed with (the defaults unless noted).
+//! options it failed with: the first version's 2 s fault phase and 60 appends. The driver has
+//! gained faults since (power loss, leader-targeted torn writes), so a seed's run is no longer
+//! byte-identical to the failing one; the bugs also have focused tests
+//! (`replica/tests/joiner_membership.rs`).
 //!
-//! Method: `sim::run(seed, Options::default())` must pass all checkers.
+//! Method: `sim::run(seed, options)` must pass all checkers.
 
 fn pass(seed: u64) {
-    if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+    let options = sim::Options {
+        fault_ns: 2_000_000_000,
+        max_appends: 60,
+        ..sim::Options::default()
+    };
+    if let Err(f) = sim::run(seed, options, false) {
         panic!("\n{f}\n");
     }
 }
@@ -46,4 +54,15 @@ fn seed_733_paused_receiver_leaks_credits() {
 #[test]
 fn seed_792_same_as_121() {
     pass(792);
+}
+
+/// Harness bug, not a replica bug: the client asked a node restarted by a power loss about a
+/// ticket its previous process gave, saw "superseded" (the new process's log was shorter) and
+/// recorded a definite failure of an append that was in fact committed. Tickets now belong to
+/// one incarnation; a later one reports the outcome as unknown. Found with the defaults.
+#[test]
+fn seed_248_ticket_asked_of_a_later_incarnation() {
+    if let Err(f) = sim::run(248, sim::Options::default(), false) {
+        panic!("\n{f}\n");
+    }
 }
