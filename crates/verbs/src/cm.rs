@@ -926,10 +926,38 @@ impl Listener {
         hello: &Hello,
         prepare: impl FnOnce(&QueuePair) -> Result<()>,
     ) -> Result<Connection> {
+        self.accept_within(
+            cfg.event_timeout,
+            pd,
+            send_cq,
+            recv_cq,
+            qp_cfg,
+            cfg,
+            hello,
+            prepare,
+        )
+    }
+
+    /// Like [`Listener::accept`], but waits at most `request_wait` for the connect request
+    /// (returning [`Error::CmTimeout`] when none came), while the rest of the
+    /// handshake keeps `cfg.event_timeout`. A connection-manager thread polls with a short
+    /// `request_wait` so it can also serve outgoing connects.
+    #[allow(clippy::too_many_arguments)] // reason: accept's parameters plus the wait
+    pub fn accept_within(
+        &self,
+        request_wait: Duration,
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        qp_cfg: QpConfig,
+        cfg: &ConnectConfig,
+        hello: &Hello,
+        prepare: impl FnOnce(&QueuePair) -> Result<()>,
+    ) -> Result<Connection> {
         let me = self.addr.to_string();
         let ev = self
             .channel
-            .next(cfg.event_timeout, "accept", "CONNECT_REQUEST", &me)?;
+            .next(request_wait, "accept", "CONNECT_REQUEST", &me)?;
         if ev.kind() != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
             return Err(ev.unexpected("accept", "CONNECT_REQUEST", &me));
         }

@@ -59,6 +59,7 @@ mod mr;
 mod qp;
 mod recv_pool;
 mod sys;
+mod words;
 
 pub use cm::{
     ConnectConfig, Connection, Hello, Listener, PRIVATE_DATA_LEN, PROTOCOL_VERSION, RejectReason,
@@ -78,3 +79,4 @@ pub use events::{AsyncEvent, AsyncEvents};
 pub use mr::{AccessFlags, AnonMemory, MemoryRegion, ProtectionDomain, RegistrableMemory};
 pub use qp::{Mtu, QpConfig, QpState, QueuePair, RtrParams, SignalPolicy};
 pub use recv_pool::RecvPool;
+pub use words::WordBuffer;

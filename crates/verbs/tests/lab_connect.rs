@@ -4,7 +4,8 @@
 //! region, credits); a client on rxe1 (192.0.2.11) connects. (This direction on purpose: in
 //! the current lab a first contact from rxe2 to rxe1 stalls for seconds, so rdma_cm's
 //! request from rxe2 never reaches rxe1 in time and `rping -c` on rxe2 fails the same way;
-//! see benches/RESULTS.md.) (1) Matching cluster: both
+//! see benches/RESULTS.md.) Each test first runs `common::warm_up`, one RDMA write each
+//! way with long timeouts, because rdma_cm's first request in a boot is otherwise lost. (1) Matching cluster: both
 //! sides see the other's hello (region descriptor, credits, node id), and a write plus a
 //! Send cross the connection. (2) Wrong cluster id: the accepting side returns
 //! `Error::RefusedPeer` with `ClusterMismatch`, the connecting side gets `Error::Rejected`
@@ -22,6 +23,7 @@ use verbs::{
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn connect_exchanges_hellos_and_carries_traffic() {
+    warm_up(1, 2);
     let rx = Node::open(2);
     let tx = Node::open(1);
     let region = MemoryRegion::register(
@@ -71,6 +73,7 @@ fn connect_exchanges_hellos_and_carries_traffic() {
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn wrong_cluster_is_rejected_with_reason_on_both_sides() {
+    warm_up(1, 2);
     let rx = Node::open(2);
     let tx = Node::open(1);
     let mut wrong = hello(2, Default::default(), 0);

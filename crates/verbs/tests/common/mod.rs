@@ -237,3 +237,69 @@ pub fn bring_up_pair(
     qa.to_rts(psn_a).expect("a RTS");
     qb.to_rts(psn_b).expect("b RTS");
 }
+
+/// Makes sure RoCE traffic has flowed both ways between two lab hosts, with default
+/// (long) timeouts and a generous wait; `b_host` transmits first. Observed in the current
+/// lab (6.12 rxe, bridge topology): if rxe1 transmits to rxe2 before rxe2 ever transmitted
+/// to rxe1 in that boot, rxe1's packets are black-holed (no completion, not even
+/// RetryExceeded, for 60 s; rdma_cm requests never arrive); when rxe2 goes first its first
+/// WR stalls ~2-4 s (it completes after a few more posts) and from then on both directions
+/// work. Tests that measure timing or use rdma_cm call this first; it asserts nothing
+/// about the code under test.
+pub fn warm_up(a_host: u8, b_host: u8) {
+    let (a, b) = (Node::open(a_host), Node::open(b_host));
+    let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let ma = verbs::MemoryRegion::register(&a.pd, vec![0u8; 64], rw).unwrap();
+    let mb = verbs::MemoryRegion::register(&b.pd, vec![0u8; 64], rw).unwrap();
+    let (qa, qb) = manual_pair(
+        &a,
+        a_host,
+        rw_config(),
+        |_| Ok(()),
+        &b,
+        b_host,
+        rw_config(),
+        |_| Ok(()),
+    );
+    // A lone first write can sit unprocessed in the lab until another WR is posted on the
+    // QP, so keep posting (up to 30 times, 2 s apart) until one completes.
+    for (q, node, remote) in [(&qb, &b, ma.remote()), (&qa, &a, mb.remote())] {
+        let mut out = [Completion::EMPTY; 32];
+        let mut done = false;
+        for attempt in 0..30 {
+            q.post_write_inline(&[1u8; 8], &remote, 0, None, true)
+                .unwrap();
+            if let Ok(n) = node
+                .send_cq
+                .wait(&mut out, PollMode::Busy, Duration::from_secs(2))
+            {
+                for c in &out[..n] {
+                    assert_eq!(
+                        c.status,
+                        verbs::WcStatus::Success,
+                        "lab warm-up write failed: {c:?}"
+                    );
+                    q.retire(c);
+                }
+                if attempt > 0 {
+                    println!(
+                        "lab warm-up {a_host}<->{b_host}: first completion after {} posts",
+                        attempt + 1
+                    );
+                }
+                done = true;
+                break;
+            }
+        }
+        assert!(
+            done,
+            "lab warm-up {a_host}<->{b_host}: no completion in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        while let Ok(n) = node.send_cq.poll(&mut out) {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+}
