@@ -52,6 +52,19 @@ done
 ip rule add pref 1000 lookup local || fail "cannot move the local rule"
 ip rule del pref 0 || fail "cannot delete rule 0"
 
+# Static neighbour entries between every pair of hosts. All addresses belong to one kernel, so
+# an ARP reply for a peer can be delivered locally instead of crossing the bridge; without
+# these, whichever rxe host transmitted first to an unresolved peer saw its packets vanish
+# (rdma_cm requests never arrived) until the peer had transmitted once.
+for i in $(seq 1 "$LAB_HOSTS"); do
+  for j in $(seq 1 "$LAB_HOSTS"); do
+    [ "$i" = "$j" ] && continue
+    mac=$(cat "/sys/class/net/v$j/address") || fail "cannot read the MAC of v$j"
+    ip neigh replace "192.0.2.1$j" lladdr "$mac" dev "v$i" nud permanent \
+      || fail "cannot add a neighbour entry for 192.0.2.1$j on v$i"
+  done
+done
+
 # Wait for every rxe port to be ACTIVE with a RoCE v2 IPv4 GID (bounded: 15 s).
 for i in $(seq 1 "$LAB_HOSTS"); do
   ok=

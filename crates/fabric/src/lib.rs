@@ -28,6 +28,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod rdma;
 pub mod sim;
 
 use std::fmt;
@@ -70,6 +71,10 @@ pub struct LocalRegion {
 pub trait Memory: Send + Sync + fmt::Debug {
     /// The memory as words.
     fn words(&self) -> &[AtomicU64];
+
+    /// The same memory as `Any`, so a back-end can recognise memory it allocated itself
+    /// (the RDMA back-end registers only its own allocations, whose address it knows is fixed).
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
 /// The largest control message. Append descriptors, votes, responses and commit indexes are
@@ -264,7 +269,10 @@ pub trait Fabric {
     /// This node.
     fn node(&self) -> NodeId;
 
-    /// Registers memory once, at start-up.
+    /// Allocates zeroed memory that this back-end can register (use it for rings).
+    fn alloc(&mut self, len_bytes: u64) -> Result<Arc<dyn Memory>, FabricError>;
+
+    /// Registers memory from [`Fabric::alloc`] once, at start-up.
     fn register(
         &mut self,
         memory: Arc<dyn Memory>,
@@ -360,6 +368,10 @@ impl VecMemory {
 impl Memory for VecMemory {
     fn words(&self) -> &[AtomicU64] {
         &self.words
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }
 

@@ -830,6 +830,16 @@ impl Fabric for SimEndpoint {
         self.node
     }
 
+    fn alloc(&mut self, len_bytes: u64) -> Result<Arc<dyn Memory>, FabricError> {
+        if len_bytes == 0 {
+            return Err(FabricError::Register {
+                len_bytes,
+                reason: "empty region".into(),
+            });
+        }
+        Ok(Arc::new(crate::VecMemory::new(len_bytes)))
+    }
+
     fn register(
         &mut self,
         memory: Arc<dyn Memory>,

@@ -19,10 +19,7 @@ use raft::prelude::{
 };
 use raft::{RawNode, StateRole};
 use wal::fs::FileSystem;
-use wal::{
-    AnonymousMemory, Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term, Wal,
-    WalConfig,
-};
+use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term, Wal, WalConfig};
 
 use crate::storage::{StateFile, TAG_NORMAL, WalStorage, entry_from_payload, payload_of};
 use crate::wire::{self, Body, RingInfo};
@@ -151,11 +148,12 @@ struct Peer {
     outbox: VecDeque<Vec<u8>>,
 }
 
-/// The memory of the ring, seen by the fabric.
+/// The ring's memory: allocated by the fabric (so the RDMA back-end can register it), seen
+/// by the wal as plain words.
 #[derive(Debug)]
-struct RingRegion(Arc<AnonymousMemory>);
+struct FabricRing(Arc<dyn fabric::Memory>);
 
-impl fabric::Memory for RingRegion {
+impl RingMemory for FabricRing {
     fn words(&self) -> &[std::sync::atomic::AtomicU64] {
         self.0.words()
     }
@@ -169,7 +167,7 @@ pub struct Replica<F: Fabric> {
     wal: Arc<Wal>,
     state_file: StateFile,
     persisted_hs: HardState,
-    memory: Arc<AnonymousMemory>,
+    memory: Arc<dyn RingMemory>,
     producer: Producer,
     consumer: Consumer,
     ring_local: LocalRegion,
@@ -255,13 +253,14 @@ impl<F: Fabric> Replica<F> {
         };
         let (wal, _report) = Wal::open(wal_fs, &cfg.data_dir, wal_cfg)?;
         let wal = Arc::new(wal);
-        let memory = Arc::new(AnonymousMemory::new(cfg.ring_bytes)?);
+        let fabric_memory = fabric.alloc(cfg.ring_bytes)?;
+        let memory: Arc<dyn RingMemory> = Arc::new(FabricRing(fabric_memory.clone()));
         let ring_cfg = RingConfig {
             capacity_bytes: cfg.ring_bytes,
             block_bytes: cfg.block_bytes,
         };
         let (producer, consumer) = wal::ring(memory.clone(), ring_cfg, wal.position())?;
-        let (ring_local, remote) = fabric.register(Arc::new(RingRegion(memory.clone())))?;
+        let (ring_local, remote) = fabric.register(fabric_memory)?;
         fabric.advertise(remote);
 
         let first = wal.first_index().0.max(1);

@@ -16,7 +16,7 @@ use std::sync::atomic::AtomicU64;
 
 use crate::cm::RemoteRegion;
 use crate::error::{Error, Result};
-use crate::mr::{MemoryRegion, RegistrableMemory};
+use crate::mr::{AccessFlags, MemoryRegion, ProtectionDomain, RegistrableMemory};
 use crate::qp::QueuePair;
 
 /// A fixed heap slice of atomic words, zeroed at creation.
@@ -49,15 +49,76 @@ impl WordBuffer {
     }
 }
 
+/// The registrable view of a [`WordBuffer`]. Private, so the only registration of word memory
+/// is a [`WordRegion`], which never offers the byte-copying `read_at`/`write_at` of
+/// [`MemoryRegion`] (a non-atomic copy racing with atomic stores would be undefined behaviour).
+#[derive(Debug)]
+struct Words(Arc<WordBuffer>);
+
 // SAFETY: the words live in the Box's heap allocation, which `WordBuffer` never moves, resizes
 // or replaces (it exposes no `&mut` access), and which is freed only when the last `Arc`
 // drops; the MemoryRegion owns one `Arc`, so the allocation outlives the registration. The
 // range is valid for device reads and writes because every byte belongs to an `AtomicU64`
 // (interior mutability), so writes through a pointer derived from a shared reference are
 // allowed.
-unsafe impl RegistrableMemory for Arc<WordBuffer> {
+unsafe impl RegistrableMemory for Words {
     fn raw_parts(&self) -> (*mut u8, usize) {
-        (self.words.as_ptr() as *mut u8, self.len_bytes())
+        (self.0.words.as_ptr() as *mut u8, self.0.len_bytes())
+    }
+}
+
+/// A registered [`WordBuffer`]: the CPU touches it only through the buffer's atomic words,
+/// the device through posted work requests and remote writes.
+#[derive(Debug)]
+pub struct WordRegion {
+    mr: MemoryRegion<Words>,
+}
+
+impl WordRegion {
+    /// Registers `buffer` in `pd` with `access`.
+    pub fn register(
+        pd: &Arc<ProtectionDomain>,
+        buffer: Arc<WordBuffer>,
+        access: AccessFlags,
+    ) -> Result<WordRegion> {
+        Ok(WordRegion {
+            mr: MemoryRegion::register(pd, Words(buffer), access)?,
+        })
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.mr.addr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.len()
+    }
+
+    /// Whether the region is empty (never: buffers have at least one word).
+    pub fn is_empty(&self) -> bool {
+        self.mr.is_empty()
+    }
+
+    /// What a peer needs to write here.
+    pub fn remote(&self) -> RemoteRegion {
+        self.mr.remote()
+    }
+
+    /// Deregisters, reporting a failure (Drop only logs it).
+    pub fn close(self) -> Result<()> {
+        self.mr.close()
     }
 }
 
@@ -67,7 +128,7 @@ impl QueuePair {
     /// Returns the WR's sequence number (its `wr_id` in the completion).
     pub fn post_write_words(
         &self,
-        local: &MemoryRegion<Arc<WordBuffer>>,
+        local: &WordRegion,
         offset: usize,
         len: usize,
         remote: &RemoteRegion,
@@ -82,7 +143,7 @@ impl QueuePair {
         // completes with a local protection error instead of touching freed memory.
         unsafe {
             self.post_write(
-                local,
+                &local.mr,
                 offset,
                 len,
                 remote,
@@ -97,14 +158,14 @@ impl QueuePair {
     /// [`QueuePair::post_write_words`].
     pub fn post_send_words(
         &self,
-        local: &MemoryRegion<Arc<WordBuffer>>,
+        local: &WordRegion,
         offset: usize,
         len: usize,
         force_signal: bool,
     ) -> Result<u64> {
         // SAFETY: as in post_write_words: atomic source words, and a deregistered lkey fails
         // the WR rather than reading freed memory.
-        unsafe { self.post_send(local, offset, len, None, force_signal) }
+        unsafe { self.post_send(&local.mr, offset, len, None, force_signal) }
     }
 }
 
@@ -118,7 +179,7 @@ mod tests {
         assert_eq!(b.len_bytes(), 16);
         assert_eq!(b.words().len(), 2);
         assert!(WordBuffer::new(0).is_err());
-        let (p, len) = b.raw_parts();
+        let (p, len) = Words(b.clone()).raw_parts();
         assert_eq!(len, 16);
         assert_eq!(p as usize % 8, 0);
     }

@@ -1,0 +1,964 @@
+//! The RDMA back-end: the [`Fabric`] trait over the verbs crate (rxe in the lab, mlx5 on real
+//! NICs). It holds no `unsafe`: registration and posting go through the verbs crate's safe
+//! [`WordBuffer`] API.
+//!
+//! # Model
+//!
+//! - One device context, one protection domain, one send CQ and one receive CQ per node.
+//! - One RC connection per peer, set up with rdma_cm by a connection-manager thread: the
+//!   [`Fabric::connect`] side connects, the other side's listener accepts. The private-data
+//!   hello carries the cluster id (a mismatch is rejected on both sides), the node id, the
+//!   protocol version, the advertised ring region and the initial receive credits.
+//! - Every connection gets a pre-registered receive pool and send buffer. A frame on the wire
+//!   is an 8-byte little-endian header, the receiver's cumulative *advertised receives* (its
+//!   credit grant), then the message. Received messages are copied into the endpoint's inbox
+//!   (a bounded slot table, the owner's `recv_message`/`repost_recv` buffers); a slot returns
+//!   as credit only when the owner reposts it, so a sender that respects credits never meets
+//!   an empty receive queue. One credit is kept back for credit-only frames, so credit
+//!   updates can always flow.
+//! - Remote write is granted per connection with a live QP access-flag change; a write on a
+//!   revoked QP completes `RemoteAccess` (rxe: remote invalid request) and breaks it.
+//! - Any error completion breaks the connection: it reports `Disconnected` once, every later
+//!   completion of it is `Flushed`, and a new [`Fabric::connect`] builds a new QP.
+//!
+//! Dead-peer detection takes about `(retry_cnt + 1) × 4.096 µs × 2^timeout`
+//! ([`verbs::dead_peer_bound`]); both are in [`RdmaConfig::qp`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use verbs::{
+    AccessFlags, CompletionQueue, ConnectConfig, Connection, Context, Hello, Listener,
+    PROTOCOL_VERSION, ProtectionDomain, QpConfig, RecvPool, SendCredits, WordBuffer, WordRegion,
+};
+
+use crate::{
+    Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
+    MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, WcOp, WcStatus, WriteRequest,
+};
+
+/// Bytes of the frame header: the receiver's cumulative advertised receives.
+const FRAME_HEADER_BYTES: usize = 8;
+
+/// How long the connection-manager thread waits for an incoming connect before it looks at
+/// its queue of outgoing connects again.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+/// Completions taken per CQ poll (the array is allocated once).
+const WC_BATCH: usize = 64;
+
+/// Configuration of one node's RDMA endpoint.
+#[derive(Clone, Debug)]
+pub struct RdmaConfig {
+    /// This node.
+    pub node: NodeId,
+    /// Cluster id; peers of another cluster are refused at connect.
+    pub cluster_id: u64,
+    /// Where this node listens (an address on its RDMA netdev).
+    pub listen: SocketAddr,
+    /// Where each peer listens.
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// RDMA device name; `None` finds the device whose RoCE v2 GID is `listen`'s address.
+    pub device: Option<String>,
+    /// Queue-pair tuning: timeout and retry_cnt set the dead-peer bound.
+    pub qp: QpConfig,
+    /// rdma_cm timeouts.
+    pub connect: ConnectConfig,
+    /// Receive buffers per connection (the credit window).
+    pub recv_slots: usize,
+}
+
+impl RdmaConfig {
+    /// Defaults: 16 receive slots per connection, the verbs crate's QP tuning.
+    pub fn new(
+        node: NodeId,
+        cluster_id: u64,
+        listen: SocketAddr,
+        peers: BTreeMap<NodeId, SocketAddr>,
+    ) -> Self {
+        RdmaConfig {
+            node,
+            cluster_id,
+            listen,
+            peers,
+            device: None,
+            qp: QpConfig {
+                signal: verbs::SignalPolicy::All,
+                ..QpConfig::default()
+            },
+            connect: ConnectConfig::default(),
+            recv_slots: 16,
+        }
+    }
+}
+
+/// Ring memory allocated by this back-end: its address never moves, so it may be registered.
+#[derive(Debug)]
+pub struct RdmaMemory(Arc<WordBuffer>);
+
+impl Memory for RdmaMemory {
+    fn words(&self) -> &[AtomicU64] {
+        self.0.words()
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+#[derive(Debug)]
+struct Inflight {
+    seq: u64,
+    wr_id: u64,
+    op: WcOp,
+    signaled: bool,
+    send_slot: Option<usize>,
+}
+
+/// One connection. Field order is drop order: the connection (its QP) goes before the
+/// buffers it posts from and receives into.
+#[derive(Debug)]
+struct Conn {
+    conn: Connection,
+    recv: RecvPool,
+    send_buf: WordRegion,
+    /// The send buffer's words, for the CPU to fill (the MR holds the other reference).
+    send_words: Arc<WordBuffer>,
+    free_send: Vec<usize>,
+    credits: SendCredits,
+    /// Advertised receives last told to the peer.
+    told: u64,
+    /// Messages held in the inbox, not yet reposted by the owner.
+    held: u64,
+    inflight: VecDeque<Inflight>,
+    broken: bool,
+}
+
+impl Conn {
+    fn advertised(&self) -> u64 {
+        self.recv.posted_total() - self.held
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inbox {
+    slots: Vec<Option<Vec<u8>>>,
+}
+
+enum CmRequest {
+    Connect(NodeId, SocketAddr),
+}
+
+enum CmResult {
+    Up(NodeId, Box<Connection>, RecvPool),
+    Failed(NodeId, String),
+}
+
+#[derive(Debug)]
+struct CmThread {
+    tx: Sender<CmRequest>,
+    rx: Receiver<CmResult>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Drop for CmThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One node's RDMA endpoint.
+///
+/// Field order is drop order: connections (QPs) first, then the connection-manager thread,
+/// then the registered regions peers write into, then the CQs, the PD and the context.
+#[derive(Debug)]
+pub struct RdmaEndpoint {
+    conns: BTreeMap<NodeId, Conn>,
+    cm: CmThread,
+    regions: Vec<WordRegion>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    pd: Arc<ProtectionDomain>,
+    ctx: Arc<Context>,
+    cfg: RdmaConfig,
+    hello: Arc<Mutex<Hello>>,
+    connecting: BTreeMap<NodeId, ()>,
+    last_errors: BTreeMap<NodeId, String>,
+    qpn: BTreeMap<u32, NodeId>,
+    inboxes: BTreeMap<NodeId, Inbox>,
+    events: VecDeque<Event>,
+    wc: Vec<verbs::Completion>,
+    slot_bytes: usize,
+}
+
+fn verr(e: verbs::Error) -> FabricError {
+    FabricError::Register {
+        len_bytes: 0,
+        reason: e.to_string(),
+    }
+}
+
+fn map_status(s: verbs::WcStatus) -> WcStatus {
+    match s {
+        verbs::WcStatus::Success => WcStatus::Success,
+        verbs::WcStatus::RemoteAccess => WcStatus::RemoteAccess,
+        verbs::WcStatus::RetryExceeded => WcStatus::RetryExceeded,
+        verbs::WcStatus::Rnr => WcStatus::RnrRetryExceeded,
+        verbs::WcStatus::Flushed => WcStatus::Flushed,
+        // Local and other errors also break the connection; to the owner they mean the same
+        // as a dead peer: nothing was acked, reconnect.
+        _ => WcStatus::RetryExceeded,
+    }
+}
+
+fn write_words(words: &[AtomicU64], offset: usize, data: &[u8]) {
+    let mut pos = offset;
+    for chunk in data.chunks(8) {
+        let wi = pos / 8;
+        if pos % 8 == 0 && chunk.len() == 8 {
+            words[wi].store(
+                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                Ordering::Release,
+            );
+        } else {
+            let mut cur = words[wi].load(Ordering::Acquire).to_le_bytes();
+            let within = pos % 8;
+            cur[within..within + chunk.len()].copy_from_slice(chunk);
+            words[wi].store(u64::from_le_bytes(cur), Ordering::Release);
+        }
+        pos += chunk.len();
+    }
+}
+
+/// Finds the device whose RoCE v2 GID is `ip`.
+pub fn device_for_ip(ip: IpAddr) -> Result<String, FabricError> {
+    let IpAddr::V4(v4) = ip else {
+        return Err(FabricError::Register {
+            len_bytes: 0,
+            reason: format!("{ip} is not IPv4; RoCE v2 devices are found by IPv4"),
+        });
+    };
+    let devices = verbs::list_devices().map_err(verr)?;
+    for d in &devices {
+        if let Ok(ctx) = Context::open(&d.name) {
+            if ctx.roce_v2_gid_index(1, v4).is_ok() {
+                return Ok(d.name.clone());
+            }
+        }
+    }
+    Err(FabricError::Register {
+        len_bytes: 0,
+        reason: format!(
+            "no RDMA device has a RoCE v2 GID for {ip} (devices: {:?})",
+            devices.iter().map(|d| &d.name).collect::<Vec<_>>()
+        ),
+    })
+}
+
+impl RdmaEndpoint {
+    /// Opens the device, starts listening and the connection-manager thread.
+    pub fn open(cfg: RdmaConfig) -> Result<RdmaEndpoint, FabricError> {
+        cfg.qp.validate().map_err(verr)?;
+        if cfg.recv_slots < 2 {
+            return Err(FabricError::Register {
+                len_bytes: 0,
+                reason: "recv_slots must be at least 2 (one is kept for credit updates)".into(),
+            });
+        }
+        let name = match &cfg.device {
+            Some(n) => n.clone(),
+            None => device_for_ip(cfg.listen.ip())?,
+        };
+        let ctx = Context::open(&name).map_err(verr)?;
+        let pd = ProtectionDomain::new(&ctx).map_err(verr)?;
+        let peers = cfg.peers.len().max(1) as u32;
+        let send_cq = CompletionQueue::new(&ctx, cfg.qp.sq_depth * peers + 64).map_err(verr)?;
+        let recv_cq = CompletionQueue::new(&ctx, cfg.qp.rq_depth * peers + 64).map_err(verr)?;
+        let slot_bytes = FRAME_HEADER_BYTES + MAX_MESSAGE_BYTES;
+        let hello = Arc::new(Mutex::new(Hello {
+            cluster_id: cfg.cluster_id,
+            node_id: cfg.node.0,
+            version: PROTOCOL_VERSION,
+            region: verbs::RemoteRegion::default(),
+            recv_credits: cfg.recv_slots as u32,
+        }));
+        let listener = Listener::bind(&ctx, cfg.listen, 16).map_err(verr)?;
+        let (req_tx, req_rx) = mpsc::channel();
+        let (res_tx, res_rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = CmWorker {
+            listener,
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            cfg: cfg.clone(),
+            hello: hello.clone(),
+            slot_bytes,
+            requests: req_rx,
+            results: res_tx,
+            stop: stop.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("rdmalog-cm-{}", cfg.node.0))
+            .spawn(move || worker.run())
+            .map_err(|e| FabricError::Register {
+                len_bytes: 0,
+                reason: format!("cannot start the connection thread: {e}"),
+            })?;
+        Ok(RdmaEndpoint {
+            conns: BTreeMap::new(),
+            cm: CmThread {
+                tx: req_tx,
+                rx: res_rx,
+                stop,
+                handle: Some(handle),
+            },
+            regions: Vec::new(),
+            send_cq,
+            recv_cq,
+            pd,
+            ctx,
+            cfg,
+            hello,
+            connecting: BTreeMap::new(),
+            last_errors: BTreeMap::new(),
+            qpn: BTreeMap::new(),
+            inboxes: BTreeMap::new(),
+            events: VecDeque::new(),
+            wc: vec![verbs::Completion::EMPTY; WC_BATCH],
+            slot_bytes,
+        })
+    }
+
+    /// Why the last connect to `peer` failed, if it did: for logs and status pages.
+    pub fn last_connect_error(&self, peer: NodeId) -> Option<&str> {
+        self.last_errors.get(&peer).map(String::as_str)
+    }
+
+    /// The device in use.
+    pub fn device(&self) -> &str {
+        self.ctx.name()
+    }
+
+    /// Breaks the connection to `peer` (first error or local close): reports the first
+    /// failure, flushes everything else outstanding, and forgets the QP.
+    fn break_conn(&mut self, peer: NodeId, first: Option<WcStatus>, reason: DisconnectReason) {
+        let Some(mut c) = self.conns.remove(&peer) else {
+            return;
+        };
+        let mut status = first;
+        for f in c.inflight.drain(..) {
+            let s = status.take().unwrap_or(WcStatus::Flushed);
+            self.events.push_back(Event::Completion(Completion {
+                peer,
+                wr_id: f.wr_id,
+                op: f.op,
+                status: s,
+                byte_len: 0,
+            }));
+        }
+        c.broken = true;
+        self.qpn.retain(|_, p| *p != peer);
+        if let Some(inbox) = self.inboxes.get_mut(&peer) {
+            inbox.slots.iter_mut().for_each(|s| *s = None);
+        }
+        self.events.push_back(Event::Disconnected { peer, reason });
+        // Dropping the connection destroys the QP (and with it any WR still in the device).
+        drop(c);
+    }
+
+    fn adopt(&mut self, peer: NodeId, conn: Connection, recv: RecvPool) {
+        if self.conns.contains_key(&peer) {
+            self.break_conn(peer, None, DisconnectReason::PeerReset);
+        }
+        self.connecting.remove(&peer);
+        let slots = self.cfg.recv_slots;
+        let send = WordBuffer::new(slots * self.slot_bytes).and_then(|b| {
+            WordRegion::register(&self.pd, b.clone(), AccessFlags::LOCAL_WRITE).map(|m| (m, b))
+        });
+        let (send_buf, send_words) = match send {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "cannot register a send buffer; dropping the connection");
+                self.events.push_back(Event::Disconnected {
+                    peer,
+                    reason: DisconnectReason::Unreachable,
+                });
+                return;
+            }
+        };
+        let remote = conn.remote();
+        let region = (remote.region.len > 0).then_some(RemoteRegion {
+            addr: remote.region.addr,
+            rkey: remote.region.rkey,
+            len_bytes: remote.region.len,
+        });
+        let credits = SendCredits::new(u64::from(remote.recv_credits));
+        self.qpn.insert(conn.qp().qp_num(), peer);
+        let c = Conn {
+            told: recv.posted_total(),
+            conn,
+            recv,
+            send_buf,
+            send_words,
+            free_send: (0..slots).rev().collect(),
+            credits,
+            held: 0,
+            inflight: VecDeque::new(),
+            broken: false,
+        };
+        self.conns.insert(peer, c);
+        self.inboxes.insert(
+            peer,
+            Inbox {
+                slots: vec![None; slots],
+            },
+        );
+        self.events.push_back(Event::Connected {
+            peer,
+            remote: region,
+        });
+    }
+
+    /// Sends one frame (header + `msg`) on `peer`'s connection.
+    fn send_frame(
+        &mut self,
+        peer: NodeId,
+        wr_id: u64,
+        msg: &[u8],
+        credit_only: bool,
+    ) -> Result<(), FabricError> {
+        let c = self
+            .conns
+            .get_mut(&peer)
+            .filter(|c| !c.broken)
+            .ok_or(FabricError::NotConnected { peer })?;
+        let reserve = if credit_only { 0 } else { 1 };
+        if c.credits.available() <= reserve {
+            return Err(FabricError::NoCredit { peer });
+        }
+        let Some(slot) = c.free_send.pop() else {
+            return Err(FabricError::QueueFull {
+                peer,
+                depth: self.cfg.recv_slots,
+            });
+        };
+        let off = slot * self.slot_bytes;
+        let adv = c.advertised();
+        write_words(c.send_words.words(), off, &adv.to_le_bytes());
+        write_words(c.send_words.words(), off + FRAME_HEADER_BYTES, msg);
+        match c
+            .conn
+            .qp()
+            .post_send_words(&c.send_buf, off, FRAME_HEADER_BYTES + msg.len(), true)
+        {
+            Ok(seq) => {
+                c.credits.take().expect("checked above");
+                c.told = adv;
+                c.inflight.push_back(Inflight {
+                    seq,
+                    wr_id,
+                    op: WcOp::Send,
+                    signaled: !credit_only,
+                    send_slot: Some(slot),
+                });
+                Ok(())
+            }
+            Err(e) => {
+                c.free_send.push(slot);
+                tracing::warn!(%peer, error = %e, "post_send failed");
+                Err(FabricError::QueueFull {
+                    peer,
+                    depth: self.cfg.qp.sq_depth as usize,
+                })
+            }
+        }
+    }
+
+    fn maybe_send_credit(&mut self, peer: NodeId) {
+        let Some(c) = self.conns.get(&peer) else {
+            return;
+        };
+        let owed = c.advertised().saturating_sub(c.told);
+        if owed as usize >= (self.cfg.recv_slots / 2).max(1) {
+            let _ = self.send_frame(peer, u64::MAX, &[], true);
+        }
+    }
+
+    fn poll_cm(&mut self) {
+        while let Ok(r) = self.cm.rx.try_recv() {
+            match r {
+                CmResult::Up(peer, conn, recv) => self.adopt(peer, *conn, recv),
+                CmResult::Failed(peer, why) => {
+                    tracing::info!(%peer, why, "connect failed");
+                    self.connecting.remove(&peer);
+                    self.last_errors.insert(peer, why);
+                    self.events.push_back(Event::Disconnected {
+                        peer,
+                        reason: DisconnectReason::Unreachable,
+                    });
+                }
+            }
+        }
+    }
+
+    fn poll_send_cq(&mut self) {
+        let n = match self.send_cq.poll(&mut self.wc) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "polling the send CQ failed");
+                return;
+            }
+        };
+        for i in 0..n {
+            let wc = self.wc[i];
+            let Some(&peer) = self.qpn.get(&wc.qp_num) else {
+                continue;
+            };
+            let Some(c) = self.conns.get_mut(&peer) else {
+                continue;
+            };
+            c.conn.qp().retire(&wc);
+            // RC completes in order: everything before this sequence is done too (only
+            // signaled WRs make completions, and every WR here is signaled).
+            let mut done = None;
+            while let Some(f) = c.inflight.front() {
+                if f.seq > wc.wr_id {
+                    break;
+                }
+                let f = c.inflight.pop_front().expect("front exists");
+                if let Some(s) = f.send_slot {
+                    c.free_send.push(s);
+                }
+                if f.seq == wc.wr_id {
+                    done = Some(f);
+                    break;
+                }
+            }
+            let Some(f) = done else { continue };
+            let status = map_status(wc.status);
+            if status == WcStatus::Success {
+                if f.signaled {
+                    self.events.push_back(Event::Completion(Completion {
+                        peer,
+                        wr_id: f.wr_id,
+                        op: f.op,
+                        status,
+                        byte_len: 0,
+                    }));
+                }
+            } else {
+                if f.signaled || f.op == WcOp::Write {
+                    self.events.push_back(Event::Completion(Completion {
+                        peer,
+                        wr_id: f.wr_id,
+                        op: f.op,
+                        status,
+                        byte_len: 0,
+                    }));
+                }
+                self.break_conn(peer, None, DisconnectReason::Failed(status));
+            }
+        }
+    }
+
+    fn poll_recv_cq(&mut self) {
+        let n = match self.recv_cq.poll(&mut self.wc) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "polling the receive CQ failed");
+                return;
+            }
+        };
+        for i in 0..n {
+            let wc = self.wc[i];
+            let Some(&peer) = self.qpn.get(&wc.qp_num) else {
+                continue;
+            };
+            let Some(c) = self.conns.get_mut(&peer) else {
+                continue;
+            };
+            let mut header = None;
+            let mut payload: Option<Vec<u8>> = None;
+            let got = c.recv.with_received(c.conn.qp(), &wc, |bytes| {
+                if bytes.len() >= FRAME_HEADER_BYTES {
+                    header = Some(u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")));
+                    if bytes.len() > FRAME_HEADER_BYTES {
+                        payload = Some(bytes[FRAME_HEADER_BYTES..].to_vec());
+                    }
+                }
+            });
+            match got {
+                Ok(Ok(())) => {}
+                Ok(Err(status)) => {
+                    self.break_conn(peer, None, DisconnectReason::Failed(map_status(status)));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "receive bookkeeping failed; dropping the connection");
+                    self.break_conn(
+                        peer,
+                        None,
+                        DisconnectReason::Failed(WcStatus::RetryExceeded),
+                    );
+                    continue;
+                }
+            }
+            let Some(adv) = header else {
+                tracing::warn!(%peer, "a frame shorter than its header; dropping the connection");
+                self.break_conn(peer, None, DisconnectReason::Failed(WcStatus::RemoteAccess));
+                continue;
+            };
+            c.credits.update(adv);
+            let Some(msg) = payload else { continue }; // a credit-only frame
+            let inbox = self.inboxes.entry(peer).or_default();
+            let Some(slot) = inbox.slots.iter().position(Option::is_none) else {
+                // The peer sent beyond the credits we granted: a protocol violation.
+                tracing::warn!(%peer, "a frame beyond the granted credits; dropping the connection");
+                self.break_conn(
+                    peer,
+                    None,
+                    DisconnectReason::Failed(WcStatus::RnrRetryExceeded),
+                );
+                continue;
+            };
+            let len = msg.len() as u32;
+            inbox.slots[slot] = Some(msg);
+            c.held += 1;
+            self.events.push_back(Event::Completion(Completion {
+                peer,
+                wr_id: slot as u64,
+                op: WcOp::Recv,
+                status: WcStatus::Success,
+                byte_len: len,
+            }));
+        }
+    }
+}
+
+impl Fabric for RdmaEndpoint {
+    fn node(&self) -> NodeId {
+        self.cfg.node
+    }
+
+    fn alloc(&mut self, len_bytes: u64) -> Result<Arc<dyn Memory>, FabricError> {
+        let buf = WordBuffer::new(len_bytes as usize).map_err(|e| FabricError::Register {
+            len_bytes,
+            reason: e.to_string(),
+        })?;
+        Ok(Arc::new(RdmaMemory(buf)))
+    }
+
+    fn register(
+        &mut self,
+        memory: Arc<dyn Memory>,
+    ) -> Result<(LocalRegion, RemoteRegion), FabricError> {
+        let len_bytes = memory.words().len() as u64 * 8;
+        let mem = memory.into_any().downcast::<RdmaMemory>().map_err(|_| FabricError::Register {
+            len_bytes,
+            reason: "only memory from RdmaEndpoint::alloc can be registered (its address must never move)".into(),
+        })?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = WordRegion::register(&self.pd, mem.0.clone(), access).map_err(|e| {
+            FabricError::Register {
+                len_bytes,
+                reason: e.to_string(),
+            }
+        })?;
+        let remote = RemoteRegion {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+            len_bytes,
+        };
+        let id = self.regions.len() as u32;
+        self.regions.push(mr);
+        Ok((LocalRegion { id, len_bytes }, remote))
+    }
+
+    fn advertise(&mut self, region: RemoteRegion) {
+        let mut h = self
+            .hello
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        h.region = verbs::RemoteRegion {
+            addr: region.addr,
+            rkey: region.rkey,
+            len: region.len_bytes,
+        };
+    }
+
+    fn connect(&mut self, peer: NodeId) -> Result<(), FabricError> {
+        if self.conns.get(&peer).is_some_and(|c| !c.broken) || self.connecting.contains_key(&peer) {
+            return Ok(());
+        }
+        let addr = *self
+            .cfg
+            .peers
+            .get(&peer)
+            .ok_or(FabricError::UnknownPeer { peer })?;
+        self.connecting.insert(peer, ());
+        self.cm
+            .tx
+            .send(CmRequest::Connect(peer, addr))
+            .map_err(|_| FabricError::NodeDown {
+                node: self.cfg.node,
+            })
+    }
+
+    fn disconnect(&mut self, peer: NodeId) {
+        self.break_conn(peer, None, DisconnectReason::Closed);
+    }
+
+    fn conn_state(&self, peer: NodeId) -> ConnState {
+        if self.conns.get(&peer).is_some_and(|c| !c.broken) {
+            ConnState::Up
+        } else if self.connecting.contains_key(&peer) {
+            ConnState::Connecting
+        } else {
+            ConnState::Down
+        }
+    }
+
+    fn post_write(&mut self, peer: NodeId, wr: WriteRequest) -> Result<(), FabricError> {
+        let end = wr.local_offset + wr.len_bytes;
+        let mr = self
+            .regions
+            .get(wr.local.id as usize)
+            .filter(|m| end <= m.len() as u64)
+            .ok_or(FabricError::LocalRange {
+                id: wr.local.id,
+                offset: wr.local_offset,
+                end,
+            })?;
+        let c = self
+            .conns
+            .get_mut(&peer)
+            .filter(|c| !c.broken)
+            .ok_or(FabricError::NotConnected { peer })?;
+        let remote = verbs::RemoteRegion {
+            addr: wr.remote.addr,
+            rkey: wr.remote.rkey,
+            len: wr.remote.len_bytes,
+        };
+        let seq = c
+            .conn
+            .qp()
+            .post_write_words(
+                mr,
+                wr.local_offset as usize,
+                wr.len_bytes as usize,
+                &remote,
+                wr.remote_offset,
+                true,
+            )
+            .map_err(|_| FabricError::QueueFull {
+                peer,
+                depth: self.cfg.qp.sq_depth as usize,
+            })?;
+        c.inflight.push_back(Inflight {
+            seq,
+            wr_id: wr.wr_id,
+            op: WcOp::Write,
+            signaled: wr.signaled,
+            send_slot: None,
+        });
+        Ok(())
+    }
+
+    fn post_send(&mut self, peer: NodeId, wr_id: u64, msg: &[u8]) -> Result<(), FabricError> {
+        if msg.len() > MAX_MESSAGE_BYTES {
+            return Err(FabricError::MessageTooLarge {
+                len: msg.len(),
+                max: MAX_MESSAGE_BYTES,
+            });
+        }
+        if msg.is_empty() {
+            // Empty frames are credit updates on the wire; an empty message has nothing to say.
+            return Err(FabricError::MessageTooLarge {
+                len: 0,
+                max: MAX_MESSAGE_BYTES,
+            });
+        }
+        self.send_frame(peer, wr_id, msg, false)
+    }
+
+    fn send_credits(&self, peer: NodeId) -> u32 {
+        self.conns
+            .get(&peer)
+            .filter(|c| !c.broken && !c.free_send.is_empty())
+            .map_or(0, |c| c.credits.available().saturating_sub(1) as u32)
+    }
+
+    fn recv_message(&self, peer: NodeId, slot: u64) -> Result<&[u8], FabricError> {
+        self.inboxes
+            .get(&peer)
+            .and_then(|i| i.slots.get(slot as usize))
+            .and_then(|m| m.as_deref())
+            .ok_or(FabricError::BadSlot { peer, slot })
+    }
+
+    fn repost_recv(&mut self, peer: NodeId, slot: u64) -> Result<(), FabricError> {
+        let taken = self
+            .inboxes
+            .get_mut(&peer)
+            .and_then(|i| i.slots.get_mut(slot as usize))
+            .and_then(Option::take);
+        if taken.is_none() {
+            return Err(FabricError::BadSlot { peer, slot });
+        }
+        if let Some(c) = self.conns.get_mut(&peer) {
+            c.held = c.held.saturating_sub(1);
+        }
+        self.maybe_send_credit(peer);
+        Ok(())
+    }
+
+    fn set_remote_write(&mut self, peer: NodeId, allowed: bool) -> Result<(), FabricError> {
+        match self.conns.get(&peer).filter(|c| !c.broken) {
+            Some(c) => {
+                let r = if allowed {
+                    c.conn.qp().grant_remote_write()
+                } else {
+                    c.conn.qp().revoke_remote_write()
+                };
+                r.map_err(|e| {
+                    tracing::warn!(%peer, allowed, error = %e, "changing remote access failed");
+                    FabricError::NotConnected { peer }
+                })
+            }
+            None if !allowed => Ok(()),
+            None => Err(FabricError::NotConnected { peer }),
+        }
+    }
+
+    fn poll(&mut self, out: &mut [Event]) -> usize {
+        self.poll_cm();
+        self.poll_send_cq();
+        self.poll_recv_cq();
+        let mut k = 0;
+        while k < out.len() {
+            match self.events.pop_front() {
+                Some(e) => {
+                    out[k] = e;
+                    k += 1;
+                }
+                None => break,
+            }
+        }
+        k
+    }
+}
+
+struct CmWorker {
+    listener: Listener,
+    pd: Arc<ProtectionDomain>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    cfg: RdmaConfig,
+    hello: Arc<Mutex<Hello>>,
+    slot_bytes: usize,
+    requests: Receiver<CmRequest>,
+    results: Sender<CmResult>,
+    stop: Arc<AtomicBool>,
+}
+
+impl CmWorker {
+    fn pool(&self) -> Result<RecvPool, String> {
+        RecvPool::new(&self.pd, self.cfg.recv_slots, self.slot_bytes).map_err(|e| e.to_string())
+    }
+
+    fn run(self) {
+        let mut spare: Option<RecvPool> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            while let Ok(CmRequest::Connect(peer, addr)) = self.requests.try_recv() {
+                let r = self.connect(peer, addr);
+                let _ = self.results.send(r);
+            }
+            if spare.is_none() {
+                match self.pool() {
+                    Ok(p) => spare = Some(p),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot register a receive pool");
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                }
+            }
+            let hello = *self
+                .hello
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut pool = spare.take().expect("created above");
+            let mut posted = false;
+            let r = self.listener.accept_within(
+                ACCEPT_POLL,
+                &self.pd,
+                &self.send_cq,
+                &self.recv_cq,
+                self.cfg.qp,
+                &self.cfg.connect,
+                &hello,
+                |qp| {
+                    posted = true;
+                    pool.post_all(qp)
+                },
+            );
+            match r {
+                Ok(conn) => {
+                    let peer = NodeId(conn.remote().node_id);
+                    if !self.cfg.peers.contains_key(&peer) || peer == self.cfg.node {
+                        tracing::warn!(%peer, addr = conn.peer(), "refused a connection from a node that is not a configured peer");
+                        continue;
+                    }
+                    let _ = self.results.send(CmResult::Up(peer, Box::new(conn), pool));
+                }
+                Err(verbs::Error::CmTimeout { .. }) if !posted => spare = Some(pool),
+                Err(e) => {
+                    // The pool may have been posted to a QP that is gone: never reuse it.
+                    tracing::info!(error = %e, "an incoming connection failed");
+                }
+            }
+        }
+    }
+
+    fn connect(&self, peer: NodeId, addr: SocketAddr) -> CmResult {
+        let mut pool = match self.pool() {
+            Ok(p) => p,
+            Err(e) => return CmResult::Failed(peer, e),
+        };
+        let hello = *self
+            .hello
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match Connection::connect(
+            &self.pd,
+            &self.send_cq,
+            &self.recv_cq,
+            self.cfg.qp,
+            &self.cfg.connect,
+            Some(self.cfg.listen.ip()),
+            addr,
+            &hello,
+            |qp| pool.post_all(qp),
+        ) {
+            Ok(conn) if conn.remote().node_id == peer.0 => CmResult::Up(peer, Box::new(conn), pool),
+            Ok(conn) => CmResult::Failed(
+                peer,
+                format!(
+                    "{addr} answered as node {}, not {peer}",
+                    conn.remote().node_id
+                ),
+            ),
+            Err(e) => CmResult::Failed(peer, e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Lab test: the RDMA back-end keeps the fabric's semantics on real (soft) RDMA.
+//!
+//! Method: runs inside the Soft-RoCE lab (`ops/test` runs every `lab_*` binary with
+//! `--ignored`). Two endpoints in this process, node 1 on rxe1 (192.0.2.11) and node 2 on rxe2
+//! (192.0.2.12), connect through rdma_cm across the lab bridge. Asserted: the connect carries
+//! the advertised region; writes followed by sends are seen in order; credits bound sends and
+//! come back when receives are reposted; a revoked connection fails the next write with
+//! `RemoteAccess`, leaves the target unchanged and breaks the connection; a reconnect and a
+//! grant make writes work again.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabric::rdma::{RdmaConfig, RdmaEndpoint};
+use fabric::{
+    ConnState, Event, Fabric, LocalRegion, Memory, NodeId, RemoteRegion, WcOp, WcStatus,
+    WriteRequest, read_bytes, write_bytes,
+};
+
+const A: NodeId = NodeId(1);
+const B: NodeId = NodeId(2);
+
+fn addr(n: u64) -> SocketAddr {
+    format!("192.0.2.1{n}:{}", 7470 + n).parse().unwrap()
+}
+
+struct Node {
+    ep: RdmaEndpoint,
+    mem: Arc<dyn Memory>,
+    local: LocalRegion,
+    peer_region: Option<RemoteRegion>,
+    events: Vec<Event>,
+}
+
+fn node(id: NodeId, peer: NodeId) -> Node {
+    let mut peers = BTreeMap::new();
+    peers.insert(peer, addr(peer.0));
+    let mut cfg = RdmaConfig::new(id, 0xC1, addr(id.0), peers);
+    cfg.qp.timeout = 12;
+    cfg.qp.retry_cnt = 3;
+    let mut ep = RdmaEndpoint::open(cfg).expect("endpoint");
+    let mem = ep.alloc(1 << 20).unwrap();
+    let (local, remote) = ep.register(mem.clone()).unwrap();
+    ep.advertise(remote);
+    Node {
+        ep,
+        mem,
+        local,
+        peer_region: None,
+        events: Vec::new(),
+    }
+}
+
+fn pump(nodes: &mut [&mut Node]) {
+    let mut buf = [Event::Disconnected {
+        peer: NodeId(0),
+        reason: fabric::DisconnectReason::Closed,
+    }; 32];
+    for n in nodes.iter_mut() {
+        let k = n.ep.poll(&mut buf);
+        for e in &buf[..k] {
+            if let Event::Connected { remote, .. } = e {
+                n.peer_region = *remote;
+            }
+            n.events.push(*e);
+        }
+    }
+}
+
+fn until(nodes: &mut [&mut Node], what: &str, mut f: impl FnMut(&mut [&mut Node]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        pump(nodes);
+        if f(nodes) {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let seen: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{:?} (last connect error: {:?})",
+                n.events,
+                n.ep.last_connect_error(if n.ep.node() == A { B } else { A })
+            )
+        })
+        .collect();
+    panic!("timed out waiting for {what}; events: {seen:?}");
+}
+
+fn connect(a: &mut Node, b: &mut Node) {
+    a.ep.connect(B).unwrap();
+    until(&mut [a, b], "connection", |n| {
+        n[0].ep.conn_state(B) == ConnState::Up
+            && n[1].ep.conn_state(A) == ConnState::Up
+            && n[0].peer_region.is_some()
+    });
+    a.events.clear();
+    b.events.clear();
+}
+
+fn write_req(a: &Node, wr_id: u64, off: u64, len: u64) -> WriteRequest {
+    WriteRequest {
+        wr_id,
+        local: a.local,
+        local_offset: off,
+        remote: a.peer_region.unwrap(),
+        remote_offset: off,
+        len_bytes: len,
+        signaled: true,
+    }
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn rdma_fabric_ordering_credits_and_fencing() {
+    let mut a = node(A, B);
+    let mut b = node(B, A);
+    connect(&mut a, &mut b);
+    b.ep.set_remote_write(A, true).unwrap();
+
+    // Write then send, 300 rounds of varying sizes: every recv sees its write's bytes.
+    for round in 0..300u64 {
+        let len = 8 + (round * 977) % (60 * 1024);
+        let byte = (round % 250) as u8 + 1;
+        write_bytes(a.mem.as_ref(), 0, &vec![byte; len as usize]);
+        a.ep.post_write(B, write_req(&a, round, 0, len)).unwrap();
+        a.ep.post_send(B, 10_000 + round, &len.to_le_bytes())
+            .unwrap();
+        let mut seen = false;
+        until(&mut [&mut a, &mut b], "recv", |n| {
+            if let Some(pos) = n[1]
+                .events
+                .iter()
+                .position(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+            {
+                let Event::Completion(c) = n[1].events.remove(pos) else {
+                    unreachable!()
+                };
+                let msg = n[1].ep.recv_message(A, c.wr_id).unwrap().to_vec();
+                let want = u64::from_le_bytes(msg.try_into().unwrap());
+                let mut got = vec![0u8; want as usize];
+                read_bytes(n[1].mem.as_ref(), 0, &mut got);
+                assert!(
+                    got.iter().all(|&x| x == byte),
+                    "round {round}: stale bytes at recv"
+                );
+                n[1].ep.repost_recv(A, c.wr_id).unwrap();
+                seen = true;
+            }
+            seen && n[0]
+                .events
+                .iter()
+                .filter(|e| matches!(e, Event::Completion(c) if c.status == WcStatus::Success))
+                .count()
+                >= 2
+        });
+        assert!(
+            a.events
+                .iter()
+                .all(|e| matches!(e, Event::Completion(c) if c.status == WcStatus::Success)),
+            "{:?}",
+            a.events
+        );
+        a.events.clear();
+    }
+
+    // Credits: without reposts, the sender runs out at the window minus the kept-back one.
+    let window = a.ep.send_credits(B);
+    assert!(window >= 1);
+    for i in 0..window {
+        a.ep.post_send(B, 20_000 + u64::from(i), b"x").unwrap();
+    }
+    assert!(matches!(
+        a.ep.post_send(B, 1, b"x"),
+        Err(fabric::FabricError::NoCredit { .. })
+    ));
+    until(&mut [&mut a, &mut b], "all sends received", |n| {
+        n[1].events
+            .iter()
+            .filter(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+            .count() as u32
+            >= window
+    });
+    for e in std::mem::take(&mut b.events) {
+        if let Event::Completion(c) = e {
+            if c.op == WcOp::Recv {
+                b.ep.repost_recv(A, c.wr_id).unwrap();
+            }
+        }
+    }
+    // Credits return lazily, in batches of half the window (piggybacked or credit-only frames).
+    until(&mut [&mut a, &mut b], "credits back", |n| {
+        n[0].ep.send_credits(B) >= window / 2
+    });
+    assert!(
+        a.ep.send_credits(B) <= window,
+        "more credit than receives posted"
+    );
+    a.events.clear();
+
+    // Fencing: revoke on the live QP; the next write fails RemoteAccess and changes nothing.
+    write_bytes(b.mem.as_ref(), 4096, &[0x5A; 256]);
+    write_bytes(a.mem.as_ref(), 4096, &[0xEE; 256]);
+    b.ep.set_remote_write(A, false).unwrap();
+    a.ep.post_write(B, write_req(&a, 77, 4096, 256)).unwrap();
+    until(&mut [&mut a, &mut b], "fenced completion", |n| {
+        n[0].events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.wr_id == 77))
+    });
+    let status = a
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::Completion(c) if c.wr_id == 77 => Some(c.status),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(status, WcStatus::RemoteAccess);
+    let mut target = [0u8; 256];
+    read_bytes(b.mem.as_ref(), 4096, &mut target);
+    assert_eq!(target, [0x5A; 256], "a fenced write changed memory");
+    assert_eq!(a.ep.conn_state(B), ConnState::Down);
+
+    // Reconnect and grant: writes work again.
+    a.events.clear();
+    b.events.clear();
+    a.peer_region = None;
+    connect(&mut a, &mut b);
+    b.ep.set_remote_write(A, true).unwrap();
+    a.ep.post_write(B, write_req(&a, 78, 4096, 256)).unwrap();
+    until(&mut [&mut a, &mut b], "write after regrant", |n| {
+        n[0].events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.wr_id == 78))
+    });
+    read_bytes(b.mem.as_ref(), 4096, &mut target);
+    assert_eq!(target, [0xEE; 256]);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn memory_not_from_alloc_is_refused() {
+    let mut a = node(NodeId(3), A);
+    let foreign: Arc<dyn Memory> = Arc::new(fabric::VecMemory::new(4096));
+    let err = a.ep.register(foreign).unwrap_err().to_string();
+    assert!(err.contains("RdmaEndpoint::alloc"), "{err}");
+}
