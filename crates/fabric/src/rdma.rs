@@ -71,6 +71,10 @@ pub struct RdmaConfig {
     pub connect: ConnectConfig,
     /// Receive buffers per connection (the credit window).
     pub recv_slots: usize,
+    /// Accept connections only once a region has been advertised (the replica's ring), so no
+    /// peer ever holds a connection without our region. Off for endpoints that advertise
+    /// nothing.
+    pub accept_only_after_advertise: bool,
 }
 
 impl RdmaConfig {
@@ -93,6 +97,7 @@ impl RdmaConfig {
             },
             connect: ConnectConfig::default(),
             recv_slots: 16,
+            accept_only_after_advertise: true,
         }
     }
 }
@@ -137,6 +142,8 @@ struct Conn {
     held: u64,
     inflight: VecDeque<Inflight>,
     broken: bool,
+    /// Whether this side connected (else it accepted).
+    outgoing: bool,
 }
 
 impl Conn {
@@ -155,7 +162,8 @@ enum CmRequest {
 }
 
 enum CmResult {
-    Up(NodeId, Box<Connection>, RecvPool),
+    /// A connection is up; the flag says whether this side initiated it.
+    Up(NodeId, Box<Connection>, RecvPool, bool),
     Failed(NodeId, String),
 }
 
@@ -376,11 +384,23 @@ impl RdmaEndpoint {
         drop(c);
     }
 
-    fn adopt(&mut self, peer: NodeId, conn: Connection, recv: RecvPool) {
+    fn adopt(&mut self, peer: NodeId, conn: Connection, recv: RecvPool, outgoing: bool) {
+        if outgoing {
+            self.connecting.remove(&peer);
+        }
+        if let Some(existing) = self.conns.get(&peer).filter(|c| !c.broken) {
+            // Both sides connected at once: keep the connection the lower node id initiated,
+            // on both sides, so the pair settles on one connection instead of flapping.
+            let lower = self.cfg.node.min(peer);
+            let initiator = |out: bool| if out { self.cfg.node } else { peer };
+            if initiator(existing.outgoing) == lower || initiator(outgoing) != lower {
+                tracing::debug!(%peer, "dropping a duplicate connection");
+                return;
+            }
+        }
         if self.conns.contains_key(&peer) {
             self.break_conn(peer, None, DisconnectReason::PeerReset);
         }
-        self.connecting.remove(&peer);
         let slots = self.cfg.recv_slots;
         let send = WordBuffer::new(slots * self.slot_bytes).and_then(|b| {
             WordRegion::register(&self.pd, b.clone(), AccessFlags::LOCAL_WRITE).map(|m| (m, b))
@@ -415,6 +435,7 @@ impl RdmaEndpoint {
             held: 0,
             inflight: VecDeque::new(),
             broken: false,
+            outgoing,
         };
         self.conns.insert(peer, c);
         self.inboxes.insert(
@@ -497,7 +518,7 @@ impl RdmaEndpoint {
     fn poll_cm(&mut self) {
         while let Ok(r) = self.cm.rx.try_recv() {
             match r {
-                CmResult::Up(peer, conn, recv) => self.adopt(peer, *conn, recv),
+                CmResult::Up(peer, conn, recv, outgoing) => self.adopt(peer, *conn, recv, outgoing),
                 CmResult::Failed(peer, why) => {
                     tracing::info!(%peer, why, "connect failed");
                     self.connecting.remove(&peer);
@@ -880,8 +901,26 @@ impl CmWorker {
         let mut spare: Option<RecvPool> = None;
         while !self.stop.load(Ordering::Acquire) {
             while let Ok(CmRequest::Connect(peer, addr)) = self.requests.try_recv() {
-                let r = self.connect(peer, addr);
-                let _ = self.results.send(r);
+                let dialer = Dialer {
+                    pd: self.pd.clone(),
+                    send_cq: self.send_cq.clone(),
+                    recv_cq: self.recv_cq.clone(),
+                    cfg: self.cfg.clone(),
+                    hello: self.hello.clone(),
+                    slot_bytes: self.slot_bytes,
+                };
+                let results = self.results.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("rdmalog-dial-{}", peer.0))
+                    .spawn(move || {
+                        let _ = results.send(dialer.connect(peer, addr));
+                    });
+                if let Err(e) = spawned {
+                    let _ = self.results.send(CmResult::Failed(
+                        peer,
+                        format!("cannot start a connect thread: {e}"),
+                    ));
+                }
             }
             if spare.is_none() {
                 match self.pool() {
@@ -897,6 +936,12 @@ impl CmWorker {
                 .hello
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if hello.region.len == 0 && self.cfg.accept_only_after_advertise {
+                // Peers learn our ring only from the hello: accepting before the owner has
+                // advertised it would give them a connection they can never write through.
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
             let mut pool = spare.take().expect("created above");
             let mut posted = false;
             let r = self.listener.accept_within(
@@ -919,7 +964,9 @@ impl CmWorker {
                         tracing::warn!(%peer, addr = conn.peer(), "refused a connection from a node that is not a configured peer");
                         continue;
                     }
-                    let _ = self.results.send(CmResult::Up(peer, Box::new(conn), pool));
+                    let _ = self
+                        .results
+                        .send(CmResult::Up(peer, Box::new(conn), pool, false));
                 }
                 Err(verbs::Error::CmTimeout { .. }) if !posted => spare = Some(pool),
                 Err(e) => {
@@ -929,11 +976,25 @@ impl CmWorker {
             }
         }
     }
+}
 
+/// What an outgoing connect needs; each connect runs on its own short-lived thread, so one
+/// slow or unreachable peer never delays the others.
+#[derive(Clone)]
+struct Dialer {
+    pd: Arc<ProtectionDomain>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    cfg: RdmaConfig,
+    hello: Arc<Mutex<Hello>>,
+    slot_bytes: usize,
+}
+
+impl Dialer {
     fn connect(&self, peer: NodeId, addr: SocketAddr) -> CmResult {
-        let mut pool = match self.pool() {
+        let mut pool = match RecvPool::new(&self.pd, self.cfg.recv_slots, self.slot_bytes) {
             Ok(p) => p,
-            Err(e) => return CmResult::Failed(peer, e),
+            Err(e) => return CmResult::Failed(peer, e.to_string()),
         };
         let hello = *self
             .hello
@@ -950,7 +1011,9 @@ impl CmWorker {
             &hello,
             |qp| pool.post_all(qp),
         ) {
-            Ok(conn) if conn.remote().node_id == peer.0 => CmResult::Up(peer, Box::new(conn), pool),
+            Ok(conn) if conn.remote().node_id == peer.0 => {
+                CmResult::Up(peer, Box::new(conn), pool, true)
+            }
             Ok(conn) => CmResult::Failed(
                 peer,
                 format!(

@@ -44,7 +44,7 @@ pub mod wire;
 use std::path::PathBuf;
 
 pub use log::{AppendHandle, Log, LogOptions, PollMode, Subscription};
-pub use node::{Committed, Replica, ReplicaStats, Role, Status, Ticket};
+pub use node::{Committed, PeerStatus, Replica, ReplicaStats, Role, Status, Ticket};
 pub use wal::Durability;
 
 /// Configuration of one replica.

@@ -124,6 +124,21 @@ pub struct Status {
     pub voters: Vec<u64>,
     /// Counters.
     pub stats: ReplicaStats,
+    /// One entry per peer: its connection and whether the fast path is open to it.
+    pub peers: Vec<PeerStatus>,
+}
+
+/// What a replica knows about one peer's connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// The peer.
+    pub id: u64,
+    /// Its connection's state.
+    pub conn: ConnState,
+    /// Whether the peer advertised a ring we can write into.
+    pub has_ring: bool,
+    /// Whether the fast-path invariant currently holds for it (leader only).
+    pub fast_path: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -545,6 +560,16 @@ impl<F: Fabric> Replica<F> {
                 v
             },
             stats: self.stats,
+            peers: self
+                .peers
+                .iter()
+                .map(|(&id, p)| PeerStatus {
+                    id,
+                    conn: self.fabric.conn_state(NodeId(id)),
+                    has_ring: p.remote.is_some(),
+                    fast_path: p.fast_end.is_some(),
+                })
+                .collect(),
         }
     }
 
