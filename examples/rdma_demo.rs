@@ -19,7 +19,9 @@ use wal::fs::{FileSystem, StdFs};
 const NODES: u64 = 3;
 
 fn addr(i: u64) -> SocketAddr {
-    format!("192.0.2.1{i}:{}", 7600 + i).parse().expect("lab address")
+    format!("192.0.2.1{i}:{}", 7600 + i)
+        .parse()
+        .expect("lab address")
 }
 
 fn payload(i: u64) -> Vec<u8> {
@@ -28,22 +30,46 @@ fn payload(i: u64) -> Vec<u8> {
 }
 
 fn open(id: u64, dir: &std::path::Path) -> Result<Log<RdmaEndpoint>, Box<dyn std::error::Error>> {
-    let peers: BTreeMap<NodeId, SocketAddr> = (1..=NODES).filter(|&p| p != id).map(|p| (NodeId(p), addr(p))).collect();
-    let ep = RdmaEndpoint::open(RdmaConfig::new(NodeId(id), 0xde30, addr(id), peers))?;
-    let mut cfg = ReplicaConfig::new(id, (1..=NODES).collect(), 0xde30, dir.join(format!("node{id}")));
+    let peers: BTreeMap<NodeId, SocketAddr> = (1..=NODES)
+        .filter(|&p| p != id)
+        .map(|p| (NodeId(p), addr(p)))
+        .collect();
+    let mut rc = RdmaConfig::new(NodeId(id), 0xde30, addr(id), peers);
+    // Peers are admitted only after proving they know the cluster secret.
+    rc.secret = Some(Arc::new(
+        b"demo cluster secret, not for production".to_vec(),
+    ));
+    let ep = RdmaEndpoint::open(rc)?;
+    let mut cfg = ReplicaConfig::new(
+        id,
+        (1..=NODES).collect(),
+        0xde30,
+        dir.join(format!("node{id}")),
+    );
     cfg.durability = Durability::Fsync;
     cfg.election_tick = 20;
     cfg.heartbeat_tick = 3;
     cfg.election_window = Some((20 + 10 * id as usize, 21 + 10 * id as usize));
     let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
-    let opts = LogOptions { tick: Duration::from_millis(20), poll: PollMode::Adaptive { spin: Duration::from_micros(50) }, pin_core: None };
+    let opts = LogOptions {
+        tick: Duration::from_millis(20),
+        poll: PollMode::Adaptive {
+            spin: Duration::from_micros(50),
+        },
+        pin_core: None,
+    };
     Ok(Log::open(cfg, ep, fs, opts)?)
 }
 
 fn leader(logs: &[Option<Log<RdmaEndpoint>>], within: Duration) -> Option<u64> {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if let Some(s) = logs.iter().flatten().map(|l| l.status()).find(|s| s.role == Role::Leader) {
+        if let Some(s) = logs
+            .iter()
+            .flatten()
+            .map(|l| l.status())
+            .find(|s| s.role == Role::Leader)
+        {
             return Some(s.id);
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -56,7 +82,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("rdma_demo: not inside the lab (RDMALOG_LAB is unset); run `ops/demo`");
         std::process::exit(2);
     }
-    let total: u64 = std::env::var("RDMALOG_DEMO_APPENDS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let total: u64 = std::env::var("RDMALOG_DEMO_APPENDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
     let dir = std::env::temp_dir().join("rdmalog-demo");
     let _ = std::fs::remove_dir_all(&dir);
     let mut logs: Vec<Option<Log<RdmaEndpoint>>> = Vec::new();
@@ -82,26 +111,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("\ndemo: stopped the leader, node {l}, after {i} appends");
             killed = Some((l, last_commit));
         }
-        let Some(l) = leader(&logs, Duration::from_secs(60)) else { return Err("no leader within 60 s".into()) };
+        let Some(l) = leader(&logs, Duration::from_secs(60)) else {
+            return Err("no leader within 60 s".into());
+        };
         let log = logs[l as usize - 1].as_ref().expect("leader is up");
         let end = (i + 16).min(total);
-        let handles: Vec<_> = (i..end).map_while(|k| log.append(&payload(k)).ok().map(|h| (k, h))).collect();
+        let handles: Vec<_> = (i..end)
+            .map_while(|k| log.append(&payload(k)).ok().map(|h| (k, h)))
+            .collect();
         for (k, h) in handles {
             match h.wait(Duration::from_secs(30)) {
                 Ok(index) => {
                     if let (Some((_, t)), None) = (killed, failover) {
                         failover = Some((l, t.elapsed()));
-                        println!("demo: node {l} took over; failover (last commit before the stop -> first commit after) {:.0} ms", t.elapsed().as_secs_f64() * 1000.0);
+                        println!(
+                            "demo: node {l} took over; failover (last commit before the stop -> first commit after) {:.0} ms",
+                            t.elapsed().as_secs_f64() * 1000.0
+                        );
                     }
                     acked.push((index, k));
                     i = k + 1;
                 }
-                Err(ReplicaError::NotLeader { .. } | ReplicaError::Superseded { .. } | ReplicaError::Timeout { .. } | ReplicaError::Closed) => break,
+                Err(
+                    ReplicaError::NotLeader { .. }
+                    | ReplicaError::Superseded { .. }
+                    | ReplicaError::Timeout { .. }
+                    | ReplicaError::Closed,
+                ) => break,
                 Err(e) => return Err(e.into()),
             }
         }
         if i % 100 < 16 || i == total {
-            print!("\rdemo: {i}/{total} appended and committed ({:.0}/s)", i as f64 / started.elapsed().as_secs_f64());
+            print!(
+                "\rdemo: {i}/{total} appended and committed ({:.0}/s)",
+                i as f64 / started.elapsed().as_secs_f64()
+            );
             std::io::stdout().flush().ok();
         }
     }
@@ -115,7 +159,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let got = loop {
                 match log.read(index)? {
                     Some(d) => break Some(d),
-                    None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                    None if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
                     None => break None,
                 }
             };
@@ -128,7 +174,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let l = leader(&logs, Duration::from_secs(10)).ok_or("no leader at the end")?;
     let s = logs[l as usize - 1].as_ref().expect("up").status();
-    println!("demo: leader {l} stats: {} fast appends ({:.1} MiB RDMA-written), {} slow, {} fenced writes", s.stats.fast_appends, s.stats.fast_bytes as f64 / 1048576.0, s.stats.slow_appends, s.stats.fenced_writes);
+    println!(
+        "demo: leader {l} stats: {} fast appends ({:.1} MiB RDMA-written), {} slow, {} fenced writes",
+        s.stats.fast_appends,
+        s.stats.fast_bytes as f64 / 1048576.0,
+        s.stats.slow_appends,
+        s.stats.fenced_writes
+    );
     let identical = lost == 0 && differ == 0;
     println!(
         "demo: {} appended, {} committed, {lost} lost, logs {} on {} hosts ({:?})",

@@ -157,6 +157,8 @@ pub enum DisconnectReason {
     PeerReset,
     /// This side closed it.
     Closed,
+    /// The peer failed admission (wrong cluster secret, or none), or refused us.
+    Refused,
 }
 
 /// Something [`Fabric::poll`] reports.

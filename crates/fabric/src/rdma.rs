@@ -75,7 +75,86 @@ pub struct RdmaConfig {
     /// peer ever holds a connection without our region. Off for endpoints that advertise
     /// nothing.
     pub accept_only_after_advertise: bool,
+    /// The cluster secret. With one, a connected peer is admitted (its `Connected` event is
+    /// reported, so it can be granted remote write and its messages are acted on) only after it
+    /// proved it knows the secret: an HMAC-SHA256 over our fresh nonce, the cluster id and both
+    /// node ids, exchanged over the first send/recv. rkeys are guessable; this is not.
+    pub secret: Option<Arc<Vec<u8>>>,
+    /// How long a connected peer has to prove itself before it is dropped.
+    pub admission_timeout: Duration,
 }
+
+/// Shortest accepted cluster secret: 128 bits.
+pub const MIN_SECRET_BYTES: usize = 16;
+
+/// Reads a cluster secret file: at least [`MIN_SECRET_BYTES`] bytes (a trailing newline is
+/// ignored), readable by its owner only.
+pub fn load_secret(path: &std::path::Path) -> Result<Vec<u8>, FabricError> {
+    use std::os::unix::fs::PermissionsExt;
+    let bad = |reason: String| FabricError::Register {
+        len_bytes: 0,
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| {
+        bad(format!(
+            "cannot read the secret file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let mode = meta.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "the secret file {} is readable by group or others (mode {:o}); run `chmod 600 {}`",
+            path.display(),
+            mode & 0o777,
+            path.display()
+        )));
+    }
+    let mut bytes = std::fs::read(path).map_err(|e| {
+        bad(format!(
+            "cannot read the secret file {}: {e}",
+            path.display()
+        ))
+    })?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    if bytes.len() < MIN_SECRET_BYTES {
+        return Err(bad(format!(
+            "the secret in {} has {} bytes; use at least {MIN_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
+            path.display(),
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The proof that `prover` knows `secret`, answering `verifier`'s `nonce` in `cluster_id`.
+pub fn admission_proof(
+    secret: &[u8],
+    cluster_id: u64,
+    prover: NodeId,
+    verifier: NodeId,
+    nonce: &[u8; NONCE_BYTES],
+) -> [u8; 32] {
+    use hmac::Mac;
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(b"rdmalog-admission-v1");
+    mac.update(&cluster_id.to_le_bytes());
+    mac.update(&prover.0.to_le_bytes());
+    mac.update(&verifier.0.to_le_bytes());
+    mac.update(nonce);
+    mac.finalize().into_bytes().into()
+}
+
+/// Bytes of an admission nonce.
+pub const NONCE_BYTES: usize = 16;
+
+/// Bit 63 of a frame header marks a control frame (admission); credit totals never reach it.
+const CONTROL_BIT: u64 = 1 << 63;
+const CONTROL_CHALLENGE: u8 = 1;
+const CONTROL_PROOF: u8 = 2;
 
 impl RdmaConfig {
     /// Defaults: 16 receive slots per connection, the verbs crate's QP tuning.
@@ -98,6 +177,8 @@ impl RdmaConfig {
             connect: ConnectConfig::default(),
             recv_slots: 16,
             accept_only_after_advertise: true,
+            secret: None,
+            admission_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -144,6 +225,14 @@ struct Conn {
     broken: bool,
     /// Whether this side connected (else it accepted).
     outgoing: bool,
+    /// Whether the peer proved it knows the cluster secret (always, without a secret).
+    admitted: bool,
+    /// Our challenge to the peer.
+    nonce: [u8; NONCE_BYTES],
+    /// When the connection came up, for the admission timeout.
+    since: std::time::Instant,
+    /// The region the peer advertised, reported once it is admitted.
+    region: Option<RemoteRegion>,
 }
 
 impl Conn {
@@ -201,6 +290,7 @@ pub struct RdmaEndpoint {
     hello: Arc<Mutex<Hello>>,
     connecting: BTreeMap<NodeId, ()>,
     last_errors: BTreeMap<NodeId, String>,
+    refusals: u64,
     qpn: BTreeMap<u32, NodeId>,
     inboxes: BTreeMap<NodeId, Inbox>,
     events: VecDeque<Event>,
@@ -230,20 +320,23 @@ fn map_status(s: verbs::WcStatus) -> WcStatus {
 
 fn write_words(words: &[AtomicU64], offset: usize, data: &[u8]) {
     let mut pos = offset;
-    for chunk in data.chunks(8) {
+    let mut rest = data;
+    while !rest.is_empty() {
         let wi = pos / 8;
-        if pos % 8 == 0 && chunk.len() == 8 {
+        let within = pos % 8;
+        let take = (8 - within).min(rest.len());
+        if take == 8 {
             words[wi].store(
-                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                u64::from_le_bytes(rest[..8].try_into().expect("8 bytes")),
                 Ordering::Release,
             );
         } else {
             let mut cur = words[wi].load(Ordering::Acquire).to_le_bytes();
-            let within = pos % 8;
-            cur[within..within + chunk.len()].copy_from_slice(chunk);
+            cur[within..within + take].copy_from_slice(&rest[..take]);
             words[wi].store(u64::from_le_bytes(cur), Ordering::Release);
         }
-        pos += chunk.len();
+        pos += take;
+        rest = &rest[take..];
     }
 }
 
@@ -339,6 +432,7 @@ impl RdmaEndpoint {
             hello,
             connecting: BTreeMap::new(),
             last_errors: BTreeMap::new(),
+            refusals: 0,
             qpn: BTreeMap::new(),
             inboxes: BTreeMap::new(),
             events: VecDeque::new(),
@@ -350,6 +444,11 @@ impl RdmaEndpoint {
     /// Why the last connect to `peer` failed, if it did: for logs and status pages.
     pub fn last_connect_error(&self, peer: NodeId) -> Option<&str> {
         self.last_errors.get(&peer).map(String::as_str)
+    }
+
+    /// How many connected peers were refused admission.
+    pub fn refusals(&self) -> u64 {
+        self.refusals
     }
 
     /// The device in use.
@@ -436,6 +535,10 @@ impl RdmaEndpoint {
             inflight: VecDeque::new(),
             broken: false,
             outgoing,
+            admitted: self.cfg.secret.is_none(),
+            nonce: [0; NONCE_BYTES],
+            since: std::time::Instant::now(),
+            region,
         };
         self.conns.insert(peer, c);
         self.inboxes.insert(
@@ -444,10 +547,92 @@ impl RdmaEndpoint {
                 slots: vec![None; slots],
             },
         );
-        self.events.push_back(Event::Connected {
-            peer,
-            remote: region,
-        });
+        if self.cfg.secret.is_none() {
+            self.events.push_back(Event::Connected {
+                peer,
+                remote: region,
+            });
+            return;
+        }
+        let mut nonce = [0u8; NONCE_BYTES];
+        if let Err(e) = getrandom::fill(&mut nonce) {
+            tracing::error!(%peer, error = %e, "no randomness for an admission nonce; dropping the connection");
+            self.break_conn(peer, None, DisconnectReason::Refused);
+            return;
+        }
+        if let Some(c) = self.conns.get_mut(&peer) {
+            c.nonce = nonce;
+        }
+        let mut msg = [0u8; 1 + NONCE_BYTES];
+        msg[0] = CONTROL_CHALLENGE;
+        msg[1..].copy_from_slice(&nonce);
+        if self.send_control(peer, &msg).is_err() {
+            self.break_conn(peer, None, DisconnectReason::Refused);
+        }
+    }
+
+    fn send_control(&mut self, peer: NodeId, msg: &[u8]) -> Result<(), FabricError> {
+        self.send_frame_flags(peer, u64::MAX, msg, true, CONTROL_BIT)
+    }
+
+    /// Refuses a peer that failed admission, saying why on this side (the peer sees its
+    /// connection drop and logs that it was refused).
+    fn refuse(&mut self, peer: NodeId, why: &str) {
+        tracing::warn!(%peer, why, "refused a peer");
+        self.last_errors.insert(peer, format!("refused: {why}"));
+        self.refusals += 1;
+        self.break_conn(peer, None, DisconnectReason::Refused);
+    }
+
+    fn handle_control(&mut self, peer: NodeId, msg: &[u8]) {
+        let Some(secret) = self.cfg.secret.clone() else {
+            self.refuse(
+                peer,
+                "it demands admission but this node has no cluster secret configured",
+            );
+            return;
+        };
+        match (msg.first(), msg.len()) {
+            (Some(&CONTROL_CHALLENGE), len) if len == 1 + NONCE_BYTES => {
+                let nonce: [u8; NONCE_BYTES] = msg[1..].try_into().expect("length checked");
+                let proof =
+                    admission_proof(&secret, self.cfg.cluster_id, self.cfg.node, peer, &nonce);
+                let mut out = [0u8; 33];
+                out[0] = CONTROL_PROOF;
+                out[1..].copy_from_slice(&proof);
+                if self.send_control(peer, &out).is_err() {
+                    self.break_conn(peer, None, DisconnectReason::Refused);
+                }
+            }
+            (Some(&CONTROL_PROOF), 33) => {
+                use hmac::Mac;
+                let Some(c) = self.conns.get(&peer) else {
+                    return;
+                };
+                let mut mac =
+                    hmac::Hmac::<sha2::Sha256>::new_from_slice(&secret).expect("any key length");
+                mac.update(b"rdmalog-admission-v1");
+                mac.update(&self.cfg.cluster_id.to_le_bytes());
+                mac.update(&peer.0.to_le_bytes());
+                mac.update(&self.cfg.node.0.to_le_bytes());
+                mac.update(&c.nonce);
+                // Constant-time comparison, so the proof cannot be guessed byte by byte.
+                if mac.verify_slice(&msg[1..]).is_err() {
+                    self.refuse(
+                        peer,
+                        "its admission proof does not match: wrong cluster secret",
+                    );
+                    return;
+                }
+                let c = self.conns.get_mut(&peer).expect("checked above");
+                if !c.admitted {
+                    c.admitted = true;
+                    let remote = c.region;
+                    self.events.push_back(Event::Connected { peer, remote });
+                }
+            }
+            _ => self.refuse(peer, "it sent a malformed admission frame"),
+        }
     }
 
     /// Sends one frame (header + `msg`) on `peer`'s connection.
@@ -457,6 +642,21 @@ impl RdmaEndpoint {
         wr_id: u64,
         msg: &[u8],
         credit_only: bool,
+    ) -> Result<(), FabricError> {
+        let admitted = self.conns.get(&peer).is_some_and(|c| c.admitted);
+        if !credit_only && !admitted {
+            return Err(FabricError::NotConnected { peer });
+        }
+        self.send_frame_flags(peer, wr_id, msg, credit_only, 0)
+    }
+
+    fn send_frame_flags(
+        &mut self,
+        peer: NodeId,
+        wr_id: u64,
+        msg: &[u8],
+        credit_only: bool,
+        flags: u64,
     ) -> Result<(), FabricError> {
         let c = self
             .conns
@@ -475,7 +675,7 @@ impl RdmaEndpoint {
         };
         let off = slot * self.slot_bytes;
         let adv = c.advertised();
-        write_words(c.send_words.words(), off, &adv.to_le_bytes());
+        write_words(c.send_words.words(), off, &(adv | flags).to_le_bytes());
         write_words(c.send_words.words(), off + FRAME_HEADER_BYTES, msg);
         match c
             .conn
@@ -639,8 +839,20 @@ impl RdmaEndpoint {
                 self.break_conn(peer, None, DisconnectReason::Failed(WcStatus::RemoteAccess));
                 continue;
             };
-            c.credits.update(adv);
+            c.credits.update(adv & !CONTROL_BIT);
+            if adv & CONTROL_BIT != 0 {
+                let msg = payload.unwrap_or_default();
+                self.handle_control(peer, &msg);
+                continue;
+            }
             let Some(msg) = payload else { continue }; // a credit-only frame
+            if !c.admitted {
+                self.refuse(
+                    peer,
+                    "it sent data before proving it knows the cluster secret",
+                );
+                continue;
+            }
             let inbox = self.inboxes.entry(peer).or_default();
             let Some(slot) = inbox.slots.iter().position(Option::is_none) else {
                 // The peer sent beyond the credits we granted: a protocol violation.
@@ -740,9 +952,12 @@ impl Fabric for RdmaEndpoint {
     }
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
-        if self.conns.get(&peer).is_some_and(|c| !c.broken) {
-            ConnState::Up
-        } else if self.connecting.contains_key(&peer) {
+        match self.conns.get(&peer).filter(|c| !c.broken) {
+            Some(c) if c.admitted => return ConnState::Up,
+            Some(_) => return ConnState::Connecting,
+            None => {}
+        }
+        if self.connecting.contains_key(&peer) {
             ConnState::Connecting
         } else {
             ConnState::Down
@@ -763,7 +978,7 @@ impl Fabric for RdmaEndpoint {
         let c = self
             .conns
             .get_mut(&peer)
-            .filter(|c| !c.broken)
+            .filter(|c| !c.broken && c.admitted)
             .ok_or(FabricError::NotConnected { peer })?;
         let remote = verbs::RemoteRegion {
             addr: wr.remote.addr,
@@ -815,7 +1030,7 @@ impl Fabric for RdmaEndpoint {
     fn send_credits(&self, peer: NodeId) -> u32 {
         self.conns
             .get(&peer)
-            .filter(|c| !c.broken && !c.free_send.is_empty())
+            .filter(|c| !c.broken && c.admitted && !c.free_send.is_empty())
             .map_or(0, |c| c.credits.available().saturating_sub(1) as u32)
     }
 
@@ -844,7 +1059,7 @@ impl Fabric for RdmaEndpoint {
     }
 
     fn set_remote_write(&mut self, peer: NodeId, allowed: bool) -> Result<(), FabricError> {
-        match self.conns.get(&peer).filter(|c| !c.broken) {
+        match self.conns.get(&peer).filter(|c| !c.broken && c.admitted) {
             Some(c) => {
                 let r = if allowed {
                     c.conn.qp().grant_remote_write()
@@ -863,6 +1078,16 @@ impl Fabric for RdmaEndpoint {
 
     fn poll(&mut self, out: &mut [Event]) -> usize {
         self.poll_cm();
+        let limit = self.cfg.admission_timeout;
+        let late: Vec<NodeId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.broken && !c.admitted && c.since.elapsed() > limit)
+            .map(|(p, _)| *p)
+            .collect();
+        for peer in late {
+            self.refuse(peer, "it did not prove it knows the cluster secret in time");
+        }
         self.poll_send_cq();
         self.poll_recv_cq();
         let mut k = 0;
@@ -1023,5 +1248,95 @@ impl Dialer {
             ),
             Err(e) => CmResult::Failed(peer, e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn secrets_must_be_long_and_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("secret");
+        std::fs::write(&p, b"0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(
+            load_secret(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("chmod 600")
+        );
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load_secret(&p).unwrap(), b"0123456789abcdef0123");
+        std::fs::write(&p, b"short\n").unwrap();
+        assert!(
+            load_secret(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("at least 16")
+        );
+        assert!(load_secret(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn proofs_bind_secret_cluster_both_ids_and_nonce() {
+        let n = [7u8; NONCE_BYTES];
+        let base = admission_proof(b"0123456789abcdef", 1, NodeId(1), NodeId(2), &n);
+        assert_eq!(
+            base,
+            admission_proof(b"0123456789abcdef", 1, NodeId(1), NodeId(2), &n)
+        );
+        assert_ne!(
+            base,
+            admission_proof(b"0123456789abcdeX", 1, NodeId(1), NodeId(2), &n)
+        );
+        assert_ne!(
+            base,
+            admission_proof(b"0123456789abcdef", 2, NodeId(1), NodeId(2), &n)
+        );
+        assert_ne!(
+            base,
+            admission_proof(b"0123456789abcdef", 1, NodeId(2), NodeId(1), &n)
+        );
+        assert_ne!(
+            base,
+            admission_proof(
+                b"0123456789abcdef",
+                1,
+                NodeId(1),
+                NodeId(2),
+                &[8; NONCE_BYTES]
+            )
+        );
+    }
+
+    #[test]
+    fn statuses_map_to_the_fabric_classes() {
+        assert_eq!(
+            map_status(verbs::WcStatus::RemoteAccess),
+            WcStatus::RemoteAccess
+        );
+        assert_eq!(map_status(verbs::WcStatus::Flushed), WcStatus::Flushed);
+        assert_eq!(map_status(verbs::WcStatus::Rnr), WcStatus::RnrRetryExceeded);
+        assert_eq!(
+            map_status(verbs::WcStatus::LocalError),
+            WcStatus::RetryExceeded
+        );
+    }
+
+    #[test]
+    fn words_are_written_at_any_alignment() {
+        let words: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        write_words(&words, 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let bytes: Vec<u8> = words
+            .iter()
+            .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes())
+            .collect();
+        assert_eq!(
+            &bytes[..16],
+            &[0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 0]
+        );
     }
 }

@@ -6,7 +6,9 @@
 //! the advertised region; writes followed by sends are seen in order; credits bound sends and
 //! come back when receives are reposted; a revoked connection fails the next write with
 //! `RemoteAccess`, leaves the target unchanged and breaks the connection; a reconnect and a
-//! grant make writes work again.
+//! grant make writes work again. With a cluster secret, peers that know it are admitted and
+//! talk; a peer with the wrong secret is refused on both sides, never reported as connected,
+//! and can never be granted remote write.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -35,9 +37,15 @@ struct Node {
 }
 
 fn node(id: NodeId, peer: NodeId) -> Node {
+    node_with(id, peer, addr, None)
+}
+
+fn node_with(id: NodeId, peer: NodeId, addr: fn(u64) -> SocketAddr, secret: Option<&[u8]>) -> Node {
     let mut peers = BTreeMap::new();
     peers.insert(peer, addr(peer.0));
     let mut cfg = RdmaConfig::new(id, 0xC1, addr(id.0), peers);
+    cfg.secret = secret.map(|s| Arc::new(s.to_vec()));
+    cfg.admission_timeout = Duration::from_secs(5);
     cfg.qp.timeout = 12;
     cfg.qp.retry_cnt = 3;
     let mut ep = RdmaEndpoint::open(cfg).expect("endpoint");
@@ -249,4 +257,69 @@ fn memory_not_from_alloc_is_refused() {
     let foreign: Arc<dyn Memory> = Arc::new(fabric::VecMemory::new(4096));
     let err = a.ep.register(foreign).unwrap_err().to_string();
     assert!(err.contains("RdmaEndpoint::alloc"), "{err}");
+}
+
+fn admission_addr(n: u64) -> SocketAddr {
+    format!("192.0.2.1{n}:{}", 7480 + n).parse().unwrap()
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn peers_with_the_secret_are_admitted_and_a_wrong_secret_is_refused() {
+    let good: &[u8] = b"correct horse battery staple";
+    let mut a = node_with(A, B, admission_addr, Some(good));
+    let mut b = node_with(B, A, admission_addr, Some(good));
+    a.ep.connect(B).unwrap();
+    until(&mut [&mut a, &mut b], "admission", |n| {
+        n[0].ep.conn_state(B) == ConnState::Up && n[1].ep.conn_state(A) == ConnState::Up
+    });
+    assert!(
+        a.events
+            .iter()
+            .any(|e| matches!(e, Event::Connected { .. }))
+    );
+    a.ep.post_send(B, 1, b"hello").unwrap();
+    until(&mut [&mut a, &mut b], "a message after admission", |n| {
+        n[1].events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+    });
+    drop(a);
+    drop(b);
+
+    // A third node with the wrong secret connects to node 1 on another port pair.
+    let other = |n: u64| -> SocketAddr { format!("192.0.2.1{n}:{}", 7490 + n).parse().unwrap() };
+    let mut a = node_with(A, NodeId(3), other, Some(good));
+    let mut c = node_with(NodeId(3), A, other, Some(b"a wrong secret, long enough"));
+    a.ep.connect(NodeId(3)).unwrap();
+    let t = Instant::now();
+    until(&mut [&mut a, &mut c], "refusal on both sides", |n| {
+        n[0].ep.refusals() >= 1 && n[1].ep.refusals() >= 1
+    });
+    println!(
+        "refused on both sides after {:.1} s: node 1 says {:?}; node 3 says {:?}",
+        t.elapsed().as_secs_f64(),
+        a.ep.last_connect_error(NodeId(3)),
+        c.ep.last_connect_error(A)
+    );
+    assert!(
+        a.ep.last_connect_error(NodeId(3))
+            .unwrap()
+            .contains("wrong cluster secret")
+    );
+    for n in [&a, &c] {
+        assert!(
+            !n.events
+                .iter()
+                .any(|e| matches!(e, Event::Connected { .. })),
+            "a refused peer was reported connected: {:?}",
+            n.events
+        );
+    }
+    assert_eq!(a.ep.conn_state(NodeId(3)), ConnState::Down);
+    assert!(
+        a.ep.set_remote_write(NodeId(3), true).is_err(),
+        "remote write granted to a refused peer"
+    );
+    assert!(c.ep.post_send(A, 1, b"let me in").is_err());
 }
