@@ -281,7 +281,9 @@ pub fn clear_netem(host: u8) -> Result<()> {
     }
 }
 
-/// Takes host `host`'s link down or up (its rxe port follows).
+/// Takes host `host`'s link down or up (its rxe port follows). Taking a link down flushes its
+/// neighbour table, so bringing it up reinstalls the static entries the lab boots with
+/// (without them the first host to transmit to an unresolved peer loses its packets).
 pub fn set_link(host: u8, up: bool) -> Result<()> {
     check_host(host)?;
     let args: Vec<String> = [
@@ -292,9 +294,34 @@ pub fn set_link(host: u8, up: bool) -> Result<()> {
     ]
     .map(String::from)
     .to_vec();
-    run_tool("ip", &args)
+    run_tool("ip", &args)?;
+    if up {
+        install_neighbours(host)?;
+    }
+    Ok(())
 }
 
+/// Installs permanent neighbour entries on host `host`'s veth for every other host.
+pub fn install_neighbours(host: u8) -> Result<()> {
+    let n = hosts()?;
+    for other in (1..=n).filter(|&o| o != host) {
+        let path = format!("/sys/class/net/{}/address", netdev_name(other));
+        let mac = fs::read_to_string(&path).map_err(io_err(format!("cannot read {path}")))?;
+        let args: Vec<String> = vec![
+            "neigh".into(),
+            "replace".into(),
+            crate::config::host_addr(other).to_string(),
+            "lladdr".into(),
+            mac.trim().to_string(),
+            "dev".into(),
+            netdev_name(host),
+            "nud".into(),
+            "permanent".into(),
+        ];
+        run_tool("ip", &args)?;
+    }
+    Ok(())
+}
 /// A signal a fault hook sends to a process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {

@@ -78,6 +78,15 @@ fn a_downed_link_takes_the_rxe_port_down_and_back() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert_eq!(state, "ACTIVE", "rxe2 did not come back after v2 up");
+    let neigh = std::process::Command::new("ip")
+        .args(["neigh", "show", "dev", "v2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&neigh.stdout);
+    assert!(
+        text.contains("192.0.2.11") && text.contains("PERMANENT"),
+        "static neighbours not restored: {text}"
+    );
 }
 
 #[test]
