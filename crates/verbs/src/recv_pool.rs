@@ -94,10 +94,11 @@ impl RecvPool {
             return Ok(Err(wc.status));
         }
         let len = (wc.byte_len as usize).min(self.slot_size);
+        // The slice covers only this slot (other slots may still be posted), it stays
+        // unposted while the slice lives, and the pool's memory is never remotely writable
+        // (LOCAL_WRITE only).
         // SAFETY: the slot's completion was polled and it is marked not posted, so the
-        // device no longer writes this range (other slots may still be posted; the slice
-        // covers only this one); it stays unposted while the slice lives, and the pool's
-        // memory is never remotely writable (LOCAL_WRITE only).
+        // device no longer writes this range while the slice lives.
         let bytes = unsafe { self.mr.range(slot * self.slot_size, len)? };
         let r = f(bytes);
         self.post(qp, slot)?;

@@ -135,12 +135,13 @@ impl QueuePair {
         remote_offset: u64,
         force_signal: bool,
     ) -> Result<u64> {
-        // SAFETY: post_write's contract asks that the source range stay unmodified and
-        // registered until completion. Modification: the range is atomic words, so concurrent
-        // CPU stores race with the device's reads only as data (torn bytes), never as UB.
-        // Registration: `local` is borrowed for the call; if its owner deregisters it before
-        // the completion, ibv_dereg_mr has revoked the lkey in the device first, so the WR
-        // completes with a local protection error instead of touching freed memory.
+        // post_write's contract asks that the source range stay unmodified and registered
+        // until completion. Registration: `local` is borrowed for the call; if its owner
+        // deregisters it before the completion, ibv_dereg_mr has revoked the lkey in the
+        // device first, so the WR fails with a local protection error instead of touching
+        // freed memory.
+        // SAFETY: the range is atomic words, so CPU stores that race with the device's reads
+        // tear only data, never cause UB; deregistration is handled as said above.
         unsafe {
             self.post_write(
                 &local.mr,
