@@ -49,6 +49,9 @@ const FRAME_HEADER_BYTES: usize = 8;
 /// its queue of outgoing connects again.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
+/// Receive completions kept for queue pairs not yet handed over by the CM thread.
+const EARLY_WC_LIMIT: usize = 1024;
+
 /// Completions taken per CQ poll (the array is allocated once).
 const WC_BATCH: usize = 64;
 
@@ -291,6 +294,7 @@ pub struct RdmaEndpoint {
     connecting: BTreeMap<NodeId, ()>,
     last_errors: BTreeMap<NodeId, String>,
     refusals: u64,
+    early_wc: Vec<verbs::Completion>,
     qpn: BTreeMap<u32, NodeId>,
     inboxes: BTreeMap<NodeId, Inbox>,
     events: VecDeque<Event>,
@@ -433,6 +437,7 @@ impl RdmaEndpoint {
             connecting: BTreeMap::new(),
             last_errors: BTreeMap::new(),
             refusals: 0,
+            early_wc: Vec::new(),
             qpn: BTreeMap::new(),
             inboxes: BTreeMap::new(),
             events: VecDeque::new(),
@@ -474,6 +479,10 @@ impl RdmaEndpoint {
             }));
         }
         c.broken = true;
+        // Receive events not yet taken by the owner name slots of this connection's inbox;
+        // they must not be read as slots of the next one.
+        self.events
+            .retain(|e| !matches!(e, Event::Completion(x) if x.peer == peer && x.op == WcOp::Recv));
         self.qpn.retain(|_, p| *p != peer);
         if let Some(inbox) = self.inboxes.get_mut(&peer) {
             inbox.slots.iter_mut().for_each(|s| *s = None);
@@ -488,11 +497,15 @@ impl RdmaEndpoint {
             self.connecting.remove(&peer);
         }
         if let Some(existing) = self.conns.get(&peer).filter(|c| !c.broken) {
-            // Both sides connected at once: keep the connection the lower node id initiated,
-            // on both sides, so the pair settles on one connection instead of flapping.
+            // A new connection from the same initiator as the one we hold means that side
+            // considers the old one dead (it restarted, or saw an error we have not seen yet,
+            // e.g. on an idle follower-to-follower link): the new one replaces it. Connections
+            // from different initiators mean both sides dialled at once: both sides keep the
+            // one the lower node id made, so the pair settles instead of flapping.
             let lower = self.cfg.node.min(peer);
             let initiator = |out: bool| if out { self.cfg.node } else { peer };
-            if initiator(existing.outgoing) == lower || initiator(outgoing) != lower {
+            let (old_by, new_by) = (initiator(existing.outgoing), initiator(outgoing));
+            if old_by != new_by && old_by == lower {
                 tracing::debug!(%peer, "dropping a duplicate connection");
                 return;
             }
@@ -547,7 +560,18 @@ impl RdmaEndpoint {
                 slots: vec![None; slots],
             },
         );
+        let qp_num = self.conns[&peer].conn.qp().qp_num();
+        let early: Vec<verbs::Completion> = self
+            .early_wc
+            .iter()
+            .filter(|w| w.qp_num == qp_num)
+            .copied()
+            .collect();
+        self.early_wc.retain(|w| w.qp_num != qp_num);
         if self.cfg.secret.is_none() {
+            for wc in early {
+                self.handle_recv(peer, wc);
+            }
             self.events.push_back(Event::Connected {
                 peer,
                 remote: region,
@@ -568,6 +592,10 @@ impl RdmaEndpoint {
         msg[1..].copy_from_slice(&nonce);
         if self.send_control(peer, &msg).is_err() {
             self.break_conn(peer, None, DisconnectReason::Refused);
+            return;
+        }
+        for wc in early {
+            self.handle_recv(peer, wc);
         }
     }
 
@@ -723,6 +751,10 @@ impl RdmaEndpoint {
                     tracing::info!(%peer, why, "connect failed");
                     self.connecting.remove(&peer);
                     self.last_errors.insert(peer, why);
+                    if self.conns.get(&peer).is_some_and(|c| !c.broken) {
+                        // The peer's own connection to us is up: our failed dial changes nothing.
+                        continue;
+                    }
                     self.events.push_back(Event::Disconnected {
                         peer,
                         reason: DisconnectReason::Unreachable,
@@ -751,6 +783,11 @@ impl RdmaEndpoint {
             c.conn.qp().retire(&wc);
             // RC completes in order: everything before this sequence is done too (only
             // signaled WRs make completions, and every WR here is signaled).
+            if !c.inflight.iter().any(|f| f.seq == wc.wr_id) {
+                // Not one of ours (a stale completion of an earlier QP with this number).
+                continue;
+            }
+            c.conn.qp().retire(&wc);
             let mut done = None;
             while let Some(f) = c.inflight.front() {
                 if f.seq > wc.wr_id {
@@ -802,11 +839,29 @@ impl RdmaEndpoint {
         };
         for i in 0..n {
             let wc = self.wc[i];
-            let Some(&peer) = self.qpn.get(&wc.qp_num) else {
-                continue;
-            };
+            match self.qpn.get(&wc.qp_num) {
+                Some(&peer) => self.handle_recv(peer, wc),
+                None => {
+                    // A connection the CM thread has brought up but not yet handed over: its
+                    // peer may already be sending (the accepting side's QP is live before
+                    // ESTABLISHED). Keep the completion for `adopt`, bounded.
+                    if self.early_wc.len() >= EARLY_WC_LIMIT {
+                        let dropped = self.early_wc.remove(0);
+                        tracing::warn!(
+                            qp_num = dropped.qp_num,
+                            "dropping a receive of an unknown queue pair"
+                        );
+                    }
+                    self.early_wc.push(wc);
+                }
+            }
+        }
+    }
+
+    fn handle_recv(&mut self, peer: NodeId, wc: verbs::Completion) {
+        {
             let Some(c) = self.conns.get_mut(&peer) else {
-                continue;
+                return;
             };
             let mut header = None;
             let mut payload: Option<Vec<u8>> = None;
@@ -822,7 +877,7 @@ impl RdmaEndpoint {
                 Ok(Ok(())) => {}
                 Ok(Err(status)) => {
                     self.break_conn(peer, None, DisconnectReason::Failed(map_status(status)));
-                    continue;
+                    return;
                 }
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "receive bookkeeping failed; dropping the connection");
@@ -831,27 +886,27 @@ impl RdmaEndpoint {
                         None,
                         DisconnectReason::Failed(WcStatus::RetryExceeded),
                     );
-                    continue;
+                    return;
                 }
             }
             let Some(adv) = header else {
                 tracing::warn!(%peer, "a frame shorter than its header; dropping the connection");
                 self.break_conn(peer, None, DisconnectReason::Failed(WcStatus::RemoteAccess));
-                continue;
+                return;
             };
             c.credits.update(adv & !CONTROL_BIT);
             if adv & CONTROL_BIT != 0 {
                 let msg = payload.unwrap_or_default();
                 self.handle_control(peer, &msg);
-                continue;
+                return;
             }
-            let Some(msg) = payload else { continue }; // a credit-only frame
+            let Some(msg) = payload else { return }; // a credit-only frame
             if !c.admitted {
                 self.refuse(
                     peer,
                     "it sent data before proving it knows the cluster secret",
                 );
-                continue;
+                return;
             }
             let inbox = self.inboxes.entry(peer).or_default();
             let Some(slot) = inbox.slots.iter().position(Option::is_none) else {
@@ -862,7 +917,7 @@ impl RdmaEndpoint {
                     None,
                     DisconnectReason::Failed(WcStatus::RnrRetryExceeded),
                 );
-                continue;
+                return;
             };
             let len = msg.len() as u32;
             inbox.slots[slot] = Some(msg);
@@ -1090,6 +1145,11 @@ impl Fabric for RdmaEndpoint {
         }
         self.poll_send_cq();
         self.poll_recv_cq();
+        // A credit update that found no free send slot is retried here.
+        let peers: Vec<NodeId> = self.conns.keys().copied().collect();
+        for peer in peers {
+            self.maybe_send_credit(peer);
+        }
         let mut k = 0;
         while k < out.len() {
             match self.events.pop_front() {

@@ -310,9 +310,12 @@ fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
     while !s.stop.load(Ordering::Acquire) {
         let (result, commit, busy) = {
             let mut r = s.lock();
-            if Instant::now() >= next_tick {
+            let now = Instant::now();
+            if now >= next_tick {
                 r.tick();
-                next_tick += o.tick;
+                // After a stall (a long fsync, a pause) tick once and move on: a burst of
+                // catch-up ticks would make the leader step down and followers campaign.
+                next_tick = (next_tick + o.tick).max(now);
             }
             let before = r.work_counter();
             let result = r.process();

@@ -198,6 +198,8 @@ pub struct Replica<F: Fabric> {
     stats: ReplicaStats,
     poisoned: Option<String>,
     events: Vec<Event>,
+    /// The (term, leader?) the peers' fast-path state belongs to.
+    fast_epoch: (u64, bool),
     work: u64,
     encode_buf: Vec<u8>,
     scratch: Vec<u8>,
@@ -303,6 +305,12 @@ impl<F: Fabric> Replica<F> {
                 peers.insert(*id, Peer::default());
             }
         }
+        // raft-rs refuses to start when the persisted commit index lies outside the log it
+        // finds: below it after a prefix truncation (commit-only changes are not written to
+        // raft-state), above it if a machine crash lost a Memory-durability tail. Commit is
+        // re-learned from the leader, so clamping it into the log is safe.
+        let mut hs = hs;
+        hs.commit = hs.commit.clamp(applied, wal.last_index().0.max(applied));
         let storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, 0));
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&rc, storage, &logger)?;
@@ -332,6 +340,7 @@ impl<F: Fabric> Replica<F> {
             stats: ReplicaStats::default(),
             poisoned: None,
             events: vec![dummy; POLL_BATCH],
+            fast_epoch: (0, false),
             work: 0,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             scratch: Vec::new(),
@@ -613,7 +622,10 @@ impl<F: Fabric> Replica<F> {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
         if self.raw.has_ready() {
-            self.handle_ready()?;
+            if let Err(e) = self.handle_ready() {
+                self.poisoned = Some(e.to_string());
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -628,8 +640,15 @@ impl<F: Fabric> Replica<F> {
             self.work += n as u64;
             for i in 0..n {
                 let e = self.events[i];
-                self.handle_event(e)?;
+                if let Err(err) = self.handle_event(e) {
+                    self.poisoned.get_or_insert_with(|| err.to_string());
+                    return Err(err);
+                }
             }
+            // Grant the new leader's connection before our answers to it leave in the Ready
+            // below, so its first fast write does not race the grant.
+            self.update_fencing();
+            self.forget_stale_fast_paths();
             let ready = self.raw.has_ready();
             if ready {
                 self.work += 1;
@@ -644,6 +663,18 @@ impl<F: Fabric> Replica<F> {
             self.flush_outboxes();
             if n == 0 && !ready {
                 return Ok(());
+            }
+        }
+    }
+
+    /// A leader's fast-path state belongs to its term: after any change of term or role it
+    /// is dropped, so a re-elected former leader never writes from a stale `fast_end`.
+    fn forget_stale_fast_paths(&mut self) {
+        let now = (self.raw.raft.term, self.raw.raft.state == StateRole::Leader);
+        if now != self.fast_epoch {
+            self.fast_epoch = now;
+            for p in self.peers.values_mut() {
+                p.fast_end = None;
             }
         }
     }
@@ -758,8 +789,10 @@ impl<F: Fabric> Replica<F> {
                     self.reject_peer(peer);
                     return Ok(());
                 }
-                if m.term > self.raw.raft.term {
-                    // Mu's order: revoke first; grant only after raft has the new term.
+                if m.term > self.raw.raft.term && m.get_msg_type() != MessageType::MsgRequestPreVote
+                {
+                    // Mu's order: revoke first; grant only after raft has the new term. A
+                    // pre-vote never changes the term, so it does not disturb the leader's path.
                     self.revoke();
                 }
                 if let Some(r) = ring {
@@ -869,6 +902,15 @@ impl<F: Fabric> Replica<F> {
 
     /// Validates the leader's bytes and builds raft's entries from them.
     fn accept_fast(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, ()> {
+        let kept = self.ring_entries.len();
+        let r = self.accept_fast_inner(m, lsn_end);
+        if r.is_err() {
+            self.ring_entries.truncate(kept);
+        }
+        r
+    }
+
+    fn accept_fast_inner(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, ()> {
         let before = self.producer.position();
         let after = self.producer.accept_written(Lsn(lsn_end)).map_err(|_| ())?;
         let want_last = m.entries.last().map(|e| e.index).unwrap_or(0);
