@@ -1,0 +1,242 @@
+//! `rdmalog-node`: one replica on one host, over RDMA, with a line-based *driver port* that
+//! the lab's workload and fault tests use (it is a test harness interface, not the client
+//! protocol of the server issue).
+//!
+//! Driver port commands, one per line, answered with one line:
+//! - `APPEND <hex payload>` → `OK <index> <crc32c>` | `NOTLEADER <leader id or 0>` | `ERR <why>`
+//! - `READ <index>` → `DATA <hex payload>` | `NONE`
+//! - `STATUS` → `STATUS id=<id> role=<role> term=<t> leader=<l> commit=<c> fast=<n> slow=<n> fenced=<n>`
+
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use fabric::NodeId;
+use fabric::rdma::{RdmaConfig, RdmaEndpoint, load_secret};
+use replica::{Durability, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role};
+use wal::fs::{FileSystem, StdFs};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rdmalog-node",
+    about = "One rdmalog replica over RDMA with a driver port for lab tests"
+)]
+struct Args {
+    /// This node's id (1..).
+    #[arg(long)]
+    id: u64,
+    /// Cluster id (hex or decimal).
+    #[arg(long, default_value = "0x1ab")]
+    cluster_id: String,
+    /// RDMA listen address (an address on this host's RDMA netdev), e.g. 192.0.2.11:7700.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// A peer as ID=IP:PORT (repeat for each peer).
+    #[arg(long = "peer", value_name = "ID=IP:PORT")]
+    peers: Vec<String>,
+    /// Data directory (segments and raft state).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Cluster secret file (owner-only, at least 16 bytes); peers must prove it.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// fsync or memory.
+    #[arg(long, default_value = "fsync", value_parser = ["fsync", "memory"])]
+    durability: String,
+    /// The driver port (TCP), e.g. 192.0.2.11:8700.
+    #[arg(long)]
+    driver: SocketAddr,
+    /// Raft tick in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    tick_ms: u64,
+}
+
+fn parse_peer(s: &str) -> anyhow::Result<(NodeId, SocketAddr)> {
+    let (id, addr) = s
+        .split_once('=')
+        .with_context(|| format!("--peer `{s}` is not ID=IP:PORT"))?;
+    Ok((
+        NodeId(
+            id.parse()
+                .with_context(|| format!("--peer `{s}`: bad id"))?,
+        ),
+        addr.parse()
+            .with_context(|| format!("--peer `{s}`: bad address"))?,
+    ))
+}
+
+fn parse_u64(s: &str) -> anyhow::Result<u64> {
+    Ok(match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16)?,
+        None => s.parse()?,
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        bail!("odd-length hex");
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?))
+        .collect()
+}
+
+fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next()) {
+        (Some("APPEND"), Some(h)) => {
+            let data = match unhex(h) {
+                Ok(d) => d,
+                Err(e) => return format!("ERR bad payload: {e}"),
+            };
+            match log
+                .append(&data)
+                .and_then(|h| h.wait(Duration::from_secs(10)))
+            {
+                Ok(index) => format!("OK {index} {}", crc32c::crc32c(&data)),
+                Err(ReplicaError::NotLeader { leader_hint }) => {
+                    format!("NOTLEADER {}", leader_hint.unwrap_or(0))
+                }
+                Err(e) => format!("ERR {e}"),
+            }
+        }
+        (Some("READ"), Some(i)) => match i.parse().map(|i| log.read(i)) {
+            Ok(Ok(Some(d))) => format!("DATA {}", hex(&d)),
+            Ok(Ok(None)) => "NONE".into(),
+            Ok(Err(e)) => format!("ERR {e}"),
+            Err(e) => format!("ERR bad index: {e}"),
+        },
+        (Some("STATUS"), None) => {
+            let s = log.status();
+            let role = match s.role {
+                Role::Leader => "leader",
+                Role::Follower => "follower",
+                Role::Candidate => "candidate",
+            };
+            format!(
+                "STATUS id={} role={role} term={} leader={} commit={} fast={} slow={} fenced={}",
+                s.id,
+                s.term,
+                s.leader.unwrap_or(0),
+                s.commit,
+                s.stats.fast_appends,
+                s.stats.slow_appends,
+                s.stats.fenced_writes
+            )
+        }
+        _ => format!(
+            "ERR unknown command `{}`",
+            line.chars().take(40).collect::<String>()
+        ),
+    }
+}
+
+fn serve(log: Arc<Log<RdmaEndpoint>>, stream: TcpStream) {
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut out = stream;
+    // A line is bounded: a 64 KiB payload in hex plus the command.
+    let mut reader = BufReader::new(read_half.take(1 << 20));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let reply = answer(&log, line.trim());
+        if writeln!(out, "{reply}").is_err() {
+            return;
+        }
+        reader.get_mut().set_limit(1 << 20);
+    }
+}
+
+use std::io::Read as _;
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let cluster_id = parse_u64(&a.cluster_id).context("--cluster-id")?;
+    let peers: BTreeMap<NodeId, SocketAddr> = a
+        .peers
+        .iter()
+        .map(|p| parse_peer(p))
+        .collect::<anyhow::Result<_>>()?;
+    let mut rc = RdmaConfig::new(NodeId(a.id), cluster_id, a.listen, peers.clone());
+    if let Some(f) = &a.secret_file {
+        rc.secret = Some(Arc::new(load_secret(f)?));
+    }
+    let ep = RdmaEndpoint::open(rc)
+        .with_context(|| format!("opening the RDMA endpoint on {}", a.listen))?;
+    let mut voters: Vec<u64> = peers.keys().map(|p| p.0).collect();
+    voters.push(a.id);
+    voters.sort_unstable();
+    let mut cfg = ReplicaConfig::new(a.id, voters, cluster_id, a.data_dir.clone());
+    cfg.durability = if a.durability == "memory" {
+        Durability::Memory
+    } else {
+        Durability::Fsync
+    };
+    cfg.election_tick = 20;
+    cfg.heartbeat_tick = 3;
+    cfg.election_window = Some((20 + 10 * a.id as usize, 21 + 10 * a.id as usize));
+    let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+    let opts = LogOptions {
+        tick: Duration::from_millis(a.tick_ms),
+        poll: PollMode::Adaptive {
+            spin: Duration::from_micros(50),
+        },
+        pin_core: None,
+    };
+    let log = Arc::new(Log::open(cfg, ep, fs, opts).context("opening the replica")?);
+    let listener = TcpListener::bind(a.driver)
+        .with_context(|| format!("binding the driver port {}", a.driver))?;
+    eprintln!(
+        "rdmalog-node {}: up (rdma {}, driver {}, data {})",
+        a.id,
+        a.listen,
+        a.driver,
+        a.data_dir.display()
+    );
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let log = log.clone();
+        std::thread::spawn(move || serve(log, stream));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        assert_eq!(unhex(&hex(b"\x00\xffab")).unwrap(), b"\x00\xffab");
+        assert!(unhex("abc").is_err());
+        assert!(unhex("zz").is_err());
+    }
+
+    #[test]
+    fn peers_and_ids_parse() {
+        let (id, addr) = parse_peer("2=192.0.2.12:7702").unwrap();
+        assert_eq!(id, NodeId(2));
+        assert_eq!(addr.port(), 7702);
+        assert!(parse_peer("2:192.0.2.12").is_err());
+        assert_eq!(parse_u64("0x1ab").unwrap(), 0x1ab);
+        assert_eq!(parse_u64("17").unwrap(), 17);
+    }
+}
