@@ -507,6 +507,9 @@ impl RdmaEndpoint {
             let (old_by, new_by) = (initiator(existing.outgoing), initiator(outgoing));
             if old_by != new_by && old_by == lower {
                 tracing::debug!(%peer, "dropping a duplicate connection");
+                // The QP goes before the receive buffers it still has posted.
+                drop(conn);
+                drop(recv);
                 return;
             }
         }
@@ -521,6 +524,8 @@ impl RdmaEndpoint {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "cannot register a send buffer; dropping the connection");
+                drop(conn);
+                drop(recv);
                 self.events.push_back(Event::Disconnected {
                     peer,
                     reason: DisconnectReason::Unreachable,
