@@ -1354,7 +1354,11 @@ impl<F: Fabric> Replica<F> {
             return;
         }
         if let Some(g) = self.granted.take() {
-            let _ = self.fabric.set_remote_write(NodeId(g), false);
+            if self.fabric.set_remote_write(NodeId(g), false).is_err() {
+                // A grant we cannot revoke must not outlive this call: drop the connection,
+                // which takes the QP (and its access) down with it.
+                self.fabric.disconnect(NodeId(g));
+            }
             self.stats.revokes += 1;
         }
     }
