@@ -49,6 +49,11 @@ const FRAME_HEADER_BYTES: usize = 8;
 /// its queue of outgoing connects again.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
+/// How long after adoption a dial from the other side counts as half of a simultaneous dial
+/// (resolved by the lower-id rule) rather than as a sign that our connection is dead. Dials of
+/// both sides race within a connect's duration, well under this.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(3);
+
 /// Receive completions kept for queue pairs not yet handed over by the CM thread.
 const EARLY_WC_LIMIT: usize = 1024;
 
@@ -502,10 +507,14 @@ impl RdmaEndpoint {
             // e.g. on an idle follower-to-follower link): the new one replaces it. Connections
             // from different initiators mean both sides dialled at once: both sides keep the
             // one the lower node id made, so the pair settles instead of flapping.
+            // A connection older than the duplicate window is not half of a simultaneous dial:
+            // a new dial then means the peer found it dead (e.g. it restarted while the link was
+            // idle, which this side cannot notice), so the new one replaces it.
             let lower = self.cfg.node.min(peer);
             let initiator = |out: bool| if out { self.cfg.node } else { peer };
             let (old_by, new_by) = (initiator(existing.outgoing), initiator(outgoing));
-            if old_by != new_by && old_by == lower {
+            let young = existing.since.elapsed() < DUPLICATE_WINDOW;
+            if old_by != new_by && old_by == lower && young {
                 tracing::debug!(%peer, "dropping a duplicate connection");
                 // The QP goes before the receive buffers it still has posted.
                 drop(conn);
