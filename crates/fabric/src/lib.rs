@@ -329,15 +329,20 @@ pub fn read_bytes(memory: &dyn Memory, offset: u64, out: &mut [u8]) {
 
 /// Writes `data` at byte offset `offset` of `memory`, word by word where aligned.
 pub fn write_bytes(memory: &dyn Memory, offset: u64, data: &[u8]) {
+    write_words(memory.words(), offset, data);
+}
+
+/// Writes `data` at byte offset `offset` of a slice of little-endian words: whole words where
+/// aligned, read-modify-write at the edges. Both back-ends fill registered memory with it.
+pub fn write_words(words: &[AtomicU64], offset: u64, data: &[u8]) {
     use std::sync::atomic::Ordering;
-    let words = memory.words();
     let mut pos = offset;
     let mut rest = data;
     while !rest.is_empty() {
         let wi = (pos / 8) as usize;
         let within = (pos % 8) as usize;
         let take = (8 - within).min(rest.len());
-        if within == 0 && take == 8 {
+        if take == 8 {
             let mut b = [0u8; 8];
             b.copy_from_slice(&rest[..8]);
             words[wi].store(u64::from_le_bytes(b), Ordering::Release);

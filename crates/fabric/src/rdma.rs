@@ -327,28 +327,6 @@ fn map_status(s: verbs::WcStatus) -> WcStatus {
     }
 }
 
-fn write_words(words: &[AtomicU64], offset: usize, data: &[u8]) {
-    let mut pos = offset;
-    let mut rest = data;
-    while !rest.is_empty() {
-        let wi = pos / 8;
-        let within = pos % 8;
-        let take = (8 - within).min(rest.len());
-        if take == 8 {
-            words[wi].store(
-                u64::from_le_bytes(rest[..8].try_into().expect("8 bytes")),
-                Ordering::Release,
-            );
-        } else {
-            let mut cur = words[wi].load(Ordering::Acquire).to_le_bytes();
-            cur[within..within + take].copy_from_slice(&rest[..take]);
-            words[wi].store(u64::from_le_bytes(cur), Ordering::Release);
-        }
-        pos += take;
-        rest = &rest[take..];
-    }
-}
-
 /// Finds the device whose RoCE v2 GID is `ip`.
 pub fn device_for_ip(ip: IpAddr) -> Result<String, FabricError> {
     let IpAddr::V4(v4) = ip else {
@@ -717,8 +695,12 @@ impl RdmaEndpoint {
         };
         let off = slot * self.slot_bytes;
         let adv = c.advertised();
-        write_words(c.send_words.words(), off, &(adv | flags).to_le_bytes());
-        write_words(c.send_words.words(), off + FRAME_HEADER_BYTES, msg);
+        crate::write_words(
+            c.send_words.words(),
+            off as u64,
+            &(adv | flags).to_le_bytes(),
+        );
+        crate::write_words(c.send_words.words(), (off + FRAME_HEADER_BYTES) as u64, msg);
         match c
             .conn
             .qp()
@@ -1403,7 +1385,7 @@ mod tests {
     #[test]
     fn words_are_written_at_any_alignment() {
         let words: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-        write_words(&words, 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        crate::write_words(&words, 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
         let bytes: Vec<u8> = words
             .iter()
             .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes())

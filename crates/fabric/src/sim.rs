@@ -256,6 +256,22 @@ impl Net {
         );
     }
 
+    /// Sends an operation's packet and arms its retry timeout: if neither its ack nor a NAK
+    /// arrives in time, the sender's oldest outstanding operation fails `RetryExceeded`.
+    fn send_op(&mut self, src: NodeId, dst: NodeId, epoch: u64, op_seq: u64, packet: Packet) {
+        self.send_packet(src, dst, epoch, packet);
+        let at = self.now + self.config.retry_timeout_ns;
+        self.schedule(
+            at,
+            Action::Timeout {
+                node: src,
+                peer: dst,
+                epoch,
+                op_seq,
+            },
+        );
+    }
+
     fn conn_epoch(&self, node: NodeId, peer: NodeId) -> Option<u64> {
         self.nodes.get(&node)?.conns.get(&peer).map(|c| c.epoch)
     }
@@ -967,24 +983,15 @@ impl Fabric for SimEndpoint {
             seq: op_seq,
         });
         let addr = wr.remote.addr + wr.remote_offset;
-        n.send_packet(
+        n.send_op(
             self.node,
             peer,
             epoch,
+            op_seq,
             Packet::Write {
                 rkey: wr.remote.rkey,
                 addr,
                 data,
-                op_seq,
-            },
-        );
-        let at = n.now + n.config.retry_timeout_ns;
-        n.schedule(
-            at,
-            Action::Timeout {
-                node: self.node,
-                peer,
-                epoch,
                 op_seq,
             },
         );
@@ -1028,22 +1035,13 @@ impl Fabric for SimEndpoint {
             signaled: true,
             seq: op_seq,
         });
-        n.send_packet(
+        n.send_op(
             self.node,
             peer,
             epoch,
+            op_seq,
             Packet::Send {
                 data: msg.to_vec(),
-                op_seq,
-            },
-        );
-        let at = n.now + n.config.retry_timeout_ns;
-        n.schedule(
-            at,
-            Action::Timeout {
-                node: self.node,
-                peer,
-                epoch,
                 op_seq,
             },
         );

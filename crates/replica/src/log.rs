@@ -112,6 +112,18 @@ impl<F: Fabric> Shared<F> {
         }
     }
 
+    /// Sleeps until the commit index moves (or the driver stops), at most `left`, and never
+    /// longer than 10 ms so a waiter re-checks its own condition even if a wake-up is missed.
+    fn wait_progress(&self, left: Duration) {
+        let g = self
+            .progress_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = self
+            .progress
+            .wait_timeout(g, left.min(Duration::from_millis(10)));
+    }
+
     fn kick(&self) {
         *self
             .kick_lock
@@ -412,15 +424,7 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
                     index: self.ticket.index,
                 });
             }
-            let g = self
-                .shared
-                .progress_lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let _ = self
-                .shared
-                .progress
-                .wait_timeout(g, left.min(Duration::from_millis(10)));
+            self.shared.wait_progress(left);
         }
     }
 }
@@ -485,15 +489,7 @@ impl<F: Fabric + Send + 'static> Subscription<F> {
             if left.is_zero() {
                 return Ok(None);
             }
-            let g = self
-                .shared
-                .progress_lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let _ = self
-                .shared
-                .progress
-                .wait_timeout(g, left.min(Duration::from_millis(10)));
+            self.shared.wait_progress(left);
         }
     }
 }
