@@ -44,6 +44,9 @@ pub struct LabConfig {
     pub boot_timeout: Duration,
     /// Limit for the whole run.
     pub timeout: Duration,
+    /// Limit for the job alone, counted from the moment the fabric is up (the whole-run limit
+    /// still applies). `None` means only the whole-run limit.
+    pub job_timeout: Option<Duration>,
     /// Size of an ext4 disk image to attach at `/run/lab/disk`, if any.
     pub disk_mib: Option<u32>,
     /// Host directory shared writable with the guest at `/mnt`.
@@ -61,6 +64,7 @@ impl LabConfig {
             smp: DEFAULT_SMP,
             boot_timeout: DEFAULT_BOOT_TIMEOUT,
             timeout: DEFAULT_TIMEOUT,
+            job_timeout: None,
             disk_mib: None,
             out_dir,
             cache_dir,
@@ -94,7 +98,10 @@ impl LabConfig {
                 )));
             }
         }
-        if self.boot_timeout.is_zero() || self.timeout.is_zero() {
+        if self.boot_timeout.is_zero()
+            || self.timeout.is_zero()
+            || self.job_timeout.is_some_and(|t| t.is_zero())
+        {
             return Err(LabError::Config("timeouts must be positive".into()));
         }
         if self.boot_timeout > self.timeout {
@@ -186,6 +193,9 @@ mod tests {
         let mut c = cfg();
         c.disk_mib = Some(1);
         assert!(c.validate().unwrap_err().to_string().contains("disk"));
+        let mut c = cfg();
+        c.job_timeout = Some(Duration::ZERO);
+        assert!(c.validate().unwrap_err().to_string().contains("timeouts"));
         let mut c = cfg();
         c.boot_timeout = Duration::from_secs(700);
         assert!(

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::LabConfig;
 use crate::kernel::{self, KernelPackage};
@@ -667,12 +667,28 @@ pub fn run(
     let mut tail: Vec<String> = Vec::new();
     let stdout_handle = std::io::stdout();
     loop {
-        let limit = if ready.is_some() {
-            cfg.timeout
-        } else {
-            cfg.boot_timeout.min(cfg.timeout)
+        // (limit to report, time left before it is hit)
+        let (limit, left) = match ready {
+            Some(ready_secs) => {
+                let whole = cfg.timeout.saturating_sub(start.elapsed());
+                match cfg.job_timeout {
+                    Some(job) => {
+                        let job_left = (Duration::from_secs_f64(ready_secs) + job)
+                            .saturating_sub(start.elapsed());
+                        if job_left < whole {
+                            (job, job_left)
+                        } else {
+                            (cfg.timeout, whole)
+                        }
+                    }
+                    None => (cfg.timeout, whole),
+                }
+            }
+            None => {
+                let limit = cfg.boot_timeout.min(cfg.timeout);
+                (limit, limit.saturating_sub(start.elapsed()))
+            }
         };
-        let left = limit.saturating_sub(start.elapsed());
         match rx.recv_timeout(left) {
             Ok(Line::Console(line)) => {
                 let _ = writeln!(log, "{line}");

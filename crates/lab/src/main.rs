@@ -80,6 +80,8 @@ struct BootArgs {
     timeout: Duration,
     #[arg(long, default_value = "120", value_parser = config::parse_duration, help = "Limit for boot plus fabric bring-up")]
     boot_timeout: Duration,
+    #[arg(long, value_parser = config::parse_duration, help = "Limit for the job alone, counted from when the fabric is up (e.g. 90, 5m)")]
+    job_timeout: Option<Duration>,
     #[arg(
         long,
         help = "Attach a fresh ext4 disk image of this many MiB at /run/lab/disk"
@@ -170,6 +172,7 @@ fn boot_config(b: &BootArgs) -> Result<(LabConfig, Vec<(String, String)>), LabEr
     cfg.smp = b.smp;
     cfg.timeout = b.timeout;
     cfg.boot_timeout = b.boot_timeout;
+    cfg.job_timeout = b.job_timeout;
     cfg.disk_mib = b.disk_mib;
     cfg.validate()?;
     if ours {
