@@ -301,23 +301,56 @@ pub fn set_link(host: u8, up: bool) -> Result<()> {
     Ok(())
 }
 
+/// A locally administered MAC address no lab host has: frames sent to it reach nobody.
+pub const NOWHERE_MAC: &str = "02:00:5e:00:de:ad";
+
+/// The `ip neigh` arguments that make host `from` send its frames for host `to` to `mac`.
+pub fn neigh_args(from: u8, to: u8, mac: &str) -> Vec<String> {
+    vec![
+        "neigh".into(),
+        "replace".into(),
+        crate::config::host_addr(to).to_string(),
+        "lladdr".into(),
+        mac.into(),
+        "dev".into(),
+        netdev_name(from),
+        "nud".into(),
+        "permanent".into(),
+    ]
+}
+
+/// Drops everything host `from` sends to host `to` (a one-way partition), until
+/// [`unblock_path`]: `from`'s neighbour entry for `to` points at [`NOWHERE_MAC`]. A route
+/// cannot do this: rxe routes with its netdev as the output interface, and the kernel then
+/// treats a blackhole route as "on link". `to`'s packets to `from` still flow, so the
+/// acknowledgements and NAKs of `to`'s own operations arrive.
+pub fn block_path(from: u8, to: u8) -> Result<()> {
+    check_host(from)?;
+    check_host(to)?;
+    if from == to {
+        return Err(LabError::Config(format!(
+            "cannot block host {from} from itself"
+        )));
+    }
+    run_tool("ip", &neigh_args(from, to, NOWHERE_MAC))
+}
+
+/// Lifts a [`block_path`] block (restores the real neighbour entry).
+pub fn unblock_path(from: u8, to: u8) -> Result<()> {
+    check_host(from)?;
+    check_host(to)?;
+    let path = format!("/sys/class/net/{}/address", netdev_name(to));
+    let mac = fs::read_to_string(&path).map_err(io_err(format!("cannot read {path}")))?;
+    run_tool("ip", &neigh_args(from, to, mac.trim()))
+}
+
 /// Installs permanent neighbour entries on host `host`'s veth for every other host.
 pub fn install_neighbours(host: u8) -> Result<()> {
     let n = hosts()?;
     for other in (1..=n).filter(|&o| o != host) {
         let path = format!("/sys/class/net/{}/address", netdev_name(other));
         let mac = fs::read_to_string(&path).map_err(io_err(format!("cannot read {path}")))?;
-        let args: Vec<String> = vec![
-            "neigh".into(),
-            "replace".into(),
-            crate::config::host_addr(other).to_string(),
-            "lladdr".into(),
-            mac.trim().to_string(),
-            "dev".into(),
-            netdev_name(host),
-            "nud".into(),
-            "permanent".into(),
-        ];
+        let args = neigh_args(host, other, mac.trim());
         run_tool("ip", &args)?;
     }
     Ok(())
@@ -361,6 +394,14 @@ pub fn signal(pid: u32, signal: Signal) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_block_points_the_senders_neighbour_entry_nowhere() {
+        assert_eq!(
+            neigh_args(2, 1, NOWHERE_MAC).join(" "),
+            "neigh replace 192.0.2.11 lladdr 02:00:5e:00:de:ad dev v2 nud permanent"
+        );
+    }
 
     #[test]
     fn port_state_names_are_extracted() {

@@ -145,6 +145,15 @@ enum FaultCmd {
         #[arg(value_parser = ["up", "down"])]
         state: String,
     },
+    /// Drop everything one host sends to another (one direction), or lift that block.
+    Block {
+        #[arg(long)]
+        from: u8,
+        #[arg(long)]
+        to: u8,
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+    },
     /// Send kill, stop, cont or term to a process.
     Signal {
         #[arg(value_parser = ["kill", "stop", "cont", "term"])]
@@ -334,6 +343,13 @@ fn fault(cmd: &FaultCmd) -> Result<u8, LabError> {
         )?,
         FaultCmd::Clear { host } => guest::clear_netem(*host)?,
         FaultCmd::Link { host, state } => guest::set_link(*host, state == "up")?,
+        FaultCmd::Block { from, to, state } => {
+            if state == "on" {
+                guest::block_path(*from, *to)?
+            } else {
+                guest::unblock_path(*from, *to)?
+            }
+        }
         FaultCmd::Signal { signal, pid } => {
             let s = match signal.as_str() {
                 "kill" => Signal::Kill,

@@ -1,26 +1,34 @@
 //! `rdmalog-node`: one replica on one host, over RDMA, with a line-based *driver port* that
-//! the lab's workload and fault tests use (it is a test harness interface, not the client
+//! the lab's workload, fault tests and demo use (it is a test harness interface, not the client
 //! protocol of the server issue).
 //!
-//! Driver port commands, one per line, answered with one line:
+//! Driver port commands, one per line, answered with one line each, in order. Commands may be
+//! pipelined: an `APPEND` is proposed as soon as its line is read, and its answer is written
+//! once it commits, so a client can keep many in flight on one connection.
 //! - `APPEND <hex payload>` → `OK <index> <crc32c>` | `NOTLEADER <leader id or 0>` | `ERR <why>`
 //! - `READ <index>` → `DATA <hex payload>` | `NONE`
-//! - `STATUS` → `STATUS id=<id> role=<role> term=<t> leader=<l> commit=<c> fast=<n> slow=<n> fenced=<n>`
-
+//! - `CRCS <from> <count>` → `CRCS <commit> <one token per index>`: the crc32c of each committed
+//!   entry as 8 hex digits, `-` for a committed entry that carries no application payload
+//!   (an election no-op or a membership change); it stops at the commit index.
+//! - `STATUS` → `STATUS id=<id> role=<role> term=<t> leader=<l> commit=<c> last=<i> fast=<n>
+//!   slow=<n> fenced=<n> reconnects=<n> grants=<n> revokes=<n> conns=<id>:<state>,...`
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use fabric::NodeId;
 use fabric::rdma::{RdmaConfig, RdmaEndpoint, load_secret};
-use replica::{Durability, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role};
+use node::harness::{hex, unhex};
+use replica::{
+    AppendHandle, Durability, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role,
+};
 use wal::fs::{FileSystem, StdFs};
 
 #[derive(Parser, Debug)]
@@ -79,45 +87,47 @@ fn parse_u64(s: &str) -> anyhow::Result<u64> {
     })
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// Most entries one `CRCS` answers.
+const MAX_CRCS: u64 = 20_000;
+
+fn crcs(log: &Log<RdmaEndpoint>, from: u64, count: u64) -> String {
+    let commit = log.status().commit;
+    let mut out = format!("CRCS {commit}");
+    for index in from.max(1)..from.max(1).saturating_add(count).min(commit + 1) {
+        match log.read(index) {
+            Ok(Some(d)) => out.push_str(&format!(" {:08x}", crc32c::crc32c(&d))),
+            Ok(None) => out.push_str(" -"),
+            Err(e) => return format!("ERR reading index {index}: {e}"),
+        }
+    }
+    out
 }
 
-fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
-        bail!("odd-length hex");
+fn append_answer(r: Result<u64, ReplicaError>, crc: u32) -> String {
+    match r {
+        Ok(index) => format!("OK {index} {crc}"),
+        Err(ReplicaError::NotLeader { leader_hint }) => {
+            format!("NOTLEADER {}", leader_hint.unwrap_or(0))
+        }
+        Err(e) => format!("ERR {e}"),
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?))
-        .collect()
 }
 
 fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
     let mut words = line.split_whitespace();
     match (words.next(), words.next()) {
-        (Some("APPEND"), Some(h)) => {
-            let data = match unhex(h) {
-                Ok(d) => d,
-                Err(e) => return format!("ERR bad payload: {e}"),
-            };
-            match log
-                .append(&data)
-                .and_then(|h| h.wait(Duration::from_secs(10)))
-            {
-                Ok(index) => format!("OK {index} {}", crc32c::crc32c(&data)),
-                Err(ReplicaError::NotLeader { leader_hint }) => {
-                    format!("NOTLEADER {}", leader_hint.unwrap_or(0))
-                }
-                Err(e) => format!("ERR {e}"),
-            }
-        }
         (Some("READ"), Some(i)) => match i.parse().map(|i| log.read(i)) {
             Ok(Ok(Some(d))) => format!("DATA {}", hex(&d)),
             Ok(Ok(None)) => "NONE".into(),
             Ok(Err(e)) => format!("ERR {e}"),
             Err(e) => format!("ERR bad index: {e}"),
         },
+        (Some("CRCS"), Some(from)) => {
+            match (from.parse::<u64>(), words.next().map(str::parse::<u64>)) {
+                (Ok(from), Some(Ok(count))) => crcs(log, from, count.min(MAX_CRCS)),
+                _ => "ERR usage: CRCS <from> <count>".into(),
+            }
+        }
         (Some("STATUS"), None) => {
             let s = log.status();
             let role = match s.role {
@@ -126,14 +136,23 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 Role::Candidate => "candidate",
             };
             format!(
-                "STATUS id={} role={role} term={} leader={} commit={} fast={} slow={} fenced={}",
+                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} conns={}",
                 s.id,
                 s.term,
                 s.leader.unwrap_or(0),
                 s.commit,
+                s.last_index,
                 s.stats.fast_appends,
                 s.stats.slow_appends,
-                s.stats.fenced_writes
+                s.stats.fenced_writes,
+                s.stats.reconnects,
+                s.stats.grants,
+                s.stats.revokes,
+                s.peers
+                    .iter()
+                    .map(|p| format!("{}:{:?}", p.id, p.conn).to_lowercase())
+                    .collect::<Vec<_>>()
+                    .join(",")
             )
         }
         _ => format!(
@@ -143,32 +162,94 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
     }
 }
 
+/// One answer owed to a client, in the order its command arrived.
+enum Owed {
+    Ready(String),
+    Append(AppendHandle<RdmaEndpoint>, u32),
+}
+
+/// Most commands a connection may have in flight; the reader waits beyond it.
+const MAX_IN_FLIGHT: usize = 256;
+
 fn serve(log: Arc<Log<RdmaEndpoint>>, stream: TcpStream) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
-    let mut out = stream;
+    let (tx, rx) = mpsc::sync_channel::<Owed>(MAX_IN_FLIGHT);
+    // The writer answers in order, waiting for each append to commit.
+    let writer = std::thread::spawn(move || {
+        let mut out = std::io::BufWriter::new(stream);
+        loop {
+            // Flush only when nothing else is owed right now, so a burst goes out together.
+            let owed = match rx.try_recv() {
+                Ok(o) => o,
+                Err(mpsc::TryRecvError::Empty) => {
+                    if out.flush().is_err() {
+                        return;
+                    }
+                    match rx.recv() {
+                        Ok(o) => o,
+                        Err(_) => break,
+                    }
+                }
+                Err(mpsc::TryRecvError::Disconnected) => break,
+            };
+            let reply = match owed {
+                Owed::Ready(r) => r,
+                Owed::Append(h, crc) => append_answer(h.wait(APPEND_WAIT), crc),
+            };
+            if writeln!(out, "{reply}").is_err() {
+                return;
+            }
+        }
+        let _ = out.flush();
+    });
     // A line is bounded: a 64 KiB payload in hex plus the command.
     let mut reader = BufReader::new(read_half.take(1 << 20));
     let mut line = String::new();
     loop {
         line.clear();
         match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        let reply = answer(&log, line.trim());
-        if writeln!(out, "{reply}").is_err() {
-            return;
+        let owed = match line.trim().split_once(' ') {
+            Some(("APPEND", h)) => match unhex(h.trim()) {
+                Some(data) => {
+                    let crc = crc32c::crc32c(&data);
+                    match log.append(&data) {
+                        Ok(handle) => Owed::Append(handle, crc),
+                        Err(e) => Owed::Ready(append_answer(Err(e), crc)),
+                    }
+                }
+                None => Owed::Ready("ERR bad payload: not an even number of hex digits".into()),
+            },
+            _ => Owed::Ready(answer(&log, line.trim())),
+        };
+        if tx.send(owed).is_err() {
+            break;
         }
         reader.get_mut().set_limit(1 << 20);
     }
+    drop(tx);
+    let _ = writer.join();
 }
+
+/// How long the driver waits for an append to commit before answering `ERR`.
+const APPEND_WAIT: Duration = Duration::from_secs(10);
 
 use std::io::Read as _;
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let cluster_id = parse_u64(&a.cluster_id).context("--cluster-id")?;
     let peers: BTreeMap<NodeId, SocketAddr> = a
         .peers
@@ -222,13 +303,6 @@ fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hex_round_trips_and_rejects_garbage() {
-        assert_eq!(unhex(&hex(b"\x00\xffab")).unwrap(), b"\x00\xffab");
-        assert!(unhex("abc").is_err());
-        assert!(unhex("zz").is_err());
-    }
 
     #[test]
     fn peers_and_ids_parse() {

@@ -1,267 +1,568 @@
-//! Lab test: a real 3-host cluster of `rdmalog-node` processes surviving crashes.
+//! Lab tests: a real 3-host cluster of `rdmalog-node` processes under faults.
 //!
 //! Method: runs inside the 3-host Soft-RoCE lab (`ops/test` runs every `lab_*` binary with
-//! `--ignored`). One `rdmalog-node` process per host (node i on rxe i at 192.0.2.1i), with its
-//! own data dir and the cluster secret; the test is the client. It records every acknowledged
-//! append (index, crc32c) and, after the faults, reads every acknowledged index back from every
-//! live node: nothing acknowledged may be lost or changed, and all nodes must agree.
-//! Injected: kill -9 of a follower mid-load and its restart (it catches up through the slow
-//! path); kill -9 of the leader mid-load (the failover time is printed) and its restart as a
-//! follower.
+//! `--ignored`, with an ext4 disk image at `$RDMALOG_LAB_DISK`). One `rdmalog-node` process per
+//! host (node i on rxe i at 192.0.2.1i), each with its own data dir and the cluster secret; the
+//! test is the client (`node::harness`). It records every acknowledged append (sequence number,
+//! index, crc32c) in arrival order and, after the faults, reads the crc32c of every committed
+//! entry back from every live node: nothing acknowledged may be lost or changed, acknowledgements
+//! must follow log order, and all live nodes' committed logs must be identical.
+//! Each test prints what it injected and what it verified.
+//!
+//! Long versions for off-CI runs: `RDMALOG_LAB_STEADY_APPENDS` (default 3000; the full
+//! run is 100000) and `RDMALOG_LAB_FAULT_APPENDS` (default 600) scale the workloads.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-fn rdma(i: u64, base: u16) -> SocketAddr {
-    format!("192.0.2.1{i}:{}", base + i as u16).parse().unwrap()
+use node::harness::{
+    Cluster, ClusterConfig, Overrides, Sizes, Workload, progress_bar, run_workload,
+};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
-struct Cluster {
-    dir: PathBuf,
-    base: u16,
-    procs: BTreeMap<u64, Child>,
+/// A fresh data root: on the lab's ext4 disk when there is one, else in the guest's tmpfs.
+fn data_root(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let t = match std::env::var_os("RDMALOG_LAB_DISK") {
+        Some(d) => tempfile::Builder::new().prefix(name).tempdir_in(d),
+        None => tempfile::Builder::new().prefix(name).tempdir(),
+    }
+    .unwrap();
+    let p = t.path().to_path_buf();
+    (t, p)
 }
 
-#[derive(Debug, Default, Clone)]
-struct Status {
-    role: String,
-    leader: u64,
-    commit: u64,
-    fast: u64,
-    slow: u64,
+fn cluster(name: &str, base: u16) -> (tempfile::TempDir, Cluster) {
+    let (t, dir) = data_root(name);
+    let c = Cluster::start(ClusterConfig::new(
+        env!("CARGO_BIN_EXE_rdmalog-node"),
+        dir,
+        base,
+    ))
+    .unwrap();
+    (t, c)
 }
 
-impl Cluster {
-    fn new(dir: &Path, base: u16) -> Cluster {
-        let secret = dir.join("secret");
-        std::fs::write(&secret, b"lab cluster secret for node tests\n").unwrap();
-        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let mut c = Cluster {
-            dir: dir.to_path_buf(),
-            base,
-            procs: BTreeMap::new(),
-        };
-        for i in 1..=3 {
-            c.start(i);
-        }
-        c
-    }
+fn fault_appends() -> u64 {
+    env_u64("RDMALOG_LAB_FAULT_APPENDS", 600).max(30)
+}
 
-    fn driver(&self, i: u64) -> SocketAddr {
-        format!("192.0.2.1{i}:{}", self.base + 100 + i as u16)
-            .parse()
-            .unwrap()
-    }
-
-    fn start(&mut self, i: u64) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdmalog-node"));
-        cmd.arg("--id")
-            .arg(i.to_string())
-            .arg("--listen")
-            .arg(rdma(i, self.base).to_string());
-        for p in (1..=3).filter(|&p| p != i) {
-            cmd.arg("--peer").arg(format!("{p}={}", rdma(p, self.base)));
-        }
-        cmd.arg("--data-dir").arg(self.dir.join(format!("node{i}")));
-        cmd.arg("--secret-file").arg(self.dir.join("secret"));
-        cmd.arg("--driver").arg(self.driver(i).to_string());
-        self.procs
-            .insert(i, cmd.spawn().expect("spawn rdmalog-node"));
-    }
-
-    fn kill(&mut self, i: u64) {
-        if let Some(mut p) = self.procs.remove(&i) {
-            let _ = p.kill(); // SIGKILL: a crash, nothing flushed beyond what was durable.
-            let _ = p.wait();
-        }
-    }
-
-    fn ask(&self, i: u64, line: &str) -> Option<String> {
-        let mut s = TcpStream::connect_timeout(&self.driver(i), Duration::from_secs(2)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-        writeln!(s, "{line}").ok()?;
-        let mut reply = String::new();
-        BufReader::new(s).read_line(&mut reply).ok()?;
-        Some(reply.trim().to_string())
-    }
-
-    fn status(&self, i: u64) -> Option<Status> {
-        let r = self.ask(i, "STATUS")?;
-        let mut s = Status::default();
-        for kv in r.split_whitespace().skip(1) {
-            let (k, v) = kv.split_once('=')?;
-            match k {
-                "role" => s.role = v.to_string(),
-                "leader" => s.leader = v.parse().ok()?,
-                "commit" => s.commit = v.parse().ok()?,
-                "fast" => s.fast = v.parse().ok()?,
-                "slow" => s.slow = v.parse().ok()?,
-                _ => {}
-            }
-        }
-        Some(s)
-    }
-
-    fn leader(&self, within: Duration) -> u64 {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            for &i in self.procs.keys() {
-                if self.status(i).is_some_and(|s| s.role == "leader") {
-                    return i;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("no leader within {within:?}");
-    }
-
-    /// Appends `payload` through the leader, retrying until acknowledged; returns the index.
-    fn append(&self, payload: &[u8]) -> (u64, u32) {
-        let hex: String = payload.iter().map(|b| format!("{b:02x}")).collect();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while Instant::now() < deadline {
-            let l = self.leader(Duration::from_secs(60));
-            match self.ask(l, &format!("APPEND {hex}")) {
-                Some(r) if r.starts_with("OK ") => {
-                    let mut w = r.split_whitespace().skip(1);
-                    return (
-                        w.next().unwrap().parse().unwrap(),
-                        w.next().unwrap().parse().unwrap(),
-                    );
-                }
-                _ => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-        panic!("an append was not acknowledged within 120 s");
-    }
-
-    /// Checks every acknowledged entry on every live node.
-    fn verify(&self, acked: &[(u64, u32)]) {
-        for &i in self.procs.keys() {
-            for &(index, crc) in acked {
-                let deadline = Instant::now() + Duration::from_secs(60);
-                loop {
-                    let r = self.ask(i, &format!("READ {index}")).unwrap_or_default();
-                    if let Some(h) = r.strip_prefix("DATA ") {
-                        let bytes: Vec<u8> = (0..h.len())
-                            .step_by(2)
-                            .map(|k| u8::from_str_radix(&h[k..k + 2], 16).unwrap())
-                            .collect();
-                        assert_eq!(
-                            crc32c::crc32c(&bytes),
-                            crc,
-                            "node {i} index {index} changed"
-                        );
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "node {i} lost acknowledged index {index} ({r})"
-                    );
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            }
-        }
-        println!(
-            "verified {} acknowledged entries on nodes {:?}: 0 lost, identical",
-            acked.len(),
-            self.procs.keys().collect::<Vec<_>>()
-        );
+/// Prints a progress line at every tenth of the workload.
+fn show(p: &node::harness::Progress) {
+    if p.done % (p.total / 10).max(1) == 0 {
+        println!("  {}", progress_bar(p));
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let ids: Vec<u64> = self.procs.keys().copied().collect();
-        for i in ids {
-            self.kill(i);
-        }
-    }
-}
-
-fn payload(i: u64) -> Vec<u8> {
-    let len = [8usize, 100, 1000, 4096, 16_384][(i % 5) as usize];
-    (0..len).map(|k| (i as usize * 7 + k) as u8).collect()
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn steady_state_mixed_sizes_commit_identically() {
+    let n = env_u64("RDMALOG_LAB_STEADY_APPENDS", 3000);
+    let (_t, mut c) = cluster("steady", 7700);
+    let l = c.leader(Duration::from_secs(60)).unwrap();
+    println!("workload: {n} appends, 8 B to 64 KiB (log-uniform), 16 in flight, leader {l}");
+    let w = Workload::new(
+        n,
+        Sizes::Mixed {
+            min: 8,
+            max: 64 << 10,
+        },
+    );
+    let r = run_workload(&mut c, &w, |_, p| show(p)).unwrap();
+    println!("{r}");
+    let v = c.verify(&r.acks).unwrap();
+    println!("verified: {v}");
+    let s = c
+        .status(c.leader(Duration::from_secs(10)).unwrap())
+        .unwrap();
+    println!(
+        "leader {}: {} fast-path appends, {} slow-path appends",
+        s.leader, s.fast, s.slow
+    );
+    assert!(s.fast > 0, "the fast path was never used");
+    assert_eq!(r.acks.len() as u64, n);
 }
 
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn follower_crash_mid_load_then_catch_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = Cluster::new(dir.path(), 7700);
-    let l = c.leader(Duration::from_secs(60));
+    let n = fault_appends();
+    let (_t, mut c) = cluster("follower-crash", 7800);
+    let l = c.leader(Duration::from_secs(60)).unwrap();
     // The highest-id follower: its restart is the harder case, since the lower ids hold
     // (possibly idle) connections to it that they dialled.
     let f = (1..=3).rev().find(|&i| i != l).unwrap();
-    let mut acked = Vec::new();
-    for i in 0..300 {
-        if i == 150 {
-            println!("injected: kill -9 of follower {f} after {i} appends");
+    let w = Workload::new(
+        n,
+        Sizes::Mixed {
+            min: 8,
+            max: 16 << 10,
+        },
+    );
+    let r = run_workload(&mut c, &w, |c, p| {
+        if p.done == n / 3 {
+            println!(
+                "injected: kill -9 of follower {f} after {} acknowledged appends",
+                p.done
+            );
             c.kill(f);
         }
-        acked.push(c.append(&payload(i)));
-    }
-    c.start(f);
-    let target = c.status(c.leader(Duration::from_secs(30))).unwrap().commit;
+        if p.done == 2 * n / 3 {
+            println!(
+                "injected: restart of follower {f} after {} acknowledged appends",
+                p.done
+            );
+            c.start_node(f).unwrap();
+        }
+        show(p);
+    })
+    .unwrap();
+    println!("{r}");
+    let last = r.acks.iter().map(|a| a.index).max().unwrap();
     let t = Instant::now();
-    while c.status(f).map_or(0, |s| s.commit) < target {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "follower {f} did not catch up"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    c.wait_commit(f, last, Duration::from_secs(120)).unwrap();
     println!(
-        "follower {f} restarted and caught up to {target} in {:.1} s",
+        "follower {f} caught up to index {last} {:.1} s after the workload ended",
         t.elapsed().as_secs_f64()
     );
-    c.verify(&acked);
-    let s = c.status(c.leader(Duration::from_secs(10))).unwrap();
+    let v = c.verify(&r.acks).unwrap();
+    println!("verified: {v}");
+    let s = c
+        .status(c.leader(Duration::from_secs(10)).unwrap())
+        .unwrap();
     println!("leader appends: {} fast, {} slow", s.fast, s.slow);
     assert!(s.fast > 0, "the fast path was never used");
+    assert!(
+        s.slow > 0,
+        "the restarted follower never needed the slow path"
+    );
 }
 
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn leader_crash_mid_load_fails_over_and_rejoins() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = Cluster::new(dir.path(), 7800);
-    let mut acked = Vec::new();
-    for i in 0..150 {
-        acked.push(c.append(&payload(i)));
-    }
-    let old = c.leader(Duration::from_secs(10));
-    let last_commit = Instant::now();
-    println!("injected: kill -9 of leader {old} after 150 appends");
-    c.kill(old);
-    let first = c.append(&payload(150));
-    println!(
-        "failover: last commit under node {old} -> first commit under node {}: {:.0} ms",
-        c.leader(Duration::from_secs(10)),
-        last_commit.elapsed().as_secs_f64() * 1000.0
+    let n = fault_appends();
+    let (_t, mut c) = cluster("leader-crash", 7900);
+    c.leader(Duration::from_secs(60)).unwrap();
+    let mut killed: Option<(u64, Instant)> = None;
+    let w = Workload::new(
+        n,
+        Sizes::Mixed {
+            min: 8,
+            max: 16 << 10,
+        },
     );
-    acked.push(first);
-    for i in 151..300 {
-        acked.push(c.append(&payload(i)));
-    }
-    c.start(old);
-    let t = Instant::now();
-    loop {
-        let s = c.status(old).unwrap_or_default();
-        if s.role == "follower" && s.leader != 0 && s.commit >= acked.last().unwrap().0 {
-            break;
+    let r = run_workload(&mut c, &w, |c, p| {
+        if p.done == n / 3 {
+            println!(
+                "injected: kill -9 of leader {} after {} acknowledged appends",
+                p.leader, p.done
+            );
+            killed = Some((p.leader, Instant::now()));
+            c.kill(p.leader);
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "the old leader did not rejoin: {s:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        if p.done == 2 * n / 3 {
+            let (old, _) = killed.unwrap();
+            println!("injected: restart of the old leader {old}");
+            c.start_node(old).unwrap();
+        }
+        show(p);
+    })
+    .unwrap();
+    println!("{r}");
+    let (old, at) = killed.unwrap();
+    let (gap, from, to) = r.gap_after(at).unwrap();
+    println!(
+        "failover: last commit under node {from} -> first commit under node {to}: {:.0} ms",
+        gap.as_secs_f64() * 1000.0
+    );
+    assert_ne!(
+        to, old,
+        "the first commit after the kill came from the killed node"
+    );
+    let last = r.acks.iter().map(|a| a.index).max().unwrap();
+    let s = c.wait_commit(old, last, Duration::from_secs(120)).unwrap();
+    assert_eq!(
+        s.role, "follower",
+        "the old leader did not rejoin as a follower: {s:?}"
+    );
+    println!(
+        "old leader {old} rejoined as a follower of node {}",
+        s.leader
+    );
+    let v = c.verify(&r.acks).unwrap();
+    println!("verified: {v}");
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn deposed_leader_wakes_up_and_is_fenced() {
+    let (_t, mut c) = cluster("deposed", 8000);
+    let l = c.leader(Duration::from_secs(60)).unwrap();
+    let w = Workload::new(200, Sizes::Fixed(512));
+    let mut acks = run_workload(&mut c, &w, |_, _| {}).unwrap().acks;
+    let others: Vec<u64> = (1..=3).filter(|&i| i != l).collect();
+    // Let both followers hold the whole log, so either can win the election.
+    let last = acks.last().unwrap().index;
+    for &i in &others {
+        c.wait_commit(i, last, Duration::from_secs(60)).unwrap();
     }
-    println!("old leader {old} rejoined as a follower");
-    c.verify(&acked);
+    let before = c.status(l).unwrap();
+    // Every node shares one kernel, so the paused leader's NIC keeps receiving: the new
+    // leader's first heartbeat would be waiting for it when it wakes, and it would step down
+    // before writing anything. Real deposed leaders are not so lucky (the news can be slow or
+    // lost), so the new leader's packets to it are dropped while it sleeps. Node ids decide the
+    // winner: election timeouts grow with the id, and with pre-vote the lower id wins.
+    let n = others[0];
+    let f2 = others[1];
+    lab::guest::block_path(n as u8, l as u8).unwrap();
+    println!("injected: everything node {n} sends to node {l} is dropped");
+    c.pause(l).unwrap();
+    println!(
+        "injected: SIGSTOP of leader {l} (term {}, {} fenced writes so far)",
+        before.term, before.fenced
+    );
+    let new = c.leader_among(&others, Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        new, n,
+        "node {f2} won the election; this test needs node {n} to"
+    );
+    // The new leader commits while the old one sleeps.
+    for i in 0..20 {
+        acks.push(append_ack(&c, 1_000_000 + i));
+    }
+    let s = c.status(new).unwrap();
+    println!(
+        "node {new} leads in term {} and committed index {}",
+        s.term, s.commit
+    );
+    for &i in &others {
+        c.wait_commit(i, acks.last().unwrap().index, Duration::from_secs(30))
+            .unwrap();
+    }
+    // Appends to the deposed leader, queued in its driver socket while it sleeps.
+    let stale: Vec<Vec<u8>> = (0..4u64)
+        .map(|k| node::harness::payload(0xdead_0000 + k, 4096))
+        .collect();
+    let mut pending = Vec::new();
+    for p in &stale {
+        let addr = c.driver_addr(l);
+        let line = format!("APPEND {}", node::harness::hex(p));
+        pending.push(std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            writeln!(s, "{line}").unwrap();
+            let mut r = String::new();
+            let _ = std::io::BufReader::new(s).read_line(&mut r);
+            r.trim().to_string()
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    c.resume(l).unwrap();
+    println!("injected: SIGCONT of node {l}, with 4 appends waiting for it");
+    let answers: Vec<String> = pending.into_iter().map(|h| h.join().unwrap()).collect();
+    println!("the deposed leader answered: {answers:?}");
+    for a in &answers {
+        assert!(
+            !a.starts_with("OK"),
+            "the deposed leader acknowledged an append: {a}"
+        );
+    }
+    let after = c.status(l).unwrap();
+    println!(
+        "node {l}: {} fenced writes (were {}), role {} in term {}",
+        after.fenced, before.fenced, after.role, after.term
+    );
+    assert!(
+        after.fenced > before.fenced,
+        "the deposed leader's RDMA writes were not fenced: {after:?}"
+    );
+    lab::guest::unblock_path(n as u8, l as u8).unwrap();
+    println!("injected: node {n} reaches node {l} again");
+    for i in 0..20 {
+        acks.push(append_ack(&c, 2_000_000 + i));
+    }
+    let last = acks.last().unwrap().index;
+    let s = c.wait_commit(l, last, Duration::from_secs(120)).unwrap();
+    assert_eq!(s.role, "follower", "{s:?}");
+    println!("node {l} stepped down and follows node {}", s.leader);
+    let v = c.verify(&acks).unwrap();
+    println!("verified: {v}");
+    for i in 1..=3 {
+        let crcs = c.crcs(i, v.committed).unwrap();
+        for p in &stale {
+            let crc = format!("{:08x}", crc32c::crc32c(p));
+            assert!(
+                !crcs.contains(&crc),
+                "node {i} holds a payload only the deposed leader had"
+            );
+        }
+    }
+    println!("no node holds any of the deposed leader's payloads");
+}
+
+/// Appends payload `seq` through whichever node leads and returns its acknowledgement.
+fn append_ack(c: &Cluster, seq: u64) -> node::harness::Ack {
+    let p = node::harness::payload(seq, 256);
+    let (index, crc) = c.append_one(&p, Duration::from_secs(120)).unwrap();
+    node::harness::Ack {
+        seq,
+        index,
+        crc,
+        len: p.len(),
+        at: Instant::now(),
+        leader: 0,
+    }
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn lossy_link_keeps_the_log_correct() {
+    let n = fault_appends() / 2;
+    let (_t, mut c) = cluster("lossy", 8100);
+    let l = c.leader(Duration::from_secs(60)).unwrap();
+    let mut acks = Vec::new();
+    let mut table = Vec::new();
+    for loss in [0.0, 1.0, 5.0] {
+        if loss > 0.0 {
+            lab::guest::set_netem(
+                l as u8,
+                &lab::guest::Netem {
+                    loss_pct: loss,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        }
+        println!("injected: netem loss {loss}% on everything leader {l} sends");
+        let w = Workload::new(n, Sizes::Fixed(4096));
+        let mut r = run_workload(&mut c, &w, |_, _| {}).unwrap();
+        lab::guest::clear_netem(l as u8).unwrap();
+        println!("  {r}");
+        table.push((loss, r.appends_per_sec(), r.mib_per_sec()));
+        // Later phases reuse sequence numbers; keep them distinct for the report.
+        for a in &mut r.acks {
+            a.seq += (loss as u64) << 32;
+        }
+        acks.extend(r.acks);
+    }
+    println!("loss   appends/s   MiB/s   (4 KiB appends, {n} per row)");
+    for (loss, aps, mibs) in &table {
+        println!("{loss:>4}%  {aps:>9.0}  {mibs:>6.2}");
+    }
+    let v = c.verify(&acks).unwrap();
+    println!("verified: {v}");
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn partitions_heal_and_a_cut_off_leader_cannot_commit() {
+    let n = fault_appends();
+    let (_t, mut c) = cluster("partition", 8200);
+    let l = c.leader(Duration::from_secs(60)).unwrap();
+    let f = (1..=3).rev().find(|&i| i != l).unwrap();
+    let mut down_at: Option<Instant> = None;
+    let mut up = false;
+    let w = Workload::new(
+        n,
+        Sizes::Mixed {
+            min: 8,
+            max: 8 << 10,
+        },
+    );
+    let r = run_workload(&mut c, &w, |_, p| {
+        if p.done == n / 4 {
+            lab::guest::set_link(f as u8, false).unwrap();
+            println!("injected: link down on follower {f}");
+            down_at = Some(Instant::now());
+        }
+        if !up && down_at.is_some_and(|t| t.elapsed() >= Duration::from_secs(10)) {
+            lab::guest::set_link(f as u8, true).unwrap();
+            println!(
+                "injected: link up on follower {f} after 10 s ({} appends done)",
+                p.done
+            );
+            up = true;
+        }
+    })
+    .unwrap();
+    if !up {
+        std::thread::sleep(Duration::from_secs(10).saturating_sub(down_at.unwrap().elapsed()));
+        lab::guest::set_link(f as u8, true).unwrap();
+        println!("injected: link up on follower {f} after 10 s");
+    }
+    println!("{r}");
+    let mut acks = r.acks;
+    let last = acks.iter().map(|a| a.index).max().unwrap();
+    c.wait_commit(f, last, Duration::from_secs(120)).unwrap();
+    println!("follower {f} reconnected and caught up to index {last}");
+
+    // Now cut off the leader.
+    let l = c.leader(Duration::from_secs(30)).unwrap();
+    let others: Vec<u64> = (1..=3).filter(|&i| i != l).collect();
+    lab::guest::set_link(l as u8, false).unwrap();
+    println!("injected: link down on leader {l}");
+    let cut = Instant::now();
+    let orphan = node::harness::payload(0xc0ff_ee00, 1024);
+    let addr_line = format!("APPEND {}", node::harness::hex(&orphan));
+    let answer = c.ask_within(l, &addr_line, Duration::from_secs(30));
+    println!("the cut-off leader answered an append with: {answer:?}");
+    assert!(
+        !answer.as_deref().unwrap_or("").starts_with("OK"),
+        "a leader without a majority acknowledged an append"
+    );
+    let new = c.leader_among(&others, Duration::from_secs(60)).unwrap();
+    println!(
+        "node {new} leads the majority side {:.1} s after the cut",
+        cut.elapsed().as_secs_f64()
+    );
+    for i in 0..50 {
+        acks.push(append_ack(&c, 3_000_000 + i));
+    }
+    lab::guest::set_link(l as u8, true).unwrap();
+    println!("injected: link up on old leader {l}");
+    let last = acks.last().unwrap().index;
+    let s = c.wait_commit(l, last, Duration::from_secs(120)).unwrap();
+    assert_eq!(s.role, "follower", "{s:?}");
+    println!("old leader {l} rejoined as a follower of node {}", s.leader);
+    let v = c.verify(&acks).unwrap();
+    println!("verified: {v}");
+    let crc = format!("{:08x}", crc32c::crc32c(&orphan));
+    for i in 1..=3 {
+        assert!(
+            !c.crcs(i, v.committed).unwrap().contains(&crc),
+            "node {i} committed the cut-off leader's append"
+        );
+    }
+    println!("the cut-off leader's append is in no node's committed log");
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn power_loss_of_all_three_keeps_every_acknowledged_entry() {
+    assert!(
+        std::env::var_os("RDMALOG_LAB_DISK").is_some(),
+        "this test needs the lab's ext4 disk: run the lab with --disk-mib (ops/test does)"
+    );
+    let n = fault_appends();
+    let (_t, mut c) = cluster("power", 8300);
+    c.leader(Duration::from_secs(60)).unwrap();
+    println!(
+        "data dirs on ext4 at {}; durability fsync",
+        c.config().dir.display()
+    );
+    let w = Workload::new(
+        n,
+        Sizes::Mixed {
+            min: 8,
+            max: 16 << 10,
+        },
+    );
+    let r = run_workload(&mut c, &w, |c, p| {
+        if p.done == n / 2 {
+            c.kill_all();
+            println!(
+                "injected: kill -9 of all three nodes at once, {} appends acknowledged, up to 16 in flight",
+                p.done
+            );
+            for i in 1..=3 {
+                c.start_node(i).unwrap();
+            }
+            println!("injected: restart of all three");
+        }
+        show(p);
+    })
+    .unwrap();
+    println!("{r}");
+    let v = c.verify(&r.acks).unwrap();
+    println!("verified: {v}");
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn a_wrong_peer_is_refused_on_both_sides() {
+    let (t, mut c) = cluster("wrong-peer", 8400);
+    c.leader(Duration::from_secs(60)).unwrap();
+    let w = Workload::new(50, Sizes::Fixed(256));
+    let mut acks = run_workload(&mut c, &w, |_, _| {}).unwrap().acks;
+    c.kill(3);
+    let wrong = t.path().join("wrong-secret");
+    node::harness::write_secret(&wrong, b"not the cluster secret at all\n").unwrap();
+    let rogues = [
+        (
+            "the wrong cluster secret",
+            Overrides {
+                secret_file: Some(wrong),
+                data_dir: Some(t.path().join("rogue-secret")),
+                ..Default::default()
+            },
+            "wrong cluster secret",
+        ),
+        (
+            "the wrong cluster id",
+            Overrides {
+                cluster_id: Some(0x2bad),
+                data_dir: Some(t.path().join("rogue-cluster")),
+                ..Default::default()
+            },
+            "cluster id mismatch",
+        ),
+    ];
+    for (k, (what, o, why)) in rogues.iter().enumerate() {
+        let logs_before: Vec<usize> = (1..=3).map(|i| c.log_text(i).len()).collect();
+        c.start_node_with(3, o).unwrap();
+        println!("injected: node 3 restarted with {what}");
+        // The real nodes keep committing without it.
+        for i in 0..20 {
+            acks.push(append_ack(&c, 4_000_000 + 100 * k as u64 + i));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let refused = |i: u64| c.log_text(i)[logs_before[i as usize - 1]..].contains(why);
+        while !(refused(3) && (refused(1) || refused(2))) {
+            assert!(
+                Instant::now() < deadline,
+                "no refusal naming `{why}` in the logs:\n{}",
+                (1..=3)
+                    .map(|i| format!(
+                        "node {i}:\n{}",
+                        &c.log_text(i)[logs_before[i as usize - 1]..]
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for i in 1..=3 {
+            if let Some(line) = c.log_text(i)[logs_before[i as usize - 1]..]
+                .lines()
+                .find(|l| l.contains(why))
+            {
+                println!("  node {i} logged: {line}");
+            }
+        }
+        let rogue = c.status(3).unwrap();
+        println!("  rogue node 3: {rogue:?}");
+        assert_eq!(rogue.commit, 0, "the rogue node learned commits");
+        assert_eq!(rogue.grants, 0, "the rogue node granted remote write");
+        for i in 1..=2 {
+            let s = c.status(i).unwrap();
+            assert!(
+                !s.conns.contains("3:up"),
+                "node {i} holds an admitted connection to the rogue: {s:?}"
+            );
+        }
+        c.kill(3);
+    }
+    c.start_node(3).unwrap();
+    println!("injected: the real node 3 restarted");
+    let last = acks.last().unwrap().index;
+    c.wait_commit(3, last, Duration::from_secs(120)).unwrap();
+    let v = c.verify(&acks).unwrap();
+    println!("verified: {v}");
 }
