@@ -1220,7 +1220,18 @@ impl CmWorker {
             if hello.region.len == 0 && self.cfg.accept_only_after_advertise {
                 // Peers learn our ring only from the hello: accepting before the owner has
                 // advertised it would give them a connection they can never write through.
-                std::thread::sleep(ACCEPT_POLL);
+                // Refuse at once rather than leave the request pending: the dialer retries
+                // after its backoff instead of waiting out its whole CM timeout.
+                match self
+                    .listener
+                    .refuse_within(ACCEPT_POLL, verbs::RejectReason::NotReady)
+                {
+                    Ok(Some(peer)) => {
+                        tracing::debug!(peer, "refused a connect: not advertised yet");
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::info!(error = %e, "refusing an early connect failed"),
+                }
                 continue;
             }
             let mut pool = spare.take().expect("created above");

@@ -266,7 +266,39 @@ pub fn set_netem(host: u8, netem: &Netem) -> Result<()> {
 /// Removes any netem from host `host`.
 pub fn clear_netem(host: u8) -> Result<()> {
     check_host(host)?;
-    let args: Vec<String> = ["qdisc", "del", "dev", &netdev_name(host), "root"]
+    clear_qdisc(&netdev_name(host))
+}
+
+/// Cuts (or restores) host `host`'s cable: every packet it sends and every packet sent to it is
+/// dropped (netem loss 100% on both ends of its veth), while the link, its carrier and the rxe
+/// port stay up. This is the partition the process-level tests use: taking the link down
+/// instead makes rxe fail any MAD sent while the netdev is down, which moves the port's QP1 to
+/// the error state for good and leaves rdma_cm on that host dead until the rxe device is
+/// re-created (a Soft-RoCE artifact; see ops/README.md).
+pub fn cut_cable(host: u8, cut: bool) -> Result<()> {
+    check_host(host)?;
+    let ends = [netdev_name(host), bridge_port_name(host)];
+    for dev in &ends {
+        if cut {
+            let all = Netem {
+                loss_pct: 100.0,
+                ..Default::default()
+            };
+            run_tool("tc", &netem_args(dev, &all)?)?;
+        } else {
+            clear_qdisc(dev)?;
+        }
+    }
+    Ok(())
+}
+
+/// The bridge end of host `host`'s veth pair.
+pub fn bridge_port_name(host: u8) -> String {
+    format!("b{host}")
+}
+
+fn clear_qdisc(dev: &str) -> Result<()> {
+    let args: Vec<String> = ["qdisc", "del", "dev", dev, "root"]
         .map(String::from)
         .to_vec();
     match run_tool("tc", &args) {
@@ -282,8 +314,9 @@ pub fn clear_netem(host: u8) -> Result<()> {
 }
 
 /// Takes host `host`'s link down or up (its rxe port follows). Taking a link down flushes its
-/// neighbour table, so bringing it up reinstalls the static entries the lab boots with
-/// (without them the first host to transmit to an unresolved peer loses its packets).
+/// neighbour table and its policy route, so bringing it up reinstalls both as the lab boots
+/// with them (without the neighbours the first host to transmit to an unresolved peer loses
+/// its packets; without the route rdma_cm cannot resolve peers).
 pub fn set_link(host: u8, up: bool) -> Result<()> {
     check_host(host)?;
     let args: Vec<String> = [
@@ -296,9 +329,27 @@ pub fn set_link(host: u8, up: bool) -> Result<()> {
     .to_vec();
     run_tool("ip", &args)?;
     if up {
+        run_tool("ip", &policy_route_args(host))?;
         install_neighbours(host)?;
     }
     Ok(())
+}
+
+/// The `ip route` arguments of host `host`'s policy-routing table (`10<host>`), as the lab boots
+/// with it (ops/guest/boot.sh). Taking the link down deletes that route, so bringing the link
+/// up puts it back; without it rdma_cm cannot resolve a peer's address from that host.
+pub fn policy_route_args(host: u8) -> Vec<String> {
+    vec![
+        "route".into(),
+        "replace".into(),
+        "192.0.2.0/24".into(),
+        "dev".into(),
+        netdev_name(host),
+        "src".into(),
+        crate::config::host_addr(host).to_string(),
+        "table".into(),
+        format!("10{host}"),
+    ]
 }
 
 /// A locally administered MAC address no lab host has: frames sent to it reach nobody.
@@ -394,6 +445,14 @@ pub fn signal(pid: u32, signal: Signal) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_policy_route_matches_boot() {
+        assert_eq!(
+            policy_route_args(3).join(" "),
+            "route replace 192.0.2.0/24 dev v3 src 192.0.2.13 table 103"
+        );
+    }
 
     #[test]
     fn a_block_points_the_senders_neighbour_entry_nowhere() {

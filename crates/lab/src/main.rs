@@ -145,6 +145,13 @@ enum FaultCmd {
         #[arg(value_parser = ["up", "down"])]
         state: String,
     },
+    /// Cut a host's cable (drop all it sends and receives, link stays up), or restore it.
+    Cable {
+        #[arg(long)]
+        host: u8,
+        #[arg(value_parser = ["cut", "restore"])]
+        state: String,
+    },
     /// Drop everything one host sends to another (one direction), or lift that block.
     Block {
         #[arg(long)]
@@ -343,6 +350,7 @@ fn fault(cmd: &FaultCmd) -> Result<u8, LabError> {
         )?,
         FaultCmd::Clear { host } => guest::clear_netem(*host)?,
         FaultCmd::Link { host, state } => guest::set_link(*host, state == "up")?,
+        FaultCmd::Cable { host, state } => guest::cut_cable(*host, state == "cut")?,
         FaultCmd::Block { from, to, state } => {
             if state == "on" {
                 guest::block_path(*from, *to)?

@@ -1,7 +1,8 @@
 //! A cluster of `rdmalog-node` processes, one per lab host, and the client that drives it.
 //!
 //! Node `i` runs on lab host `i`: RDMA at `192.0.2.1i:<base + i>`, driver port at
-//! `192.0.2.1i:<base + 100 + i>`, data in `<dir>/node<i>`, log in `<dir>/node<i>.log`.
+//! `127.0.0.1:<base + 100 + i>` (out of band: faults on the fabric never touch it), data in
+//! `<dir>/node<i>`, log in `<dir>/node<i>.log`.
 //! The workload keeps up to `window` appends in flight on one driver connection to the leader,
 //! records every acknowledgement (sequence number, index, crc32c) in the order it arrived, and
 //! after a failure resubmits what was not acknowledged, in order, to whichever node leads.
@@ -159,12 +160,10 @@ impl Cluster {
         ))
     }
 
-    /// Node `i`'s driver port.
+    /// Node `i`'s driver port. It listens on loopback (every lab host shares one kernel), so
+    /// the test's control traffic never crosses the fabric its faults are injected into.
     pub fn driver_addr(&self, i: u64) -> SocketAddr {
-        SocketAddr::from((
-            lab::config::host_addr(host(i)),
-            self.cfg.base_port + 100 + i as u16,
-        ))
+        SocketAddr::from(([127, 0, 0, 1], self.cfg.base_port + 100 + i as u16))
     }
 
     /// Node `i`'s data directory.

@@ -260,6 +260,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(f) = &a.secret_file {
         rc.secret = Some(Arc::new(load_secret(f)?));
     }
+    let started = std::time::Instant::now();
     let ep = RdmaEndpoint::open(rc)
         .with_context(|| format!("opening the RDMA endpoint on {}", a.listen))?;
     let mut voters: Vec<u64> = peers.keys().map(|p| p.0).collect();
@@ -282,11 +283,13 @@ fn main() -> anyhow::Result<()> {
         },
         pin_core: None,
     };
+    let endpoint_secs = started.elapsed().as_secs_f64();
     let log = Arc::new(Log::open(cfg, ep, fs, opts).context("opening the replica")?);
+    let log_secs = started.elapsed().as_secs_f64() - endpoint_secs;
     let listener = TcpListener::bind(a.driver)
         .with_context(|| format!("binding the driver port {}", a.driver))?;
     eprintln!(
-        "rdmalog-node {}: up (rdma {}, driver {}, data {})",
+        "rdmalog-node {}: up (rdma {}, driver {}, data {}; endpoint opened in {endpoint_secs:.2} s, log in {log_secs:.2} s)",
         a.id,
         a.listen,
         a.driver,

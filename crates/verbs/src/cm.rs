@@ -176,6 +176,8 @@ pub enum RejectReason {
     },
     /// The private data was not ours (wrong magic or too short).
     Malformed,
+    /// The listener is up but not ready for peers yet (its owner is still starting); retry.
+    NotReady,
     /// A reject without our reject data (no listener, a foreign peer): the CM status.
     Unspecified {
         /// The rdma_cm event status (IB CM reject reason).
@@ -197,6 +199,12 @@ impl fmt::Display for RejectReason {
             RejectReason::Malformed => {
                 write!(f, "the connect private data was not an rdmalog hello")
             }
+            RejectReason::NotReady => {
+                write!(
+                    f,
+                    "the node is still starting and not ready for peers; retry"
+                )
+            }
             RejectReason::Unspecified { status } => {
                 write!(
                     f,
@@ -217,6 +225,7 @@ impl RejectReason {
             RejectReason::VersionMismatch { ours, theirs } => (2, 0, 0, ours, theirs),
             RejectReason::Malformed => (3, 0, 0, 0, 0),
             RejectReason::Unspecified { .. } => (4, 0, 0, 0, 0),
+            RejectReason::NotReady => (5, 0, 0, 0, 0),
         };
         b[4..6].copy_from_slice(&code.to_le_bytes());
         b[8..16].copy_from_slice(&oc.to_le_bytes());
@@ -243,6 +252,7 @@ impl RejectReason {
                 theirs: u16_at(26),
             },
             3 => RejectReason::Malformed,
+            5 => RejectReason::NotReady,
             _ => RejectReason::Unspecified { status },
         }
     }
@@ -713,7 +723,11 @@ impl Connection {
             t::RDMA_CM_EVENT_CONNECT_RESPONSE => {}
             t::RDMA_CM_EVENT_REJECTED => {
                 let reason = RejectReason::decode(&ev.private_data(), ev.status());
-                tracing::warn!(peer, %reason, "connect rejected by peer");
+                if reason == RejectReason::NotReady {
+                    tracing::debug!(peer, %reason, "connect rejected by peer");
+                } else {
+                    tracing::warn!(peer, %reason, "connect rejected by peer");
+                }
                 return Err(Error::Rejected { peer, reason });
             }
             _ => return Err(ev.unexpected("connect", "CONNECT_RESPONSE", &peer)),
@@ -938,6 +952,39 @@ impl Listener {
         )
     }
 
+    /// Waits at most `request_wait` for a connect request and rejects it with `reason`, so
+    /// the dialer learns at once instead of waiting out its timeout. Returns the refused
+    /// peer's address, or `None` when no request came.
+    pub fn refuse_within(
+        &self,
+        request_wait: Duration,
+        reason: RejectReason,
+    ) -> Result<Option<String>> {
+        let me = self.addr.to_string();
+        let ev = match self
+            .channel
+            .next(request_wait, "refuse", "CONNECT_REQUEST", &me)
+        {
+            Ok(ev) => ev,
+            Err(Error::CmTimeout { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if ev.kind() != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+            return Err(ev.unexpected("refuse", "CONNECT_REQUEST", &me));
+        }
+        let id = CmId { id: ev.id() };
+        let peer = peer_of(id.id);
+        drop(ev);
+        let rej = reason.encode();
+        // SAFETY: the id is live in connect-request state and its event was acked; `rej`
+        // lives for the call. The CmId wrapper destroys the id afterwards.
+        let rc = unsafe { sys::rdma_reject(id.id, rej.as_ptr().cast(), rej.len() as u8) };
+        if rc != 0 {
+            return Err(Error::verbs("rdma_reject", self.ctx.name(), 0, &peer, rc));
+        }
+        Ok(Some(peer))
+    }
+
     /// Like [`Listener::accept`], but waits at most `request_wait` for the connect request
     /// (returning [`Error::CmTimeout`] when none came), while the rest of the
     /// handshake keeps `cfg.event_timeout`. A connection-manager thread polls with a short
@@ -1131,6 +1178,7 @@ mod tests {
             RejectReason::ClusterMismatch { ours: 1, theirs: 2 },
             RejectReason::VersionMismatch { ours: 1, theirs: 3 },
             RejectReason::Malformed,
+            RejectReason::NotReady,
         ] {
             let mut padded = [0u8; REJECT_PRIVATE_DATA_MAX];
             padded[..REJECT_DATA_LEN].copy_from_slice(&r.encode());
