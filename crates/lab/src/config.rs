@@ -49,6 +49,9 @@ pub struct LabConfig {
     pub job_timeout: Option<Duration>,
     /// Size of an ext4 disk image to attach at `/run/lab/disk`, if any.
     pub disk_mib: Option<u32>,
+    /// Keep the disk image at this path across runs: created (with `disk_mib`) when missing,
+    /// attached as it is when present, so a second boot sees what the first left on it.
+    pub disk_image: Option<PathBuf>,
     /// Host directory shared writable with the guest at `/mnt`.
     pub out_dir: PathBuf,
     /// Where the kernel and initramfs are cached.
@@ -66,6 +69,7 @@ impl LabConfig {
             timeout: DEFAULT_TIMEOUT,
             job_timeout: None,
             disk_mib: None,
+            disk_image: None,
             out_dir,
             cache_dir,
         }
@@ -110,6 +114,14 @@ impl LabConfig {
                 self.boot_timeout.as_secs(),
                 self.timeout.as_secs()
             )));
+        }
+        if let Some(img) = &self.disk_image {
+            if !img.exists() && self.disk_mib.is_none() {
+                return Err(LabError::Config(format!(
+                    "disk image {} does not exist: give --disk-mib to create it",
+                    img.display()
+                )));
+            }
         }
         if !self.out_dir.is_absolute() {
             return Err(LabError::Config(format!(
@@ -193,6 +205,12 @@ mod tests {
         let mut c = cfg();
         c.disk_mib = Some(1);
         assert!(c.validate().unwrap_err().to_string().contains("disk"));
+        let mut c = cfg();
+        c.disk_image = Some(PathBuf::from("/nonexistent/rdmalog-lab-test.img"));
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("--disk-mib"), "{err}");
+        c.disk_mib = Some(64);
+        c.validate().unwrap();
         let mut c = cfg();
         c.job_timeout = Some(Duration::ZERO);
         assert!(c.validate().unwrap_err().to_string().contains("timeouts"));

@@ -274,7 +274,7 @@ pub fn clear_netem(host: u8) -> Result<()> {
 /// port stay up. This is the partition the process-level tests use: taking the link down
 /// instead makes rxe fail any MAD sent while the netdev is down, which moves the port's QP1 to
 /// the error state for good and leaves rdma_cm on that host dead until the rxe device is
-/// re-created (a Soft-RoCE artifact; see ops/README.md).
+/// re-created (a Soft-RoCE artifact; see README.md, "The lab").
 pub fn cut_cable(host: u8, cut: bool) -> Result<()> {
     check_host(host)?;
     let ends = [netdev_name(host), bridge_port_name(host)];

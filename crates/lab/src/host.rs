@@ -576,6 +576,15 @@ pub fn qemu_args(cfg: &LabConfig, p: &Prepared, disk: Option<&Path>) -> Vec<Stri
     a
 }
 
+/// Creates a sparse ext4 image of `mib` MiB at `img`.
+fn make_disk(img: &Path, mib: u32) -> Result<PathBuf> {
+    let f = fs::File::create(img).map_err(io_err("cannot create the disk image"))?;
+    f.set_len(u64::from(mib) << 20)
+        .map_err(io_err("cannot size the disk image"))?;
+    command_output(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(img))?;
+    Ok(img.to_path_buf())
+}
+
 /// Boots the lab, runs `job` inside, and returns its outcome. Console lines of the job are
 /// printed on stdout as they arrive; progress goes to stderr.
 pub fn run(
@@ -601,19 +610,24 @@ pub fn run(
             cfg.hosts,
             shell_quote(&cwd.display().to_string()),
             shell_quote(&keep_paths().join(" ")),
-            if cfg.disk_mib.is_some() { "1" } else { "" }
+            if cfg.disk_mib.is_some() || cfg.disk_image.is_some() {
+                "1"
+            } else {
+                ""
+            }
         ),
     )?;
-    let disk = match cfg.disk_mib {
-        Some(mib) => {
-            let img = control.join("disk.img");
-            let f = fs::File::create(&img).map_err(io_err("cannot create the disk image"))?;
-            f.set_len(u64::from(mib) << 20)
-                .map_err(io_err("cannot size the disk image"))?;
-            command_output(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img))?;
-            Some(img)
+    let disk = match (&cfg.disk_image, cfg.disk_mib) {
+        (Some(img), _) if img.exists() => Some(img.clone()),
+        (Some(img), Some(mib)) => Some(make_disk(img, mib)?),
+        (Some(img), None) => {
+            return Err(LabError::Config(format!(
+                "disk image {} does not exist: give --disk-mib to create it",
+                img.display()
+            )));
         }
-        None => None,
+        (None, Some(mib)) => Some(make_disk(&control.join("disk.img"), mib)?),
+        (None, None) => None,
     };
     let console_log = control.join("console.log");
     let mut log = fs::File::create(&console_log).map_err(io_err("cannot create console.log"))?;

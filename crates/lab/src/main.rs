@@ -89,6 +89,12 @@ struct BootArgs {
     disk_mib: Option<u32>,
     #[arg(
         long,
+        value_name = "PATH",
+        help = "Keep the ext4 disk image at PATH across runs (created with --disk-mib when missing)"
+    )]
+    disk_image: Option<PathBuf>,
+    #[arg(
+        long,
         help = "Host directory shared writable at /mnt in the guest [default: target/lab/out]"
     )]
     out: Option<PathBuf>,
@@ -190,6 +196,12 @@ fn boot_config(b: &BootArgs) -> Result<(LabConfig, Vec<(String, String)>), LabEr
     cfg.boot_timeout = b.boot_timeout;
     cfg.job_timeout = b.job_timeout;
     cfg.disk_mib = b.disk_mib;
+    cfg.disk_image = b
+        .disk_image
+        .as_deref()
+        .map(std::path::absolute)
+        .transpose()
+        .map_err(lab::io_err("cannot resolve --disk-image"))?;
     cfg.validate()?;
     if ours {
         // Our own default directory holds only the last run.

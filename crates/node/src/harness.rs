@@ -467,6 +467,123 @@ impl Drop for Cluster {
     }
 }
 
+/// A fault injected into the lab's fabric, undone when dropped (also when a test panics, so a
+/// failed test cannot leave the fabric broken for the tests after it in the same boot).
+#[derive(Debug)]
+#[must_use = "the fault is lifted when this guard is dropped"]
+pub enum Fault {
+    /// What host `from` sends to host `to` is dropped.
+    Block {
+        /// Sender.
+        from: u8,
+        /// Receiver.
+        to: u8,
+    },
+    /// Host `host`'s cable is cut.
+    Cable {
+        /// The host.
+        host: u8,
+    },
+    /// Host `host` sends through netem.
+    Netem {
+        /// The host.
+        host: u8,
+    },
+}
+
+impl Fault {
+    /// Drops what node `from` sends to node `to` (one direction).
+    pub fn block(from: u64, to: u64) -> anyhow::Result<Fault> {
+        lab::guest::block_path(host(from), host(to))?;
+        Ok(Fault::Block {
+            from: host(from),
+            to: host(to),
+        })
+    }
+
+    /// Cuts node `i`'s cable: everything it sends and receives is dropped, its link stays up.
+    pub fn cut_cable(i: u64) -> anyhow::Result<Fault> {
+        lab::guest::cut_cable(host(i), true)?;
+        Ok(Fault::Cable { host: host(i) })
+    }
+
+    /// Applies netem to everything node `i` sends.
+    pub fn netem(i: u64, netem: &lab::guest::Netem) -> anyhow::Result<Fault> {
+        lab::guest::set_netem(host(i), netem)?;
+        Ok(Fault::Netem { host: host(i) })
+    }
+
+    /// Lifts the fault now, reporting an error (dropping lifts it too, ignoring errors).
+    pub fn lift(self) -> anyhow::Result<()> {
+        let r = self.undo();
+        std::mem::forget(self);
+        r
+    }
+
+    fn undo(&self) -> anyhow::Result<()> {
+        match *self {
+            Fault::Block { from, to } => lab::guest::unblock_path(from, to)?,
+            Fault::Cable { host } => lab::guest::cut_cable(host, false)?,
+            Fault::Netem { host } => lab::guest::clear_netem(host)?,
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Fault {
+    fn drop(&mut self) {
+        if let Err(e) = self.undo() {
+            eprintln!("lifting {self:?} failed: {e:#}");
+        }
+    }
+}
+
+/// Compares the WAL segment files (`*.wal`) of `dirs` byte for byte. Run it on stopped nodes
+/// that had all committed the same last index: replicas place every record at the same Lsn, so
+/// their segments must be identical files. Returns the number of files and bytes compared.
+pub fn compare_segments(dirs: &[PathBuf]) -> anyhow::Result<(usize, u64)> {
+    let list = |d: &Path| -> anyhow::Result<BTreeSet<String>> {
+        let mut names = BTreeSet::new();
+        for e in std::fs::read_dir(d).with_context(|| format!("listing {}", d.display()))? {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".wal") {
+                names.insert(name);
+            }
+        }
+        Ok(names)
+    };
+    let (first, rest) = dirs.split_first().context("no data dirs to compare")?;
+    let names = list(first)?;
+    ensure!(!names.is_empty(), "{} holds no segments", first.display());
+    let mut bytes = 0;
+    for d in rest {
+        let theirs = list(d)?;
+        ensure!(
+            theirs == names,
+            "segment files differ: {} has {names:?}, {} has {theirs:?}",
+            first.display(),
+            d.display()
+        );
+    }
+    for name in &names {
+        let a = std::fs::read(first.join(name))?;
+        for d in rest {
+            let b = std::fs::read(d.join(name))?;
+            if let Some(k) = (0..a.len().max(b.len())).find(|&k| a.get(k) != b.get(k)) {
+                bail!(
+                    "segment {name} differs at byte {k} between {} and {} (lengths {} and {})",
+                    first.display(),
+                    d.display(),
+                    a.len(),
+                    b.len()
+                );
+            }
+        }
+        bytes += a.len() as u64;
+    }
+    Ok((names.len(), bytes))
+}
+
 /// Writes an owner-only secret file.
 pub fn write_secret(path: &Path, secret: &[u8]) -> anyhow::Result<()> {
     std::fs::write(path, secret).with_context(|| format!("writing {}", path.display()))?;
@@ -637,6 +754,8 @@ pub struct Progress {
     pub retries: u64,
     /// The node it appends through (0 while it looks for one).
     pub leader: u64,
+    /// The acknowledgement that triggered this report.
+    pub last: Option<Ack>,
 }
 
 /// What a workload did.
@@ -781,14 +900,15 @@ pub fn run_workload(
                             cn.leader
                         );
                         bytes += len as u64;
-                        acks.push(Ack {
+                        let ack = Ack {
                             seq,
                             index,
                             crc,
                             len,
                             at: Instant::now(),
                             leader: cn.leader,
-                        });
+                        };
+                        acks.push(ack);
                         last_progress = Instant::now();
                         let p = Progress {
                             done: acks.len() as u64,
@@ -797,6 +917,7 @@ pub fn run_workload(
                             elapsed: start.elapsed(),
                             retries,
                             leader: cn.leader,
+                            last: Some(ack),
                         };
                         hook(c, &p);
                     }
@@ -886,6 +1007,7 @@ mod tests {
             elapsed: Duration::from_secs(1),
             retries: 0,
             leader: 1,
+            last: None,
         };
         let bar = progress_bar(&p);
         assert!(

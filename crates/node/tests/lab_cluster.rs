@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use node::harness::{
-    Cluster, ClusterConfig, Overrides, Sizes, Workload, progress_bar, run_workload,
+    Cluster, ClusterConfig, Fault, Overrides, Sizes, Workload, progress_bar, run_workload,
 };
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -86,6 +86,30 @@ fn steady_state_mixed_sizes_commit_identically() {
     );
     assert!(s.fast > 0, "the fast path was never used");
     assert_eq!(r.acks.len() as u64, n);
+    // Quiesce: every node holds the same last index, then stop them and compare the files.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st: Vec<_> = (1..=3).filter_map(|i| c.status(i)).collect();
+        if st.len() == 3
+            && st
+                .iter()
+                .all(|x| x.last == st[0].last && x.commit == st[0].last)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes did not converge: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.kill_all();
+    let dirs: Vec<_> = (1..=3).map(|i| c.data_dir(i)).collect();
+    let (files, bytes) = node::harness::compare_segments(&dirs).unwrap();
+    println!(
+        "segment files identical on all three nodes: {files} files, {:.1} MiB each node",
+        bytes as f64 / (1 << 20) as f64
+    );
 }
 
 #[test]
@@ -207,20 +231,19 @@ fn deposed_leader_wakes_up_and_is_fenced() {
     let w = Workload::new(200, Sizes::Fixed(512));
     let mut acks = run_workload(&mut c, &w, |_, _| {}).unwrap().acks;
     let others: Vec<u64> = (1..=3).filter(|&i| i != l).collect();
-    // Let both followers hold the whole log, so either can win the election.
+    // Let both followers hold the whole log, so the election below goes by node id alone:
+    // election timeouts grow with the id, and with pre-vote the lower id wins.
     let last = acks.last().unwrap().index;
     for &i in &others {
         c.wait_commit(i, last, Duration::from_secs(60)).unwrap();
     }
+    let (n, f2) = (others[0], others[1]);
     let before = c.status(l).unwrap();
-    // Every node shares one kernel, so the paused leader's NIC keeps receiving: the new
-    // leader's first heartbeat would be waiting for it when it wakes, and it would step down
-    // before writing anything. Real deposed leaders are not so lucky (the news can be slow or
-    // lost), so the new leader's packets to it are dropped while it sleeps. Node ids decide the
-    // winner: election timeouts grow with the id, and with pre-vote the lower id wins.
-    let n = others[0];
-    let f2 = others[1];
-    lab::guest::block_path(n as u8, l as u8).unwrap();
+    // Every node shares one kernel, so a paused process's NIC keeps receiving: the new
+    // leader's first heartbeat would be waiting when the old leader wakes, and it would step
+    // down before writing anything. A real deposed leader is not so lucky (the news can be
+    // slow or lost), so the new leader's packets to it are dropped while it sleeps.
+    let from_new = Fault::block(n, l).unwrap();
     println!("injected: everything node {n} sends to node {l} is dropped");
     c.pause(l).unwrap();
     println!(
@@ -232,40 +255,68 @@ fn deposed_leader_wakes_up_and_is_fenced() {
         new, n,
         "node {f2} won the election; this test needs node {n} to"
     );
-    // The new leader commits while the old one sleeps.
     for i in 0..20 {
         acks.push(append_ack(&c, 1_000_000 + i));
     }
     let s = c.status(new).unwrap();
     println!(
-        "node {new} leads in term {} and committed index {}",
+        "node {new} leads in term {} and committed index {}; node {f2} revoked node {l}'s grant",
         s.term, s.commit
     );
     for &i in &others {
         c.wait_commit(i, acks.last().unwrap().index, Duration::from_secs(30))
             .unwrap();
     }
+    // Node f2's answers to the old leader's heartbeats would also tell it the news, so node
+    // f2 sleeps too while the old leader wakes. Its NIC still checks (and refuses) RDMA
+    // writes: that is the fence under test.
+    c.pause(f2).unwrap();
+    println!("injected: SIGSTOP of follower {f2} (its NIC keeps answering RDMA)");
     // Appends to the deposed leader, queued in its driver socket while it sleeps.
     let stale: Vec<Vec<u8>> = (0..4u64)
         .map(|k| node::harness::payload(0xdead_0000 + k, 4096))
         .collect();
-    let mut pending = Vec::new();
-    for p in &stale {
-        let addr = c.driver_addr(l);
-        let line = format!("APPEND {}", node::harness::hex(p));
-        pending.push(std::thread::spawn(move || {
-            use std::io::{BufRead, Write};
-            let mut s = std::net::TcpStream::connect(addr).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-            writeln!(s, "{line}").unwrap();
-            let mut r = String::new();
-            let _ = std::io::BufReader::new(s).read_line(&mut r);
-            r.trim().to_string()
-        }));
-    }
+    let pending: Vec<_> = stale
+        .iter()
+        .map(|p| {
+            let addr = c.driver_addr(l);
+            let line = format!("APPEND {}", node::harness::hex(p));
+            std::thread::spawn(move || {
+                use std::io::{BufRead, Write};
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                writeln!(s, "{line}").unwrap();
+                let mut r = String::new();
+                let _ = std::io::BufReader::new(s).read_line(&mut r);
+                r.trim().to_string()
+            })
+        })
+        .collect();
     std::thread::sleep(Duration::from_millis(500));
     c.resume(l).unwrap();
     println!("injected: SIGCONT of node {l}, with 4 appends waiting for it");
+    let t = Instant::now();
+    let woke = loop {
+        let s = c.status(l).unwrap_or_default();
+        if s.fenced > before.fenced {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "node {l}'s RDMA writes were never fenced: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!(
+        "node {l} woke believing it leads term {}, wrote, and had {} writes fenced (were {}) within {} ms",
+        woke.term,
+        woke.fenced,
+        before.fenced,
+        t.elapsed().as_millis()
+    );
+    c.resume(f2).unwrap();
+    from_new.lift().unwrap();
+    println!("injected: SIGCONT of node {f2}; node {n} reaches node {l} again");
     let answers: Vec<String> = pending.into_iter().map(|h| h.join().unwrap()).collect();
     println!("the deposed leader answered: {answers:?}");
     for a in &answers {
@@ -274,17 +325,6 @@ fn deposed_leader_wakes_up_and_is_fenced() {
             "the deposed leader acknowledged an append: {a}"
         );
     }
-    let after = c.status(l).unwrap();
-    println!(
-        "node {l}: {} fenced writes (were {}), role {} in term {}",
-        after.fenced, before.fenced, after.role, after.term
-    );
-    assert!(
-        after.fenced > before.fenced,
-        "the deposed leader's RDMA writes were not fenced: {after:?}"
-    );
-    lab::guest::unblock_path(n as u8, l as u8).unwrap();
-    println!("injected: node {n} reaches node {l} again");
     for i in 0..20 {
         acks.push(append_ack(&c, 2_000_000 + i));
     }
@@ -330,20 +370,22 @@ fn lossy_link_keeps_the_log_correct() {
     let mut acks = Vec::new();
     let mut table = Vec::new();
     for loss in [0.0, 1.0, 5.0] {
-        if loss > 0.0 {
-            lab::guest::set_netem(
-                l as u8,
+        let fault = (loss > 0.0).then(|| {
+            Fault::netem(
+                l,
                 &lab::guest::Netem {
                     loss_pct: loss,
                     ..Default::default()
                 },
             )
-            .unwrap();
-        }
+            .unwrap()
+        });
         println!("injected: netem loss {loss}% on everything leader {l} sends");
         let w = Workload::new(n, Sizes::Fixed(4096));
         let mut r = run_workload(&mut c, &w, |_, _| {}).unwrap();
-        lab::guest::clear_netem(l as u8).unwrap();
+        if let Some(f) = fault {
+            f.lift().unwrap();
+        }
         println!("  {r}");
         table.push((loss, r.appends_per_sec(), r.mib_per_sec()));
         // Later phases reuse sequence numbers; keep them distinct for the report.
@@ -367,8 +409,7 @@ fn partitions_heal_and_a_cut_off_leader_cannot_commit() {
     let (_t, mut c) = cluster("partition", 8200);
     let l = c.leader(Duration::from_secs(60)).unwrap();
     let f = (1..=3).rev().find(|&i| i != l).unwrap();
-    let mut down_at: Option<Instant> = None;
-    let mut up = false;
+    let mut cut: Option<(Fault, Instant)> = None;
     let w = Workload::new(
         n,
         Sizes::Mixed {
@@ -378,24 +419,25 @@ fn partitions_heal_and_a_cut_off_leader_cannot_commit() {
     );
     let r = run_workload(&mut c, &w, |_, p| {
         if p.done == n / 4 {
-            lab::guest::cut_cable(f as u8, true).unwrap();
+            cut = Some((Fault::cut_cable(f).unwrap(), Instant::now()));
             println!("injected: cable cut on follower {f} (all its packets dropped both ways)");
-            down_at = Some(Instant::now());
         }
-        if !up && down_at.is_some_and(|t| t.elapsed() >= Duration::from_secs(10)) {
-            lab::guest::cut_cable(f as u8, false).unwrap();
+        if cut
+            .as_ref()
+            .is_some_and(|(_, t)| t.elapsed() >= Duration::from_secs(10))
+        {
+            cut.take().unwrap().0.lift().unwrap();
             println!(
                 "injected: cable restored on follower {f} after 10 s ({} appends done)",
                 p.done
             );
-            up = true;
         }
     })
     .unwrap();
-    if !up {
-        std::thread::sleep(Duration::from_secs(10).saturating_sub(down_at.unwrap().elapsed()));
-        lab::guest::cut_cable(f as u8, false).unwrap();
-        println!("injected: cable restored on follower {f} after 10 s");
+    if let Some((fault, at)) = cut.take() {
+        std::thread::sleep(Duration::from_secs(10).saturating_sub(at.elapsed()));
+        fault.lift().unwrap();
+        println!("injected: cable restored on follower {f} after 10 s (the workload had ended)");
     }
     println!("{r}");
     let mut acks = r.acks;
@@ -406,7 +448,7 @@ fn partitions_heal_and_a_cut_off_leader_cannot_commit() {
     // Now cut off the leader.
     let l = c.leader(Duration::from_secs(30)).unwrap();
     let others: Vec<u64> = (1..=3).filter(|&i| i != l).collect();
-    lab::guest::cut_cable(l as u8, true).unwrap();
+    let cut_leader = Fault::cut_cable(l).unwrap();
     println!("injected: cable cut on leader {l}");
     let cut = Instant::now();
     let orphan = node::harness::payload(0xc0ff_ee00, 1024);
@@ -426,7 +468,7 @@ fn partitions_heal_and_a_cut_off_leader_cannot_commit() {
     for i in 0..50 {
         acks.push(append_ack(&c, 3_000_000 + i));
     }
-    lab::guest::cut_cable(l as u8, false).unwrap();
+    cut_leader.lift().unwrap();
     println!("injected: cable restored on old leader {l}");
     let last = acks.last().unwrap().index;
     let s = c.wait_commit(l, last, Duration::from_secs(120)).unwrap();
