@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Parser;
 use fabric::NodeId;
 use fabric::rdma::{RdmaConfig, RdmaEndpoint, load_secret};
@@ -272,6 +272,18 @@ fn main() -> anyhow::Result<()> {
     } else {
         Durability::Fsync
     };
+    // Test-only: a protocol rule broken on purpose, to prove a lab test notices.
+    if let Ok(m) = std::env::var("RDMALOG_NODE_MUTATION") {
+        cfg.mutation = match m.as_str() {
+            "ack-without-fsync" => replica::Mutation::AckWithoutFsync,
+            "skip-revoke" => replica::Mutation::SkipRevoke,
+            other => bail!("unknown RDMALOG_NODE_MUTATION `{other}`"),
+        };
+        tracing::warn!(
+            mutation = m,
+            "TEST MUTATION ACTIVE: this node breaks a rule on purpose"
+        );
+    }
     cfg.election_tick = 20;
     cfg.heartbeat_tick = 3;
     cfg.election_window = Some((20 + 10 * a.id as usize, 21 + 10 * a.id as usize));

@@ -40,6 +40,13 @@ fn boot(out: &Path, image: &Path, phase: &str) -> std::process::Output {
         .arg(out)
         .args(["--job-timeout", "480", "--env"])
         .arg(format!("RDMALOG_POWER_PHASE={phase}"))
+        .args(
+            // Off-CI check that this test has teeth: RDMALOG_NODE_MUTATION=ack-without-fsync
+            // makes the nodes acknowledge without syncing, and boot 2 must then find losses.
+            std::env::var("RDMALOG_NODE_MUTATION")
+                .map(|m| vec!["--env".to_string(), format!("RDMALOG_NODE_MUTATION={m}")])
+                .unwrap_or_default(),
+        )
         .arg("--")
         .arg(exe)
         .args([
