@@ -64,6 +64,20 @@ struct Args {
     /// Raft tick in milliseconds.
     #[arg(long, default_value_t = 20)]
     tick_ms: u64,
+    /// How the replica's driver thread polls: busy (a dedicated core), adaptive (spin, then
+    /// sleep; for shared cores) or event (sleep until work or the next tick).
+    #[arg(long, default_value = "adaptive", value_parser = ["busy", "adaptive", "event"])]
+    poll: String,
+    /// Pin the driver thread to this core.
+    #[arg(long)]
+    pin_core: Option<usize>,
+    /// QP local ACK timeout exponent (4.096 us x 2^N per try); with --qp-retry it bounds how
+    /// long a dead peer takes to detect.
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    qp_timeout: u8,
+    /// QP transport retries before a peer is declared dead (0-7).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    qp_retry: u8,
 }
 
 fn parse_peer(s: &str) -> anyhow::Result<(NodeId, SocketAddr)> {
@@ -257,6 +271,16 @@ fn main() -> anyhow::Result<()> {
         .map(|p| parse_peer(p))
         .collect::<anyhow::Result<_>>()?;
     let mut rc = RdmaConfig::new(NodeId(a.id), cluster_id, a.listen, peers.clone());
+    rc.qp.timeout = a.qp_timeout;
+    rc.qp.retry_cnt = a.qp_retry;
+    let bound = verbs::dead_peer_bound(a.qp_timeout, a.qp_retry);
+    tracing::info!(
+        nominal_ms = bound.nominal.as_millis() as u64,
+        upper_ms = bound.upper.as_millis() as u64,
+        "a dead peer is detected within this bound (QP timeout {} and {} retries)",
+        a.qp_timeout,
+        a.qp_retry
+    );
     if let Some(f) = &a.secret_file {
         rc.secret = Some(Arc::new(load_secret(f)?));
     }
@@ -290,10 +314,14 @@ fn main() -> anyhow::Result<()> {
     let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
     let opts = LogOptions {
         tick: Duration::from_millis(a.tick_ms),
-        poll: PollMode::Adaptive {
-            spin: Duration::from_micros(50),
+        poll: match a.poll.as_str() {
+            "busy" => PollMode::Busy,
+            "event" => PollMode::Event,
+            _ => PollMode::Adaptive {
+                spin: Duration::from_micros(50),
+            },
         },
-        pin_core: None,
+        pin_core: a.pin_core,
     };
     let endpoint_secs = started.elapsed().as_secs_f64();
     let log = Arc::new(Log::open(cfg, ep, fs, opts).context("opening the replica")?);
