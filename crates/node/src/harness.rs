@@ -303,6 +303,22 @@ impl Cluster {
         Status::parse(&self.ask_within(i, "STATUS", Duration::from_secs(5))?)
     }
 
+    /// Node `i`'s status, waiting up to `within` for it to answer (a node that just started
+    /// opens its driver port only once its log is open).
+    pub fn status_within(&self, i: u64, within: Duration) -> anyhow::Result<Status> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.status(i) {
+                return Ok(s);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "node {i} did not answer STATUS within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The live node that says it leads, waiting up to `within`.
     pub fn leader(&self, within: Duration) -> anyhow::Result<u64> {
         self.leader_among(&self.live(), within)

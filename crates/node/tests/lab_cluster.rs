@@ -589,7 +589,7 @@ fn a_wrong_peer_is_refused_on_both_sides() {
                 println!("  node {i} logged: {line}");
             }
         }
-        let rogue = c.status(3).unwrap();
+        let rogue = c.status_within(3, Duration::from_secs(60)).unwrap();
         println!("  rogue node 3: {rogue:?}");
         assert_eq!(rogue.commit, 0, "the rogue node learned commits");
         assert_eq!(rogue.grants, 0, "the rogue node granted remote write");
