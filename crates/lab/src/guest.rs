@@ -390,19 +390,21 @@ pub fn block_path(from: u8, to: u8) -> Result<()> {
 pub fn unblock_path(from: u8, to: u8) -> Result<()> {
     check_host(from)?;
     check_host(to)?;
-    let path = format!("/sys/class/net/{}/address", netdev_name(to));
+    run_tool("ip", &neigh_args(from, to, &mac_of(to)?))
+}
+
+/// Host `host`'s MAC address (its veth's).
+fn mac_of(host: u8) -> Result<String> {
+    let path = format!("/sys/class/net/{}/address", netdev_name(host));
     let mac = fs::read_to_string(&path).map_err(io_err(format!("cannot read {path}")))?;
-    run_tool("ip", &neigh_args(from, to, mac.trim()))
+    Ok(mac.trim().to_string())
 }
 
 /// Installs permanent neighbour entries on host `host`'s veth for every other host.
 pub fn install_neighbours(host: u8) -> Result<()> {
     let n = hosts()?;
     for other in (1..=n).filter(|&o| o != host) {
-        let path = format!("/sys/class/net/{}/address", netdev_name(other));
-        let mac = fs::read_to_string(&path).map_err(io_err(format!("cannot read {path}")))?;
-        let args = neigh_args(host, other, mac.trim());
-        run_tool("ip", &args)?;
+        run_tool("ip", &neigh_args(host, other, &mac_of(other)?))?;
     }
     Ok(())
 }

@@ -288,14 +288,7 @@ impl Cluster {
     /// Sends `line` to node `i`'s driver port and returns its answer, or `None` if the node
     /// did not answer within `within`.
     pub fn ask_within(&self, i: u64, line: &str, within: Duration) -> Option<String> {
-        let mut s =
-            TcpStream::connect_timeout(&self.driver_addr(i), Duration::from_secs(2)).ok()?;
-        s.set_read_timeout(Some(within)).ok()?;
-        writeln!(s, "{line}").ok()?;
-        let mut reply = String::new();
-        BufReader::new(s).read_line(&mut reply).ok()?;
-        let reply = reply.trim();
-        (!reply.is_empty()).then(|| reply.to_string())
+        ask(self.driver_addr(i), line, within)
     }
 
     /// Node `i`'s status, if it answers within 5 s.
@@ -601,6 +594,18 @@ pub fn compare_segments(dirs: &[PathBuf]) -> anyhow::Result<(usize, u64)> {
         bytes += a.len() as u64;
     }
     Ok((names.len(), bytes))
+}
+
+/// Sends `line` to the driver port at `addr` and returns its answer, or `None` if none came
+/// within `within`. A free function, so a thread can ask without borrowing the cluster.
+pub fn ask(addr: SocketAddr, line: &str, within: Duration) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(within)).ok()?;
+    writeln!(s, "{line}").ok()?;
+    let mut reply = String::new();
+    BufReader::new(s).read_line(&mut reply).ok()?;
+    let reply = reply.trim();
+    (!reply.is_empty()).then(|| reply.to_string())
 }
 
 /// Writes an owner-only secret file.

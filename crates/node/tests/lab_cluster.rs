@@ -52,6 +52,11 @@ fn fault_appends() -> u64 {
     env_u64("RDMALOG_LAB_FAULT_APPENDS", 600).max(30)
 }
 
+/// `n` appends of 8 B to `max` bytes (log-uniform), 16 in flight.
+fn mixed(n: u64, max: usize) -> Workload {
+    Workload::new(n, Sizes::Mixed { min: 8, max })
+}
+
 /// Prints a progress line at every tenth of the workload.
 fn show(p: &node::harness::Progress) {
     if p.done % (p.total / 10).max(1) == 0 {
@@ -66,13 +71,7 @@ fn steady_state_mixed_sizes_commit_identically() {
     let (_t, mut c) = cluster("steady", 7700);
     let l = c.leader(Duration::from_secs(60)).unwrap();
     println!("workload: {n} appends, 8 B to 64 KiB (log-uniform), 16 in flight, leader {l}");
-    let w = Workload::new(
-        n,
-        Sizes::Mixed {
-            min: 8,
-            max: 64 << 10,
-        },
-    );
+    let w = mixed(n, 64 << 10);
     let r = run_workload(&mut c, &w, |_, p| show(p)).unwrap();
     println!("{r}");
     let v = c.verify(&r.acks).unwrap();
@@ -121,13 +120,7 @@ fn follower_crash_mid_load_then_catch_up() {
     // The highest-id follower: its restart is the harder case, since the lower ids hold
     // (possibly idle) connections to it that they dialled.
     let f = (1..=3).rev().find(|&i| i != l).unwrap();
-    let w = Workload::new(
-        n,
-        Sizes::Mixed {
-            min: 8,
-            max: 16 << 10,
-        },
-    );
+    let w = mixed(n, 16 << 10);
     let r = run_workload(&mut c, &w, |c, p| {
         if p.done == n / 3 {
             println!(
@@ -174,13 +167,7 @@ fn leader_crash_mid_load_fails_over_and_rejoins() {
     let (_t, mut c) = cluster("leader-crash", 7900);
     c.leader(Duration::from_secs(60)).unwrap();
     let mut killed: Option<(u64, Instant)> = None;
-    let w = Workload::new(
-        n,
-        Sizes::Mixed {
-            min: 8,
-            max: 16 << 10,
-        },
-    );
+    let w = mixed(n, 16 << 10);
     let r = run_workload(&mut c, &w, |c, p| {
         if p.done == n / 3 {
             println!(
@@ -282,13 +269,7 @@ fn deposed_leader_wakes_up_and_is_fenced() {
             let addr = c.driver_addr(l);
             let line = format!("APPEND {}", node::harness::hex(p));
             std::thread::spawn(move || {
-                use std::io::{BufRead, Write};
-                let mut s = std::net::TcpStream::connect(addr).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-                writeln!(s, "{line}").unwrap();
-                let mut r = String::new();
-                let _ = std::io::BufReader::new(s).read_line(&mut r);
-                r.trim().to_string()
+                node::harness::ask(addr, &line, Duration::from_secs(60)).unwrap_or_default()
             })
         })
         .collect();
@@ -410,13 +391,7 @@ fn partitions_heal_and_a_cut_off_leader_cannot_commit() {
     let l = c.leader(Duration::from_secs(60)).unwrap();
     let f = (1..=3).rev().find(|&i| i != l).unwrap();
     let mut cut: Option<(Fault, Instant)> = None;
-    let w = Workload::new(
-        n,
-        Sizes::Mixed {
-            min: 8,
-            max: 8 << 10,
-        },
-    );
+    let w = mixed(n, 8 << 10);
     let r = run_workload(&mut c, &w, |_, p| {
         if p.done == n / 4 {
             cut = Some((Fault::cut_cable(f).unwrap(), Instant::now()));
@@ -500,13 +475,7 @@ fn power_loss_of_all_three_keeps_every_acknowledged_entry() {
         "data dirs on ext4 at {}; durability fsync",
         c.config().dir.display()
     );
-    let w = Workload::new(
-        n,
-        Sizes::Mixed {
-            min: 8,
-            max: 16 << 10,
-        },
-    );
+    let w = mixed(n, 16 << 10);
     let r = run_workload(&mut c, &w, |c, p| {
         if p.done == n / 2 {
             c.kill_all();
