@@ -274,6 +274,16 @@ pub trait Fabric {
     /// Allocates zeroed memory that this back-end can register (use it for rings).
     fn alloc(&mut self, len_bytes: u64) -> Result<Arc<dyn Memory>, FabricError>;
 
+    /// Allocates registrable memory that survives a crash of this process, but not of the
+    /// machine: the shared-memory file `path` (on tmpfs, such as /dev/shm). A process that
+    /// opens the same path after a crash finds the words as they were, and `true` says so;
+    /// `false` means the memory is new and zeroed. `len_bytes` must be a multiple of 4096.
+    fn alloc_persistent(
+        &mut self,
+        path: &std::path::Path,
+        len_bytes: u64,
+    ) -> Result<(Arc<dyn Memory>, bool), FabricError>;
+
     /// Registers memory from [`Fabric::alloc`] once, at start-up.
     fn register(
         &mut self,

@@ -942,6 +942,23 @@ impl Fabric for RdmaEndpoint {
         Ok(Arc::new(RdmaMemory(buf)))
     }
 
+    fn alloc_persistent(
+        &mut self,
+        path: &std::path::Path,
+        len_bytes: u64,
+    ) -> Result<(Arc<dyn Memory>, bool), FabricError> {
+        let (buf, opened) = WordBuffer::open_shared(path, len_bytes as usize).map_err(|e| {
+            FabricError::Register {
+                len_bytes,
+                reason: e.to_string(),
+            }
+        })?;
+        Ok((
+            Arc::new(RdmaMemory(buf)),
+            opened == verbs::SharedOpen::Reopened,
+        ))
+    }
+
     fn register(
         &mut self,
         memory: Arc<dyn Memory>,

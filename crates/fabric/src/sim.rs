@@ -139,6 +139,9 @@ struct NodeState {
     /// epoch of the connection they arrived on. Keeping them in event order means a
     /// `Disconnected` event clears only the buffers of messages that arrived before it.
     recv_data: VecDeque<(u64, Vec<u8>)>,
+    /// The node's shared-memory files ([`Fabric::alloc_persistent`]): they survive
+    /// [`SimNet::kill_process`], not [`SimNet::crash`].
+    shm: BTreeMap<std::path::PathBuf, Arc<crate::VecMemory>>,
 }
 
 #[derive(Debug)]
@@ -620,6 +623,7 @@ impl SimNet {
                     conns: BTreeMap::new(),
                     events: VecDeque::new(),
                     recv_data: VecDeque::new(),
+                    shm: BTreeMap::new(),
                 },
             )
             .is_none();
@@ -684,9 +688,19 @@ impl SimNet {
         n.fail_conn(b, a, None, DisconnectReason::PeerReset);
     }
 
-    /// Crashes `node`: its connections, registrations and pending events vanish. Peers notice
-    /// only through timeouts, as on a real network.
+    /// Crashes the machine of `node`: its connections, registrations, pending events and
+    /// shared memory vanish. Peers notice only through timeouts, as on a real network.
     pub fn crash(&self, node: NodeId) {
+        self.kill_process(node);
+        if let Some(s) = self.net.lock_net().nodes.get_mut(&node) {
+            s.shm.clear();
+        }
+    }
+
+    /// Kills the process of `node` (kill -9) while its machine stays up: as
+    /// [`SimNet::crash`], except that its shared memory ([`Fabric::alloc_persistent`]) keeps
+    /// what was stored in it. Peers notice only through timeouts.
+    pub fn kill_process(&self, node: NodeId) {
         let mut n = self.net.lock_net();
         if let Some(s) = n.nodes.get_mut(&node) {
             s.up = false;
@@ -854,6 +868,38 @@ impl Fabric for SimEndpoint {
             });
         }
         Ok(Arc::new(crate::VecMemory::new(len_bytes)))
+    }
+
+    fn alloc_persistent(
+        &mut self,
+        path: &std::path::Path,
+        len_bytes: u64,
+    ) -> Result<(Arc<dyn Memory>, bool), FabricError> {
+        if len_bytes == 0 || len_bytes % 4096 != 0 {
+            return Err(FabricError::Register {
+                len_bytes,
+                reason: "persistent memory must be a non-zero multiple of 4096 bytes".into(),
+            });
+        }
+        let mut n = self.net.lock_net();
+        self.check_up(&n)?;
+        let state = n.nodes.get_mut(&self.node).expect("checked up");
+        match state.shm.get(path) {
+            Some(m) if m.words().len() as u64 * 8 == len_bytes => Ok((m.clone(), true)),
+            Some(m) => Err(FabricError::Register {
+                len_bytes,
+                reason: format!(
+                    "{} holds {} bytes, not {len_bytes}",
+                    path.display(),
+                    m.words().len() * 8
+                ),
+            }),
+            None => {
+                let m = Arc::new(crate::VecMemory::new(len_bytes));
+                state.shm.insert(path.to_owned(), m.clone());
+                Ok((m, false))
+            }
+        }
     }
 
     fn register(

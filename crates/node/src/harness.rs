@@ -86,6 +86,8 @@ pub struct Status {
     pub grants: u64,
     /// Revocations of remote write on its ring.
     pub revokes: u64,
+    /// Entries it recovered at start-up from the shared-memory ring of a crashed process.
+    pub recovered: u64,
     /// Each peer's connection state as `id:state`, comma-separated.
     pub conns: String,
 }
@@ -109,6 +111,7 @@ impl Status {
                 "reconnects" => s.reconnects = n()?,
                 "grants" => s.grants = n()?,
                 "revokes" => s.revokes = n()?,
+                "recovered" => s.recovered = n()?,
                 "conns" => s.conns = v.to_string(),
                 _ => {}
             }

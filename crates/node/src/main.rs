@@ -11,7 +11,9 @@
 //!   entry as 8 hex digits, `-` for a committed entry that carries no application payload
 //!   (an election no-op or a membership change); it stops at the commit index.
 //! - `STATUS` → `STATUS id=<id> role=<role> term=<t> leader=<l> commit=<c> last=<i> fast=<n>
-//!   slow=<n> fenced=<n> reconnects=<n> grants=<n> revokes=<n> conns=<id>:<state>,...`
+//!   slow=<n> fenced=<n> reconnects=<n> grants=<n> revokes=<n> recovered=<n>
+//!   conns=<id>:<state>,...` (`recovered`: entries taken at start-up from the shared-memory
+//!   ring a crashed process left, under `--durability memory`)
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -55,9 +57,14 @@ struct Args {
     /// Cluster secret file (owner-only, at least 16 bytes); peers must prove it.
     #[arg(long)]
     secret_file: Option<PathBuf>,
-    /// fsync or memory.
+    /// fsync (ack after fdatasync on a majority) or memory (ack after a majority validated
+    /// the entry in its ring, which lives in shared memory under --ring-dir so that a crash
+    /// of this process loses nothing; a machine crash of a majority does).
     #[arg(long, default_value = "fsync", value_parser = ["fsync", "memory"])]
     durability: String,
+    /// Under --durability memory: the tmpfs directory for the ring's shared-memory files.
+    #[arg(long, default_value = "/dev/shm")]
+    ring_dir: PathBuf,
     /// The driver port (TCP), e.g. 192.0.2.11:8700.
     #[arg(long)]
     driver: SocketAddr,
@@ -150,7 +157,7 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 Role::Candidate => "candidate",
             };
             format!(
-                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} conns={}",
+                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} recovered={} conns={}",
                 s.id,
                 s.term,
                 s.leader.unwrap_or(0),
@@ -162,6 +169,7 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 s.stats.reconnects,
                 s.stats.grants,
                 s.stats.revokes,
+                s.stats.recovered_from_ring,
                 s.peers
                     .iter()
                     .map(|p| format!("{}:{:?}", p.id, p.conn).to_lowercase())
@@ -296,11 +304,13 @@ fn main() -> anyhow::Result<()> {
     } else {
         Durability::Fsync
     };
+    cfg.ring_dir = a.ring_dir.clone();
     // Test-only: a protocol rule broken on purpose, to prove a lab test notices.
     if let Ok(m) = std::env::var("RDMALOG_NODE_MUTATION") {
         cfg.mutation = match m.as_str() {
             "ack-without-fsync" => replica::Mutation::AckWithoutFsync,
             "skip-revoke" => replica::Mutation::SkipRevoke,
+            "private-ring" => replica::Mutation::PrivateRing,
             other => bail!("unknown RDMALOG_NODE_MUTATION `{other}`"),
         };
         tracing::warn!(

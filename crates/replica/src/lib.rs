@@ -24,6 +24,16 @@
 //! and grants the new leader's connection after. A deposed leader's writes complete with
 //! `RemoteAccess`, counted in [`ReplicaStats::fenced_writes`].
 //!
+//! # Durability
+//!
+//! Under [`Durability::Memory`] an append is acknowledged once a majority validated it in its
+//! ring, before any fdatasync. The ring is then a shared-memory (tmpfs) file, with a second
+//! file mirroring its published end, and ring space is released only once the segment files
+//! are fdatasynced: a crash of the process (of every node's at once, even) loses nothing,
+//! because [`Replica::open`] recovers the ring's published records that the segment files lack
+//! (`docs/FORMAT.md` section 9). A machine crash loses tmpfs; the other replicas hold the
+//! entries unless a majority of machines crash together.
+//!
 //! # Limits of this version
 //!
 //! Snapshot transfer is not built: a follower that needs entries below a prefix truncation
@@ -75,6 +85,10 @@ pub struct ReplicaConfig {
     pub max_entry_bytes: usize,
     /// Where segments and the raft state live.
     pub data_dir: PathBuf,
+    /// Under [`Durability::Memory`], the tmpfs directory of the ring's shared-memory files
+    /// (see [`ReplicaConfig::ring_file`]), so that a crash of this process loses no entry it
+    /// acknowledged. Default `/dev/shm`. Unused under `Fsync`.
+    pub ring_dir: PathBuf,
     /// raft-rs `max_size_per_msg`: bounds one append message.
     pub max_size_per_msg: u64,
     /// raft-rs `max_inflight_msgs`: appends in flight per follower.
@@ -99,6 +113,9 @@ pub enum Mutation {
     AckWithoutFsync,
     /// Never revoke remote write: a deposed leader keeps its grant.
     SkipRevoke,
+    /// Under `Durability::Memory`, keep the ring in anonymous memory, as if there were no
+    /// shared-memory ring: a process crash loses what the segment files lack.
+    PrivateRing,
 }
 
 impl ReplicaConfig {
@@ -117,11 +134,26 @@ impl ReplicaConfig {
             segment_bytes: 64 << 20,
             max_entry_bytes: 64 << 10,
             data_dir,
+            ring_dir: PathBuf::from("/dev/shm"),
             max_size_per_msg: 48 << 10,
             max_inflight_msgs: 64,
             reconnect_ticks: 5,
             mutation: Mutation::None,
         }
+    }
+
+    /// The ring's shared-memory file under [`Durability::Memory`]:
+    /// `<ring_dir>/rdmalog-<cluster id, 16 hex digits>-n<id>-<crc32c of the data dir's
+    /// absolute path, 8 hex digits>.ring`, and beside it the same name ending in `.tail` (the
+    /// ring's published end). One data dir, one ring: two nodes on one machine never share
+    /// one, and a node restarted on the same data dir finds its own.
+    pub fn ring_file(&self) -> PathBuf {
+        let dir = std::fs::canonicalize(&self.data_dir).unwrap_or_else(|_| self.data_dir.clone());
+        let tag = crc32c::crc32c(dir.as_os_str().as_encoded_bytes());
+        self.ring_dir.join(format!(
+            "rdmalog-{:016x}-n{}-{tag:08x}.ring",
+            self.cluster_id, self.id
+        ))
     }
 
     /// Checks the configuration, naming the bad field.
@@ -149,10 +181,11 @@ impl ReplicaConfig {
         if !self.ring_bytes.is_power_of_two()
             || self.ring_bytes % self.block_bytes != 0
             || self.ring_bytes < 2 * self.block_bytes
+            || self.ring_bytes < 4096
         {
             return bad(
                 "ring_bytes",
-                "must be a power of two holding at least two blocks".into(),
+                "must be a power of two of at least 4 KiB holding at least two blocks".into(),
             );
         }
         let max = wal::format::max_payload(self.block_bytes).saturating_sub(1);

@@ -23,7 +23,7 @@ use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term
 
 use crate::storage::{StateFile, TAG_NORMAL, WalStorage, entry_from_payload, payload_of};
 use crate::wire::{self, Body, RingInfo};
-use crate::{ReplicaConfig, ReplicaError};
+use crate::{Durability, ReplicaConfig, ReplicaError};
 
 /// How many fabric events one poll takes (the array is allocated once).
 const POLL_BATCH: usize = 64;
@@ -95,6 +95,9 @@ pub struct ReplicaStats {
     pub grants: u64,
     /// Revocations of remote write on our ring.
     pub revokes: u64,
+    /// Entries recovered at open from the shared-memory ring a crashed process left
+    /// (`Durability::Memory`): accepted, possibly acknowledged, not yet in the segment files.
+    pub recovered_from_ring: u64,
 }
 
 /// A snapshot of the replica's state.
@@ -164,13 +167,21 @@ struct Peer {
 }
 
 /// The ring's memory: allocated by the fabric (so the RDMA back-end can register it), seen
-/// by the wal as plain words.
+/// by the wal as plain words. Under `Durability::Memory` both parts are shared memory that
+/// outlives the process: the ring, and a page whose first word mirrors its published end.
 #[derive(Debug)]
-struct FabricRing(Arc<dyn fabric::Memory>);
+struct FabricRing {
+    ring: Arc<dyn fabric::Memory>,
+    tail: Option<Arc<dyn fabric::Memory>>,
+}
 
 impl RingMemory for FabricRing {
     fn words(&self) -> &[std::sync::atomic::AtomicU64] {
-        self.0.words()
+        self.ring.words()
+    }
+
+    fn tail_mirror(&self) -> Option<&std::sync::atomic::AtomicU64> {
+        self.tail.as_ref().map(|t| &t.words()[0])
     }
 }
 
@@ -246,7 +257,9 @@ impl<F: Fabric> Replica<F> {
                 reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
             })?;
         let state_file = StateFile::new(fs.clone(), &cfg.data_dir);
-        let (hs, cs) = match state_file.load().map_err(ReplicaError::Poisoned)? {
+        let loaded = state_file.load().map_err(ReplicaError::Poisoned)?;
+        let existed = loaded.is_some();
+        let (hs, cs) = match loaded {
             Some(s) => s,
             None => {
                 let hs = HardState::default();
@@ -270,13 +283,59 @@ impl<F: Fabric> Replica<F> {
         };
         let (wal, _report) = Wal::open(wal_fs, &cfg.data_dir, wal_cfg)?;
         let wal = Arc::new(wal);
-        let fabric_memory = fabric.alloc(cfg.ring_bytes)?;
-        let memory: Arc<dyn RingMemory> = Arc::new(FabricRing(fabric_memory.clone()));
         let ring_cfg = RingConfig {
             capacity_bytes: cfg.ring_bytes,
             block_bytes: cfg.block_bytes,
         };
-        let (producer, consumer) = wal::ring(memory.clone(), ring_cfg, wal.position())?;
+        let persistent =
+            cfg.durability == Durability::Memory && cfg.mutation != crate::Mutation::PrivateRing;
+        let mut recovered = 0;
+        let (fabric_memory, memory, producer, consumer) = if persistent {
+            let path = cfg.ring_file();
+            let (ring, ring_found) = fabric.alloc_persistent(&path, cfg.ring_bytes)?;
+            let (tail, tail_found) = fabric.alloc_persistent(&path.with_extension("tail"), 4096)?;
+            let memory: Arc<dyn RingMemory> = Arc::new(FabricRing {
+                ring: ring.clone(),
+                tail: Some(tail),
+            });
+            // A ring left by a crashed process of this data dir holds the entries it accepted
+            // (and may have acknowledged) past what reached the segment files. A new data dir
+            // never takes a stale ring's records: building the ring publishes its start.
+            let (producer, consumer) = if existed && ring_found && tail_found {
+                let published = wal::published_tail(memory.as_ref()).unwrap_or_default();
+                let (mut producer, consumer) =
+                    wal::ring_recovering(memory.clone(), ring_cfg, wal.position())?;
+                let (end, n) = producer
+                    .recover_published(published, Term(hs.term))
+                    .map_err(|e| ReplicaError::Poisoned(format!(
+                        "the shared-memory ring {} holds entries this node accepted before a crash, and one of them is corrupt ({e}); move the file aside to start without them (the other replicas hold every committed entry)",
+                        path.display()
+                    )))?;
+                if n > 0 {
+                    wal.persist_from(&consumer, end.lsn, Durability::Fsync)?;
+                    tracing::info!(
+                        node = cfg.id,
+                        entries = n,
+                        last_index = end.last_index.0,
+                        ring = %path.display(),
+                        "recovered entries from the shared-memory ring after a crash"
+                    );
+                }
+                recovered = n;
+                (producer, consumer)
+            } else {
+                wal::ring(memory.clone(), ring_cfg, wal.position())?
+            };
+            (ring, memory, producer, consumer)
+        } else {
+            let ring = fabric.alloc(cfg.ring_bytes)?;
+            let memory: Arc<dyn RingMemory> = Arc::new(FabricRing {
+                ring: ring.clone(),
+                tail: None,
+            });
+            let (producer, consumer) = wal::ring(memory.clone(), ring_cfg, wal.position())?;
+            (ring, memory, producer, consumer)
+        };
         let (ring_local, remote) = fabric.register(fabric_memory)?;
         fabric.advertise(remote);
 
@@ -337,7 +396,10 @@ impl<F: Fabric> Replica<F> {
             granted: None,
             ticks: 0,
             applied,
-            stats: ReplicaStats::default(),
+            stats: ReplicaStats {
+                recovered_from_ring: recovered,
+                ..ReplicaStats::default()
+            },
             poisoned: None,
             events: vec![dummy; POLL_BATCH],
             fast_epoch: (0, false),
@@ -595,6 +657,12 @@ impl<F: Fabric> Replica<F> {
     /// Flushes and closes the log.
     pub fn close(self) -> Result<(), ReplicaError> {
         self.flush()
+    }
+
+    /// Drops the replica as `kill -9` would drop its process: nothing buffered is written or
+    /// synced on the way out. Crash tests use it; see `SimCluster::kill`.
+    pub fn abandon(self) {
+        self.wal.abandon();
     }
 
     /// Makes everything appended durable and closes the wal for writing.
@@ -1017,6 +1085,9 @@ impl<F: Fabric> Replica<F> {
                     // garbage, which the follower's checksum rejects, and that follower falls
                     // back to the slow path. Pinning is an optimisation, never a reason to stall.
                     self.persist()?;
+                    if self.cfg.durability == Durability::Memory {
+                        self.sync_wal()?;
+                    }
                     self.unpin_writes();
                     self.release_ring()?;
                     self.producer.append(Index(e.index), Term(e.term), payload)
@@ -1080,12 +1151,25 @@ impl<F: Fabric> Replica<F> {
 
     fn persist(&mut self) -> Result<(), ReplicaError> {
         let end = self.producer.position().lsn;
-        if end <= self.wal.position().lsn {
-            return Ok(());
+        if end > self.wal.position().lsn {
+            self.wal
+                .persist_from(&self.consumer, end, self.cfg.durability)
+                .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
         }
+        // Under Memory the ring keeps what is not yet fdatasynced (see `release_ring`): sync
+        // once half of it waits, so the ring never fills with bytes it may not release.
+        if self.cfg.durability == Durability::Memory
+            && end.0.saturating_sub(self.wal.durable_lsn().0) > self.cfg.ring_bytes / 2
+        {
+            self.sync_wal()?;
+        }
+        Ok(())
+    }
+
+    fn sync_wal(&mut self) -> Result<(), ReplicaError> {
         self.wal
-            .persist_from(&self.consumer, end, self.cfg.durability)
-            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
+            .sync()
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot sync the log", e)))?;
         Ok(())
     }
 
@@ -1100,7 +1184,12 @@ impl<F: Fabric> Replica<F> {
     }
 
     fn release_ring(&mut self) -> Result<(), ReplicaError> {
-        let persisted = self.wal.position().lsn.0;
+        // Under Memory the ring is the copy of record until the segment files are synced:
+        // after a crash of this process, recovery takes from it what the files lack.
+        let persisted = match self.cfg.durability {
+            Durability::Memory => self.wal.durable_lsn().0,
+            _ => self.wal.position().lsn.0,
+        };
         let pinned = self
             .writes_in_flight
             .values()

@@ -217,8 +217,35 @@ impl SimCluster {
     pub fn crash(&mut self, id: u64) {
         self.paused.remove(&id);
         self.net.crash(NodeId(id));
-        self.nodes.insert(id, None);
+        // Power first, so that nothing the dead process buffered reaches the disk on the way
+        // out.
         self.disks[&id].crash_now();
+        if let Some(r) = self.nodes.insert(id, None).flatten() {
+            r.abandon();
+        }
+    }
+
+    /// Kills node `id`'s process (kill -9) while its machine stays up: its memory is gone,
+    /// except shared memory (the `Durability::Memory` ring); its disk keeps every byte written
+    /// (the page cache survives), synced or not.
+    pub fn kill(&mut self, id: u64) {
+        self.paused.remove(&id);
+        self.net.kill_process(NodeId(id));
+        if let Some(r) = self.nodes.insert(id, None).flatten() {
+            r.abandon();
+        }
+    }
+
+    /// Restarts a killed node (see [`SimCluster::kill`]): its disk as the dead process left it.
+    pub fn restart_killed(&mut self, id: u64) -> Result<(), ReplicaError> {
+        let ep = self.net.restart(NodeId(id));
+        let r = Replica::open(
+            self.configs[&id].clone(),
+            ep,
+            self.disks[&id].clone() as Arc<dyn FileSystem>,
+        )?;
+        self.nodes.insert(id, Some(r));
+        Ok(())
     }
 
     /// Restarts a crashed node from its disk.

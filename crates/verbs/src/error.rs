@@ -170,6 +170,14 @@ pub enum Error {
     /// A wait for completions ran out.
     #[error("no completion arrived within {0:?}")]
     PollTimeout(Duration),
+    /// A shared-memory word file (a crash-surviving ring) cannot be used.
+    #[error("shared memory file {}: {reason}", path.display())]
+    SharedMemory {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why, with what to do about it.
+        reason: String,
+    },
 }
 
 impl Error {

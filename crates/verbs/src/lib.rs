@@ -79,4 +79,4 @@ pub use events::{AsyncEvent, AsyncEvents};
 pub use mr::{AccessFlags, AnonMemory, MemoryRegion, ProtectionDomain, RegistrableMemory};
 pub use qp::{Mtu, QpConfig, QpState, QueuePair, RtrParams, SignalPolicy};
 pub use recv_pool::RecvPool;
-pub use words::{WordBuffer, WordRegion};
+pub use words::{SharedOpen, WordBuffer, WordRegion};

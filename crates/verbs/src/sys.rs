@@ -104,3 +104,44 @@ pub unsafe fn cstr(p: *const libc::c_char) -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the running system; it touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 { n as usize } else { 4096 }
+}
+
+/// The `f_type` magic of the file system holding `file` (from `fstatfs(2)`).
+pub fn fs_type(file: &std::fs::File) -> std::io::Result<i64> {
+    use std::os::fd::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `st` is a writable statfs of the right size that outlives the call, and the fd
+    // belongs to `file`, which is borrowed for the call.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(last_os_error());
+    }
+    // SAFETY: fstatfs returned 0, so it filled the struct (and zeroed() covered any padding).
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // reason: f_type's integer type differs between targets
+    Ok(st.f_type as i64)
+}
+
+/// Takes an exclusive `flock(2)` on `file` without waiting: `Ok(false)` when another open
+/// file description holds one. The lock lives until every descriptor of this open file
+/// closes.
+pub fn try_lock_exclusive(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on the fd of `file`, which is borrowed for the call; it touches no memory.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}

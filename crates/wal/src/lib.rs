@@ -29,7 +29,10 @@ mod wal;
 
 pub use error::WalError;
 pub use format::{DecodeError, EntryHeader, RecordKind};
-pub use ring::{AnonymousMemory, Consumer, Producer, RingConfig, RingMemory, ring};
+pub use ring::{
+    AnonymousMemory, Consumer, Producer, RingConfig, RingMemory, published_tail, ring,
+    ring_recovering,
+};
 pub use wal::{Entry, RecoveryReport, Wal, WalConfig};
 
 use std::fmt;

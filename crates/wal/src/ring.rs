@@ -70,6 +70,21 @@ pub trait RingMemory: Send + Sync + fmt::Debug {
     fn len_bytes(&self) -> usize {
         self.words().len() * 8
     }
+
+    /// A word outside the ring where the producer mirrors the end of what it published, for
+    /// memory that outlives the process: after a crash, [`published_tail`] says how far the
+    /// ring's records are the log's (bytes past it were never published, or were cut by a
+    /// rewind). `None` (the default) for memory that dies with the process.
+    fn tail_mirror(&self) -> Option<&AtomicU64> {
+        None
+    }
+}
+
+/// The published end a crashed process left in `memory`'s [`RingMemory::tail_mirror`], if
+/// the memory has one. Read it before building a ring over the memory with
+/// [`ring_recovering`], then hand it to [`Producer::recover_published`].
+pub fn published_tail(memory: &dyn RingMemory) -> Option<Lsn> {
+    memory.tail_mirror().map(|w| Lsn(w.load(Ordering::Acquire)))
 }
 
 /// Anonymous, private memory, zeroed and touched at creation so that its pages exist before
@@ -189,7 +204,29 @@ impl fmt::Debug for Shared {
 }
 
 /// Builds a ring over `memory` whose stream continues at `start`, and returns its two handles.
+/// The ring's published end is `start`: whatever the memory held past it is not the log's.
 pub fn ring(
+    memory: Arc<dyn RingMemory>,
+    config: RingConfig,
+    start: Position,
+) -> Result<(Producer, Consumer), WalError> {
+    let (producer, consumer) = build(memory, config, start)?;
+    producer.shared.publish(start.lsn.0);
+    Ok((producer, consumer))
+}
+
+/// As [`ring`], but leaves the memory's [`RingMemory::tail_mirror`] as a crashed process left
+/// it, so that a crash during recovery loses nothing: call [`Producer::recover_published`]
+/// next, with the tail [`published_tail`] read before this call.
+pub fn ring_recovering(
+    memory: Arc<dyn RingMemory>,
+    config: RingConfig,
+    start: Position,
+) -> Result<(Producer, Consumer), WalError> {
+    build(memory, config, start)
+}
+
+fn build(
     memory: Arc<dyn RingMemory>,
     config: RingConfig,
     start: Position,
@@ -242,6 +279,17 @@ pub fn ring(
     Ok((producer, consumer))
 }
 
+impl Shared {
+    /// Publishes `tail` to the consumer and to the memory's tail mirror. The mirror is
+    /// stored after the records (Release), so a crash after it finds them in place.
+    fn publish(&self, tail: u64) {
+        if let Some(mirror) = self.memory.tail_mirror() {
+            mirror.store(tail, Ordering::Release);
+        }
+        self.tail.store(tail, Ordering::Release);
+    }
+}
+
 /// The writing end: the leader appends entries, a follower accepts what the leader wrote.
 #[derive(Debug)]
 pub struct Producer {
@@ -292,7 +340,7 @@ impl Producer {
         self.tail = end;
         self.last_index = index;
         self.last_term = term;
-        self.shared.tail.store(end, Ordering::Release);
+        self.shared.publish(end);
         Ok(Lsn(start))
     }
 
@@ -325,7 +373,34 @@ impl Producer {
     /// tag, its crc32c, and the index chain (next index, term not lower). On any failure
     /// nothing is accepted. Returns the new end of the log.
     pub fn accept_written(&mut self, end: Lsn) -> Result<Position, WalError> {
-        let end = end.0;
+        let (accepted, _) = self.validate(end.0, Term(u64::MAX))?;
+        debug_assert_eq!(accepted, end.0);
+        Ok(self.position())
+    }
+
+    /// Recovery after a crash of the process that owned this (crash-surviving) memory: checks
+    /// the records in `[tail, published)`, where `published` is what [`published_tail`] read,
+    /// as [`Producer::accept_written`] does, and publishes them. It stops before the first
+    /// entry whose term is above `max_term` (the last term the process had made durable: an
+    /// entry of a later term was never acknowledged). Returns the new end of the log and how
+    /// many entries were recovered. A published record that fails a check is corruption of
+    /// acknowledged data, and an error.
+    pub fn recover_published(
+        &mut self,
+        published: Lsn,
+        max_term: Term,
+    ) -> Result<(Position, u64), WalError> {
+        let before = self.last_index;
+        if published.0 <= self.tail {
+            return Ok((self.position(), 0));
+        }
+        self.validate(published.0, max_term)?;
+        Ok((self.position(), self.last_index.0 - before.0))
+    }
+
+    /// Validates `[tail, end)` and publishes it, stopping before an entry of a term above
+    /// `max_term`; returns where it stopped.
+    fn validate(&mut self, end: u64, max_term: Term) -> Result<(u64, ChainCheck), WalError> {
         let head = self.shared.head.load(Ordering::Acquire);
         if end < self.tail || end % 8 != 0 || end - head > self.shared.capacity {
             return Err(WalError::Range {
@@ -374,16 +449,18 @@ impl Producer {
             }
             let decoded = format::decode_record(scratch, Lsn(pos), block).map_err(fail)?;
             let header = decoded.header;
+            if header.kind == RecordKind::Entry && header.term > max_term {
+                break;
+            }
             let len = decoded.record_len;
             chain.advance(&header).map_err(fail)?;
             pos += len;
         }
-        debug_assert_eq!(pos, end);
-        self.tail = end;
+        self.tail = pos;
         self.last_index = chain.last_index;
         self.last_term = chain.last_term;
-        self.shared.tail.store(end, Ordering::Release);
-        Ok(self.position())
+        self.shared.publish(pos);
+        Ok((pos, chain))
     }
 
     /// Moves the tail back to `to` (a raft conflict on a follower). `to` must be a record
@@ -401,7 +478,7 @@ impl Producer {
         self.tail = to.lsn.0;
         self.last_index = to.last_index;
         self.last_term = to.last_term;
-        self.shared.tail.store(self.tail, Ordering::Release);
+        self.shared.publish(self.tail);
         Ok(())
     }
 
@@ -749,6 +826,106 @@ mod tests {
                 })
                 .is_err()
         );
+    }
+
+    /// Ring memory that outlives its rings, with a tail mirror: what a shmem file gives.
+    #[derive(Debug)]
+    struct Surviving {
+        words: Box<[AtomicU64]>,
+        mirror: AtomicU64,
+    }
+
+    impl RingMemory for Surviving {
+        fn words(&self) -> &[AtomicU64] {
+            &self.words
+        }
+        fn tail_mirror(&self) -> Option<&AtomicU64> {
+            Some(&self.mirror)
+        }
+    }
+
+    fn surviving(len: u64) -> Arc<Surviving> {
+        Arc::new(Surviving {
+            words: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
+            mirror: AtomicU64::new(0),
+        })
+    }
+
+    const CFG: RingConfig = RingConfig {
+        capacity_bytes: 1024,
+        block_bytes: 256,
+    };
+
+    #[test]
+    fn a_crashed_producers_published_records_are_recovered_and_nothing_past_them() {
+        let memory = surviving(1024);
+        let (mut p, mut c) = ring(memory.clone(), CFG, Position::default()).unwrap();
+        p.append_next(Term(1), b"one").unwrap();
+        p.append_next(Term(1), b"two").unwrap();
+        let (_, lsn3) = p.append_next(Term(2), b"three").unwrap();
+        // The consumer (the log) took the first entry; then a rewind cuts "three" and an
+        // unpublished record lands past the end (a leader's write whose descriptor never
+        // came, or an append interrupted by the crash).
+        let (l1, e1) = c.next_entry(Lsn(0)).unwrap().unwrap();
+        let after_one = Position {
+            lsn: Lsn(l1.0 + e1.record_len),
+            last_index: Index(1),
+            last_term: Term(1),
+        };
+        p.rewind(Position {
+            lsn: lsn3,
+            last_index: Index(2),
+            last_term: Term(1),
+        })
+        .unwrap();
+        assert_eq!(published_tail(memory.as_ref()), Some(lsn3));
+        drop((p, c)); // the process dies; the memory stays
+        let published = published_tail(memory.as_ref()).unwrap();
+        let (mut p, _c) = ring_recovering(memory.clone(), CFG, after_one).unwrap();
+        assert_eq!(
+            published_tail(memory.as_ref()),
+            Some(lsn3),
+            "building the ring must not move the mirror before recovery"
+        );
+        let (end, n) = p.recover_published(published, Term(5)).unwrap();
+        assert_eq!(
+            n, 1,
+            "only \"two\" lies between the log's end and the published end"
+        );
+        assert_eq!(
+            (end.lsn, end.last_index, end.last_term),
+            (lsn3, Index(2), Term(1))
+        );
+        // Recovering again from the same place is idempotent.
+        let (mut p2, _c2) = ring_recovering(memory.clone(), CFG, after_one).unwrap();
+        assert_eq!(p2.recover_published(published, Term(5)).unwrap().1, 1);
+        p.append_next(Term(3), b"new three").unwrap();
+        assert!(published_tail(memory.as_ref()).unwrap() > lsn3);
+    }
+
+    #[test]
+    fn recovery_stops_before_an_entry_of_an_undurable_term_and_refuses_corruption() {
+        let memory = surviving(1024);
+        let (mut p, _c) = ring(memory.clone(), CFG, Position::default()).unwrap();
+        p.append_next(Term(1), b"one").unwrap();
+        let (_, lsn2) = p.append_next(Term(4), b"two").unwrap();
+        let published = published_tail(memory.as_ref()).unwrap();
+        drop(p);
+        let (mut p, _c) = ring_recovering(memory.clone(), CFG, Position::default()).unwrap();
+        let (end, n) = p.recover_published(published, Term(3)).unwrap();
+        assert_eq!(
+            (end.lsn, n),
+            (lsn2, 1),
+            "term 4 was never durable, so never acked"
+        );
+        // Corrupt a published payload byte: recovery reports it instead of cutting the log.
+        memory.words[5].fetch_xor(0xff, Ordering::Relaxed);
+        let (mut p, _c) = ring_recovering(memory.clone(), CFG, Position::default()).unwrap();
+        let e = p.recover_published(published, Term(9)).unwrap_err();
+        assert!(matches!(e, WalError::RemoteRange { .. }), "{e}");
+        // Memory without a mirror has nothing to recover.
+        let plain = AnonymousMemory::new(1024).unwrap();
+        assert_eq!(published_tail(&plain), None);
     }
 }
 

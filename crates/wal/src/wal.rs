@@ -1354,6 +1354,13 @@ impl Wal {
         self.lock().closed = true;
         result
     }
+
+    /// Closes the log as `kill -9` would: what is buffered and not yet written is dropped,
+    /// and nothing more is written or synced (not even by `Drop`). Crash tests use it to
+    /// model a process crash in-process; later calls fail.
+    pub fn abandon(&self) {
+        self.lock().closed = true;
+    }
 }
 
 impl Drop for Wal {
