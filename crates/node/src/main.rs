@@ -10,10 +10,14 @@
 //! - `CRCS <from> <count>` → `CRCS <commit> <one token per index>`: the crc32c of each committed
 //!   entry as 8 hex digits, `-` for a committed entry that carries no application payload
 //!   (an election no-op or a membership change); it stops at the commit index.
+//! - `CHECKPOINT <index>` → `CHECKPOINT <first index>` | `ERR <why>`: records a checkpoint at
+//!   `index` (state: the text `lab checkpoint at <index>`) and truncates the log below it
 //! - `STATUS` → `STATUS id=<id> role=<role> term=<t> leader=<l> commit=<c> last=<i> fast=<n>
-//!   slow=<n> fenced=<n> reconnects=<n> grants=<n> revokes=<n> recovered=<n>
-//!   conns=<id>:<state>,...` (`recovered`: entries taken at start-up from the shared-memory
-//!   ring a crashed process left, under `--durability memory`)
+//!   slow=<n> fenced=<n> reconnects=<n> grants=<n> revokes=<n> recovered=<n> first=<n>
+//!   snap_sent=<n> snap_installed=<n> conns=<id>:<state>,...` (`recovered`: entries taken
+//!   at start-up from the shared-memory ring a crashed process left, under
+//!   `--durability memory`; `first`: the first index the log holds; `snap_*`: snapshots
+//!   sent to followers behind a checkpoint, and installed from the leader)
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -65,6 +69,9 @@ struct Args {
     /// Under --durability memory: the tmpfs directory for the ring's shared-memory files.
     #[arg(long, default_value = "/dev/shm")]
     ring_dir: PathBuf,
+    /// Size of one WAL segment file in MiB (a checkpoint deletes whole segments).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    segment_mib: u64,
     /// The driver port (TCP), e.g. 192.0.2.11:8700.
     #[arg(long)]
     driver: SocketAddr,
@@ -149,6 +156,15 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 _ => "ERR usage: CRCS <from> <count>".into(),
             }
         }
+        (Some("CHECKPOINT"), Some(i)) => match i.parse::<u64>() {
+            Ok(index) => {
+                match log.checkpoint(index, format!("lab checkpoint at {index}").as_bytes()) {
+                    Ok(first) => format!("CHECKPOINT {first}"),
+                    Err(e) => format!("ERR {e}"),
+                }
+            }
+            Err(e) => format!("ERR bad index: {e}"),
+        },
         (Some("STATUS"), None) => {
             let s = log.status();
             let role = match s.role {
@@ -157,7 +173,7 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 Role::Candidate => "candidate",
             };
             format!(
-                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} recovered={} conns={}",
+                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} recovered={} first={} snap_sent={} snap_installed={} conns={}",
                 s.id,
                 s.term,
                 s.leader.unwrap_or(0),
@@ -170,6 +186,9 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 s.stats.grants,
                 s.stats.revokes,
                 s.stats.recovered_from_ring,
+                s.first_index,
+                s.stats.snapshots_sent,
+                s.stats.snapshots_installed,
                 s.peers
                     .iter()
                     .map(|p| format!("{}:{:?}", p.id, p.conn).to_lowercase())
@@ -305,6 +324,7 @@ fn main() -> anyhow::Result<()> {
         Durability::Fsync
     };
     cfg.ring_dir = a.ring_dir.clone();
+    cfg.segment_bytes = a.segment_mib << 20;
     // Test-only: a protocol rule broken on purpose, to prove a lab test notices.
     if let Ok(m) = std::env::var("RDMALOG_NODE_MUTATION") {
         cfg.mutation = match m.as_str() {

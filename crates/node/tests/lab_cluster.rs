@@ -538,6 +538,54 @@ fn memory_durability_survives_kill_9_of_every_process() {
 
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot() {
+    let n = fault_appends();
+    let (_t, dir) = data_root("snapshot");
+    let mut cfg = ClusterConfig::new(env!("CARGO_BIN_EXE_rdmalog-node"), dir, 8600);
+    // 1 MiB segments, so that a checkpoint deletes whole segments of this small workload.
+    cfg.extra_args = vec!["--segment-mib".into(), "1".into()];
+    let mut c = Cluster::start(cfg).unwrap();
+    let leader = c.leader(Duration::from_secs(60)).unwrap();
+    let down = (1..=3).find(|&i| i != leader).unwrap();
+    c.kill(down);
+    println!("injected: kill -9 of follower {down}; segments of 1 MiB");
+    let r = run_workload(&mut c, &mixed(n, 16 << 10), |_, p| show(p)).unwrap();
+    println!("{r}");
+    let at = r.acks.iter().map(|a| a.index).max().unwrap();
+    for i in (1..=3).filter(|&i| i != down) {
+        let answer = c
+            .ask_within(i, &format!("CHECKPOINT {at}"), Duration::from_secs(30))
+            .unwrap();
+        let first: u64 = answer
+            .strip_prefix("CHECKPOINT ")
+            .and_then(|f| f.parse().ok())
+            .unwrap_or_else(|| panic!("node {i} answered `{answer}`"));
+        assert!(
+            first > 2,
+            "node {i}: the checkpoint deleted nothing (first index {first})"
+        );
+        println!("node {i}: checkpoint at {at}, log now starts at {first}");
+    }
+    c.start_node(down).unwrap();
+    println!(
+        "injected: restart of follower {down}, whose log ends before every entry the others hold"
+    );
+    let s = c.wait_commit(down, at, Duration::from_secs(120)).unwrap();
+    println!(
+        "follower {down}: commit {} after installing {} snapshot(s); its log starts at {}",
+        s.commit, s.snap_installed, s.first
+    );
+    assert_eq!(s.snap_installed, 1, "{s:?}");
+    assert_eq!(s.first, at + 1);
+    let more = run_workload(&mut c, &mixed(n / 4, 16 << 10), |_, p| show(p)).unwrap();
+    let v = c.verify_after(&more.acks, at).unwrap();
+    println!("verified after the checkpoint: {v}");
+    let leader_now = c.leader(Duration::from_secs(10)).unwrap();
+    assert!(c.status(leader_now).unwrap().snap_sent >= 1 || leader_now == down);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn a_wrong_peer_is_refused_on_both_sides() {
     let (t, mut c) = cluster("wrong-peer", 8400);
     c.leader(Duration::from_secs(60)).unwrap();

@@ -34,10 +34,12 @@
 //! (`docs/FORMAT.md` section 9). A machine crash loses tmpfs; the other replicas hold the
 //! entries unless a majority of machines crash together.
 //!
-//! # Limits of this version
+//! # Checkpoints
 //!
-//! Snapshot transfer is not built: a follower that needs entries below a prefix truncation
-//! point cannot be caught up.
+//! [`Replica::checkpoint`] records the application's state at an index and deletes the
+//! entries it covers. A follower that needs deleted entries receives it as a raft snapshot
+//! (chunks over send/recv), restarts its log right after it at the leader's log position, and
+//! catches up from there; readers behind it get [`ReplicaError::Compacted`].
 
 #![deny(unsafe_code)]
 // reason: raft-rs message types are generated protobuf structs with hidden cache fields, so
@@ -54,7 +56,7 @@ pub mod wire;
 use std::path::PathBuf;
 
 pub use log::{AppendHandle, Log, LogOptions, PollMode, Subscription};
-pub use node::{Committed, PeerStatus, Replica, ReplicaStats, Role, Status, Ticket};
+pub use node::{Checkpoint, Committed, PeerStatus, Replica, ReplicaStats, Role, Status, Ticket};
 pub use wal::Durability;
 
 /// Configuration of one replica.
@@ -95,6 +97,10 @@ pub struct ReplicaConfig {
     pub max_inflight_msgs: usize,
     /// Ticks between reconnect attempts to a peer whose connection is down.
     pub reconnect_ticks: u64,
+    /// Largest application state a checkpoint may carry, and a follower accepts in a
+    /// snapshot (default 64 MiB; at most 1 GiB). A snapshot travels in chunks through the
+    /// send queue and is held in memory while it is sent or received.
+    pub max_snapshot_bytes: u64,
     /// Test-only: a rule to break on purpose, so the simulator's mutation check can prove its
     /// checkers fail. Always [`Mutation::None`] outside that test.
     #[doc(hidden)]
@@ -138,6 +144,7 @@ impl ReplicaConfig {
             max_size_per_msg: 48 << 10,
             max_inflight_msgs: 64,
             reconnect_ticks: 5,
+            max_snapshot_bytes: 64 << 20,
             mutation: Mutation::None,
         }
     }
@@ -187,6 +194,9 @@ impl ReplicaConfig {
                 "ring_bytes",
                 "must be a power of two of at least 4 KiB holding at least two blocks".into(),
             );
+        }
+        if self.max_snapshot_bytes + 8 > crate::storage::MAX_SNAPSHOT_FILE_BYTES {
+            return bad("max_snapshot_bytes", "must be below 1 GiB".into());
         }
         let max = wal::format::max_payload(self.block_bytes).saturating_sub(1);
         if self.max_entry_bytes == 0 || self.max_entry_bytes > max {
@@ -270,4 +280,19 @@ pub enum ReplicaError {
     /// A membership change was refused.
     #[error("membership change refused: {0}")]
     Membership(String),
+    /// A checkpoint cannot be taken as asked; the reason says what to do.
+    #[error("checkpoint refused: {0}")]
+    Checkpoint(String),
+    /// The entries from `index` on that a reader asked for were truncated after a checkpoint:
+    /// restore the application from [`Replica::latest_checkpoint`] (which covers up to
+    /// `checkpoint_index`), then read on from `checkpoint_index + 1`.
+    #[error(
+        "entry {index} was truncated after checkpoint {checkpoint_index}: restore from the checkpoint and continue from {}", checkpoint_index + 1
+    )]
+    Compacted {
+        /// The first index asked for.
+        index: u64,
+        /// The index the latest checkpoint covers.
+        checkpoint_index: u64,
+    },
 }

@@ -233,9 +233,23 @@ impl<F: Fabric + Send + 'static> Log<F> {
         }
     }
 
-    /// Deletes entries below `index` after the application checkpointed them.
+    /// Deletes entries below `index` after the application checkpointed them elsewhere (see
+    /// [`Replica::truncate_prefix`](crate::Replica::truncate_prefix)).
     pub fn truncate_prefix(&self, index: u64) -> Result<u64, ReplicaError> {
         self.shared.lock().truncate_prefix(index)
+    }
+
+    /// Records the application's `state` after applying entries up to `index`, then deletes
+    /// those entries; followers that fall behind get it as a snapshot (see
+    /// [`Replica::checkpoint`](crate::Replica::checkpoint)).
+    pub fn checkpoint(&self, index: u64, state: &[u8]) -> Result<u64, ReplicaError> {
+        self.shared.lock().checkpoint(index, state)
+    }
+
+    /// The latest checkpoint, taken here or installed from the leader: what an application
+    /// restores from when a read or a subscription reports [`ReplicaError::Compacted`].
+    pub fn latest_checkpoint(&self) -> Option<crate::Checkpoint> {
+        self.shared.lock().latest_checkpoint()
     }
 
     /// The replica's state.
@@ -451,7 +465,10 @@ impl<F: Fabric + Send + 'static> Future for AppendHandle<F> {
 }
 
 /// Committed application entries in order (`Iterator<Item = (index, payload)>`); blocks for
-/// new ones and ends when the log closes.
+/// new ones and ends when the log closes. If the entries it needs next were truncated after a
+/// checkpoint (this node installed a snapshot, or the application checkpointed past it), it
+/// yields [`ReplicaError::Compacted`]: restore from [`Log::latest_checkpoint`] and subscribe
+/// again from the checkpoint's index plus one.
 pub struct Subscription<F: Fabric + Send + 'static> {
     shared: Arc<Shared<F>>,
     next: u64,
@@ -477,6 +494,13 @@ impl<F: Fabric + Send + 'static> Subscription<F> {
             self.shared.check()?;
             {
                 let r = self.shared.lock();
+                let first = r.first_index();
+                if self.next < first && self.next <= r.commit_index() {
+                    return Err(ReplicaError::Compacted {
+                        index: self.next,
+                        checkpoint_index: r.latest_checkpoint().map_or(first - 1, |c| c.index),
+                    });
+                }
                 while self.next <= r.commit_index() {
                     let i = self.next;
                     self.next += 1;

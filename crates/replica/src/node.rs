@@ -15,14 +15,17 @@ use fabric::{
 use protobuf::Message as _;
 use raft::prelude::{
     ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, HardState, Message,
-    MessageType,
+    MessageType, Snapshot,
 };
-use raft::{RawNode, StateRole};
+use raft::{RawNode, SnapshotStatus, StateRole};
 use wal::fs::FileSystem;
 use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term, Wal, WalConfig};
 
-use crate::storage::{StateFile, TAG_NORMAL, WalStorage, entry_from_payload, payload_of};
-use crate::wire::{self, Body, RingInfo};
+use crate::storage::{
+    ConfHistory, SnapshotFile, StateFile, TAG_NORMAL, WalStorage, entry_from_payload, payload_of,
+    snapshot_lsn,
+};
+use crate::wire::{self, Body, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{Durability, ReplicaConfig, ReplicaError};
 
 /// How many fabric events one poll takes (the array is allocated once).
@@ -59,6 +62,29 @@ pub enum Committed {
         /// Its term.
         term: u64,
     },
+}
+
+/// The latest checkpoint: the application's state after applying every entry up to and
+/// including `index` (empty when the log was truncated with
+/// [`Replica::truncate_prefix`], which records no state).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The last entry the state covers.
+    pub index: u64,
+    /// Its term.
+    pub term: u64,
+    /// The application's state.
+    pub state: Vec<u8>,
+}
+
+/// A snapshot's data being received in chunks.
+#[derive(Debug)]
+struct SnapshotRx {
+    from: u64,
+    index: u64,
+    term: u64,
+    total: u64,
+    data: Vec<u8>,
 }
 
 /// This node's role.
@@ -98,6 +124,13 @@ pub struct ReplicaStats {
     /// Entries recovered at open from the shared-memory ring a crashed process left
     /// (`Durability::Memory`): accepted, possibly acknowledged, not yet in the segment files.
     pub recovered_from_ring: u64,
+    /// Leader: snapshots sent to followers behind the first entry held.
+    pub snapshots_sent: u64,
+    /// Follower: snapshots installed.
+    pub snapshots_installed: u64,
+    /// Follower: snapshot chunks dropped (out of order, from another sender, or larger than
+    /// `max_snapshot_bytes`); the leader sends the snapshot again.
+    pub snapshot_chunks_dropped: u64,
 }
 
 /// A snapshot of the replica's state.
@@ -192,6 +225,11 @@ pub struct Replica<F: Fabric> {
     fabric: F,
     wal: Arc<Wal>,
     state_file: StateFile,
+    snapshot_file: SnapshotFile,
+    /// The membership as of each index since the latest checkpoint, so a checkpoint records
+    /// the membership as of its own index.
+    conf_history: ConfHistory,
+    snapshot_rx: Option<SnapshotRx>,
     persisted_hs: HardState,
     memory: Arc<dyn RingMemory>,
     producer: Producer,
@@ -259,16 +297,20 @@ impl<F: Fabric> Replica<F> {
         let state_file = StateFile::new(fs.clone(), &cfg.data_dir);
         let loaded = state_file.load().map_err(ReplicaError::Poisoned)?;
         let existed = loaded.is_some();
-        let (hs, cs) = match loaded {
+        let (hs, cs, conf_history) = match loaded {
             Some(s) => s,
             None => {
                 let hs = HardState::default();
                 let mut cs = ConfState::default();
                 cs.voters = cfg.voters.clone();
-                state_file.store(&hs, &cs).map_err(ReplicaError::Poisoned)?;
-                (hs, cs)
+                let history = ConfHistory::new(0, cs.clone());
+                state_file
+                    .store(&hs, &cs, &history)
+                    .map_err(ReplicaError::Poisoned)?;
+                (hs, cs, history)
             }
         };
+        let mut conf_history = conf_history;
         let wal_cfg = WalConfig {
             cluster_id: cfg.cluster_id,
             block_bytes: cfg.block_bytes,
@@ -283,6 +325,38 @@ impl<F: Fabric> Replica<F> {
         };
         let (wal, _report) = Wal::open(wal_fs, &cfg.data_dir, wal_cfg)?;
         let wal = Arc::new(wal);
+        // The latest checkpoint. If the log ends before it, this node was installing a
+        // snapshot from the leader when it stopped (the snapshot is stored first): finish.
+        let snapshot_file = SnapshotFile::new(fs.clone(), &cfg.data_dir);
+        let snapshot = snapshot_file.load().map_err(|e| {
+            ReplicaError::Poisoned(format!(
+                "cannot load {}: {e}",
+                cfg.data_dir.join("snapshot").display()
+            ))
+        })?;
+        let mut cs = cs;
+        let mut installed = false;
+        if let Some(snap) = &snapshot {
+            let meta = snap.get_metadata();
+            if wal.last_index().0 < meta.index {
+                let lsn = snapshot_lsn(snap).filter(|l| l % 8 == 0).ok_or_else(|| {
+                    ReplicaError::Poisoned("the snapshot file records no valid log position".into())
+                })?;
+                wal.restart_at(Position {
+                    lsn: Lsn(lsn),
+                    last_index: Index(meta.index),
+                    last_term: Term(meta.term),
+                })?;
+                cs = meta.get_conf_state().clone();
+                conf_history = ConfHistory::new(meta.index, cs.clone());
+                let mut hs = hs.clone();
+                hs.commit = hs.commit.max(meta.index);
+                state_file
+                    .store(&hs, &cs, &conf_history)
+                    .map_err(ReplicaError::Poisoned)?;
+                installed = true;
+            }
+        }
         let ring_cfg = RingConfig {
             capacity_bytes: cfg.ring_bytes,
             block_bytes: cfg.block_bytes,
@@ -301,7 +375,7 @@ impl<F: Fabric> Replica<F> {
             // A ring left by a crashed process of this data dir holds the entries it accepted
             // (and may have acknowledged) past what reached the segment files. A new data dir
             // never takes a stale ring's records: building the ring publishes its start.
-            let (producer, consumer) = if existed && ring_found && tail_found {
+            let (producer, consumer) = if existed && ring_found && tail_found && !installed {
                 let published = wal::published_tail(memory.as_ref()).unwrap_or_default();
                 let (mut producer, consumer) =
                     wal::ring_recovering(memory.clone(), ring_cfg, wal.position())?;
@@ -341,6 +415,9 @@ impl<F: Fabric> Replica<F> {
 
         let first = wal.first_index().0.max(1);
         let applied = first - 1;
+        let prefix_term = wal
+            .position_after(Index(applied))
+            .map_or(0, |p| p.last_term.0);
         let mut rc = raft::Config {
             id: cfg.id,
             election_tick: cfg.election_tick,
@@ -370,7 +447,10 @@ impl<F: Fabric> Replica<F> {
         // re-learned from the leader, so clamping it into the log is safe.
         let mut hs = hs;
         hs.commit = hs.commit.clamp(applied, wal.last_index().0.max(applied));
-        let storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, 0));
+        let mut storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, prefix_term));
+        if let Some(snap) = snapshot {
+            storage.set_snapshot(snap);
+        }
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&rc, storage, &logger)?;
         let dummy = Event::Disconnected {
@@ -383,6 +463,9 @@ impl<F: Fabric> Replica<F> {
             fabric,
             wal,
             state_file,
+            snapshot_file,
+            conf_history,
+            snapshot_rx: None,
             persisted_hs: hs,
             memory,
             producer,
@@ -586,25 +669,104 @@ impl<F: Fabric> Replica<F> {
         })
     }
 
-    /// Deletes entries below `index` (after the application checkpointed them).
+    /// Deletes entries below `index` after the application checkpointed them elsewhere,
+    /// recording a checkpoint without state at `index - 1` (clamped to the applied index) so
+    /// that a follower behind the cut can still be caught up: it gets a snapshot with an empty
+    /// state (see [`Replica::checkpoint`] to ship the application's state with it). Returns
+    /// the new first index (whole segments are deleted, so it may be lower than `index`).
     pub fn truncate_prefix(&mut self, index: u64) -> Result<u64, ReplicaError> {
         let upto = index.min(self.applied + 1);
-        let term = self
+        if upto <= 1 {
+            return Ok(self.wal.first_index().0);
+        }
+        self.checkpoint(upto - 1, &[])
+    }
+
+    /// Records a checkpoint: `state` is the application's state after applying every entry up
+    /// to and including `index`, which must be applied. It is stored durably, then entries up
+    /// to `index` are deleted (whole segments). A follower that needs deleted entries is sent
+    /// the checkpoint as a raft snapshot, in chunks over send/recv, and installs it; its
+    /// application restores from [`Replica::latest_checkpoint`] when a read reports
+    /// [`ReplicaError::Compacted`]. Refused (with the reason) when `index` is not applied yet,
+    /// when `state` exceeds `max_snapshot_bytes`, or when a membership change was applied
+    /// after `index` (checkpoint at that change or later). An `index` at or below the latest
+    /// checkpoint changes nothing. Returns the new first index.
+    pub fn checkpoint(&mut self, index: u64, state: &[u8]) -> Result<u64, ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        let refuse = |why: String| Err(ReplicaError::Checkpoint(why));
+        if state.len() as u64 > self.cfg.max_snapshot_bytes {
+            return refuse(format!(
+                "a state of {} bytes exceeds max_snapshot_bytes ({})",
+                state.len(),
+                self.cfg.max_snapshot_bytes
+            ));
+        }
+        if index > self.applied {
+            return refuse(format!(
+                "entry {index} is not applied yet (applied up to {}); checkpoint only what the application applied",
+                self.applied
+            ));
+        }
+        let latest = self
             .raw
-            .raft
-            .raft_log
-            .term(upto.saturating_sub(1))
-            .unwrap_or(0);
-        let first = self.wal.truncate_prefix(Index(upto))?;
-        self.raw.mut_store().set_prefix(
-            first.0,
-            if first.0 == upto {
-                term
-            } else {
-                self.wal.term(Index(first.0 - 1)).map_or(0, |t| t.0)
-            },
-        );
+            .store()
+            .latest_snapshot()
+            .map_or(0, |s| s.get_metadata().index);
+        if index == 0 || index <= latest {
+            return Ok(self.wal.first_index().0);
+        }
+        let Some(conf) = self.conf_history.at(index).cloned() else {
+            return refuse(format!(
+                "the membership as of index {index} is no longer known (it is kept from index {} on); checkpoint at {} or later",
+                self.conf_history.base_index, self.conf_history.base_index
+            ));
+        };
+        let Some(pos) = self.wal.position_after(Index(index)) else {
+            return refuse(format!(
+                "entry {index} is no longer in the log (it starts at {})",
+                self.wal.first_index().0
+            ));
+        };
+        let mut snap = Snapshot::default();
+        let meta = snap.mut_metadata();
+        meta.index = index;
+        meta.term = pos.last_term.0;
+        *meta.mut_conf_state() = conf;
+        let mut data = Vec::with_capacity(8 + state.len());
+        data.extend_from_slice(&pos.lsn.0.to_le_bytes());
+        data.extend_from_slice(state);
+        snap.data = data.into();
+        self.snapshot_file
+            .store(&snap)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot store the checkpoint", e)))?;
+        self.raw.mut_store().set_snapshot(snap);
+        let first = self.wal.truncate_prefix(Index(index + 1))?;
+        let prefix_term = self
+            .wal
+            .position_after(Index(first.0 - 1))
+            .map_or(pos.last_term.0, |p| p.last_term.0);
+        self.raw.mut_store().set_prefix(first.0, prefix_term);
+        self.conf_history.compact(index);
+        self.store_state()?;
         Ok(first.0)
+    }
+
+    /// The first index the log holds.
+    pub fn first_index(&self) -> u64 {
+        self.wal.first_index().0
+    }
+
+    /// The latest checkpoint, taken here or installed from the leader.
+    pub fn latest_checkpoint(&self) -> Option<Checkpoint> {
+        let snap = self.raw.store().latest_snapshot()?;
+        let meta = snap.get_metadata();
+        Some(Checkpoint {
+            index: meta.index,
+            term: meta.term,
+            state: snap.data.get(8..).unwrap_or_default().to_vec(),
+        })
     }
 
     /// The replica's state.
@@ -826,6 +988,13 @@ impl<F: Fabric> Replica<F> {
                 self.update_fencing();
             }
             Event::Disconnected { peer, .. } => {
+                if self
+                    .snapshot_rx
+                    .as_ref()
+                    .is_some_and(|rx| rx.from == peer.0)
+                {
+                    self.snapshot_rx = None;
+                }
                 if let Some(p) = self.peers.get_mut(&peer.0) {
                     p.fast_end = None;
                     p.outbox.clear();
@@ -886,8 +1055,113 @@ impl<F: Fabric> Replica<F> {
                 }
                 self.on_fast_append(peer, m, lsn_start, lsn_end)?;
             }
+            Body::SnapshotChunk {
+                index,
+                term,
+                offset,
+                total,
+                data,
+            } => self.on_snapshot_chunk(peer, index, term, offset, total, data),
+            Body::Snapshot { msg, meta } => {
+                let Ok(mut m) = wire::from_wire(msg) else {
+                    self.reject_peer(peer);
+                    return Ok(());
+                };
+                let lists = [
+                    &meta.voters,
+                    &meta.learners,
+                    &meta.voters_outgoing,
+                    &meta.learners_next,
+                ];
+                if m.from != peer
+                    || m.to != self.cfg.id
+                    || m.get_msg_type() != MessageType::MsgSnapshot
+                    || lists.iter().any(|l| l.len() > wire::MAX_MEMBERS)
+                {
+                    self.reject_peer(peer);
+                    return Ok(());
+                }
+                let rx = self.snapshot_rx.take().filter(|rx| {
+                    rx.from == peer
+                        && rx.index == meta.index
+                        && rx.term == meta.term
+                        && rx.total == meta.data_len
+                        && rx.data.len() as u64 == rx.total
+                });
+                let Some(rx) = rx else {
+                    // Chunks went missing: raft's next probe finds the follower behind and
+                    // the leader sends the snapshot again.
+                    self.stats.snapshot_chunks_dropped += 1;
+                    return Ok(());
+                };
+                let mut snap = Snapshot::default();
+                let md = snap.mut_metadata();
+                md.index = meta.index;
+                md.term = meta.term;
+                let cs = md.mut_conf_state();
+                cs.voters = meta.voters;
+                cs.learners = meta.learners;
+                cs.voters_outgoing = meta.voters_outgoing;
+                cs.learners_next = meta.learners_next;
+                cs.auto_leave = meta.auto_leave;
+                snap.data = rx.data.into();
+                m.set_snapshot(snap);
+                if m.term > self.raw.raft.term {
+                    self.revoke();
+                }
+                self.step(m);
+            }
         }
         Ok(())
+    }
+
+    fn on_snapshot_chunk(
+        &mut self,
+        peer: u64,
+        index: u64,
+        term: u64,
+        offset: u64,
+        total: u64,
+        data: Vec<u8>,
+    ) {
+        if total > self.cfg.max_snapshot_bytes + 8 {
+            if offset == 0 {
+                tracing::warn!(
+                    node = self.cfg.id,
+                    from = peer,
+                    total,
+                    max = self.cfg.max_snapshot_bytes,
+                    "refusing a snapshot larger than max_snapshot_bytes: raise it on this node to catch up"
+                );
+            }
+            self.snapshot_rx = None;
+            self.stats.snapshot_chunks_dropped += 1;
+            return;
+        }
+        if offset == 0 {
+            self.snapshot_rx = Some(SnapshotRx {
+                from: peer,
+                index,
+                term,
+                total,
+                data: Vec::with_capacity(total as usize),
+            });
+        }
+        let fits = self.snapshot_rx.as_ref().is_some_and(|rx| {
+            rx.from == peer
+                && rx.index == index
+                && rx.term == term
+                && rx.total == total
+                && rx.data.len() as u64 == offset
+                && offset + data.len() as u64 <= total
+        });
+        match (&mut self.snapshot_rx, fits) {
+            (Some(rx), true) => rx.data.extend_from_slice(&data),
+            _ => {
+                self.snapshot_rx = None;
+                self.stats.snapshot_chunks_dropped += 1;
+            }
+        }
     }
 
     fn step(&mut self, m: Message) {
@@ -1013,9 +1287,8 @@ impl<F: Fabric> Replica<F> {
     fn handle_ready(&mut self) -> Result<(), ReplicaError> {
         let mut rd = self.raw.ready();
         if !rd.snapshot().is_empty() {
-            return Err(ReplicaError::Poisoned(
-                "received a snapshot, which this version cannot install".into(),
-            ));
+            let snap = rd.snapshot().clone();
+            self.install_snapshot(&snap)?;
         }
         let entries = rd.take_entries();
         // The leader's entries must be in the ring before its messages go out: the fast path
@@ -1046,6 +1319,65 @@ impl<F: Fabric> Replica<F> {
         Ok(())
     }
 
+    /// Installs a snapshot raft accepted from the leader (this node's log does not hold its
+    /// last entry): the snapshot is stored durably first, then the log restarts empty right
+    /// after it (`Replica::open` finishes the job if this process stops in between), then the
+    /// ring, raft's storage and the membership follow.
+    fn install_snapshot(&mut self, snap: &Snapshot) -> Result<(), ReplicaError> {
+        let meta = snap.get_metadata();
+        let lsn = snapshot_lsn(snap).filter(|l| l % 8 == 0).ok_or_else(|| {
+            ReplicaError::Poisoned("a snapshot without a valid log position".into())
+        })?;
+        self.snapshot_file
+            .store(snap)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot store a snapshot", e)))?;
+        let start = Position {
+            lsn: Lsn(lsn),
+            last_index: Index(meta.index),
+            last_term: Term(meta.term),
+        };
+        self.wal.restart_at(start)?;
+        let ring_cfg = RingConfig {
+            capacity_bytes: self.cfg.ring_bytes,
+            block_bytes: self.cfg.block_bytes,
+        };
+        let (p, c) = wal::ring(self.memory.clone(), ring_cfg, start)?;
+        self.producer = p;
+        self.consumer = c;
+        self.ring_entries.clear();
+        self.writes_in_flight.clear();
+        self.fast_accepted_to = meta.index;
+        let cs = meta.get_conf_state().clone();
+        let mut hs = self.raw.store().hard_state().clone();
+        hs.commit = hs.commit.max(meta.index);
+        self.conf_history = ConfHistory::new(meta.index, cs.clone());
+        self.state_file
+            .store(&hs, &cs, &self.conf_history)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the membership", e)))?;
+        let store = self.raw.mut_store();
+        store.set_prefix(meta.index + 1, meta.term);
+        store.set_conf_state(cs.clone());
+        store.set_hard_state(hs);
+        store.set_snapshot(snap.clone());
+        self.applied = meta.index;
+        let members: Vec<u64> = cs
+            .voters
+            .iter()
+            .chain(cs.learners.iter())
+            .copied()
+            .collect();
+        self.sync_peers(&members);
+        self.stats.snapshots_installed += 1;
+        tracing::info!(
+            node = self.cfg.id,
+            index = meta.index,
+            term = meta.term,
+            state_bytes = snap.data.len().saturating_sub(8),
+            "installed a snapshot from the leader"
+        );
+        Ok(())
+    }
+
     fn store_hard_state(&mut self, hs: HardState) -> Result<(), ReplicaError> {
         // Term and vote must be durable before any message that depends on them leaves; the
         // commit index is re-learned after a restart, so it alone does not cost an fsync.
@@ -1053,9 +1385,11 @@ impl<F: Fabric> Replica<F> {
         self.raw.mut_store().set_hard_state(hs.clone());
         if changed {
             let cs = self.raw.store().conf_state().clone();
-            self.state_file.store(&hs, &cs).map_err(|e| {
-                ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e))
-            })?;
+            self.state_file
+                .store(&hs, &cs, &self.conf_history)
+                .map_err(|e| {
+                    ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e))
+                })?;
             self.persisted_hs = hs;
         }
         Ok(())
@@ -1239,6 +1573,11 @@ impl<F: Fabric> Replica<F> {
                     self.apply_conf_change(&cc)?;
                 }
             }
+            if e.get_entry_type() != EntryType::EntryNormal {
+                let cs = self.raw.store().conf_state().clone();
+                self.conf_history.record(e.index, cs);
+                self.store_state()?;
+            }
             self.applied = e.index;
         }
         Ok(())
@@ -1246,10 +1585,6 @@ impl<F: Fabric> Replica<F> {
 
     fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI) -> Result<(), ReplicaError> {
         let cs = self.raw.apply_conf_change(cc)?;
-        let hs = self.raw.store().hard_state().clone();
-        self.state_file
-            .store(&hs, &cs)
-            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the membership", e)))?;
         let members: Vec<u64> = cs
             .voters
             .iter()
@@ -1257,7 +1592,22 @@ impl<F: Fabric> Replica<F> {
             .copied()
             .collect();
         self.raw.mut_store().set_conf_state(cs);
-        for id in &members {
+        self.sync_peers(&members);
+        Ok(())
+    }
+
+    /// Persists the hard state, the membership and its history.
+    fn store_state(&mut self) -> Result<(), ReplicaError> {
+        let hs = self.raw.store().hard_state().clone();
+        let cs = self.raw.store().conf_state().clone();
+        self.state_file
+            .store(&hs, &cs, &self.conf_history)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the membership", e)))
+    }
+
+    /// Keeps a peer entry (and a connection) for every member, and none for non-members.
+    fn sync_peers(&mut self, members: &[u64]) {
+        for id in members {
             if *id != self.cfg.id {
                 self.peers.entry(*id).or_default();
             }
@@ -1273,7 +1623,6 @@ impl<F: Fabric> Replica<F> {
             self.fabric.disconnect(NodeId(id));
         }
         self.maintain_connections();
-        Ok(())
     }
 
     fn ring_info(&self) -> RingInfo {
@@ -1292,6 +1641,10 @@ impl<F: Fabric> Replica<F> {
         if !self.peers.contains_key(&to) {
             return;
         }
+        if m.get_msg_type() == MessageType::MsgSnapshot {
+            self.send_snapshot(m);
+            return;
+        }
         let is_append = m.get_msg_type() == MessageType::MsgAppend && !m.entries.is_empty();
         if is_append {
             if self.try_fast_append(&m) {
@@ -1308,6 +1661,53 @@ impl<F: Fabric> Replica<F> {
             ring,
         };
         self.send_body(to, &body);
+    }
+
+    /// Sends raft's MsgSnapshot: the data in chunks, then the message with the metadata, all
+    /// on one connection, so they arrive in order. raft learns at once whether everything was
+    /// queued (`Finish`: it probes the follower from the snapshot on) or not (`Failure`).
+    fn send_snapshot(&mut self, m: Message) {
+        let to = m.to;
+        let snap = m.get_snapshot();
+        let meta = snap.get_metadata();
+        let data = snap.data.clone();
+        let dropped = self.stats.dropped_messages;
+        for (k, chunk) in data.chunks(SNAPSHOT_CHUNK_BYTES).enumerate() {
+            let body = Body::SnapshotChunk {
+                index: meta.index,
+                term: meta.term,
+                offset: (k * SNAPSHOT_CHUNK_BYTES) as u64,
+                total: data.len() as u64,
+                data: chunk.to_vec(),
+            };
+            self.send_body(to, &body);
+        }
+        let cs = meta.get_conf_state();
+        let body = Body::Snapshot {
+            msg: wire::to_wire(&m, false),
+            meta: WireSnapshotMeta {
+                index: meta.index,
+                term: meta.term,
+                voters: cs.voters.clone(),
+                learners: cs.learners.clone(),
+                voters_outgoing: cs.voters_outgoing.clone(),
+                learners_next: cs.learners_next.clone(),
+                auto_leave: cs.auto_leave,
+                data_len: data.len() as u64,
+            },
+        };
+        self.send_body(to, &body);
+        let queued = self.stats.dropped_messages == dropped
+            && self.fabric.conn_state(NodeId(to)) == ConnState::Up;
+        self.stats.snapshots_sent += 1;
+        self.raw.report_snapshot(
+            to,
+            if queued {
+                SnapshotStatus::Finish
+            } else {
+                SnapshotStatus::Failure
+            },
+        );
     }
 
     fn send_body(&mut self, to: u64, body: &Body) {

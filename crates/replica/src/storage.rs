@@ -57,7 +57,75 @@ pub fn payload_of<'a>(e: &'a Entry, scratch: &'a mut Vec<u8>) -> &'a [u8] {
 }
 
 const STATE_MAGIC: &[u8; 4] = b"RLRS";
-const STATE_VERSION: u32 = 1;
+/// Version 2 added the membership history; version 1 files (no history) are still read.
+const STATE_VERSION: u32 = 2;
+/// Most membership changes the history keeps; older ones fold into its base.
+pub const MAX_CONF_HISTORY: usize = 256;
+
+/// The membership as of every index since the latest checkpoint: a checkpoint must record the
+/// membership as of its own index, which differs from the current one when a change was
+/// applied after it. Kept in the raft-state file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfHistory {
+    /// The index the base membership holds at (the latest checkpoint's, or 0).
+    pub base_index: u64,
+    /// The membership as of `base_index`.
+    pub base: ConfState,
+    /// The membership after each change applied since, by the change's index.
+    pub changes: std::collections::BTreeMap<u64, ConfState>,
+}
+
+impl ConfHistory {
+    /// A history that starts with `cs` at `index`.
+    pub fn new(index: u64, cs: ConfState) -> Self {
+        ConfHistory {
+            base_index: index,
+            base: cs,
+            changes: Default::default(),
+        }
+    }
+
+    /// The membership as of `index`, if the history reaches back that far.
+    pub fn at(&self, index: u64) -> Option<&ConfState> {
+        if index < self.base_index {
+            return None;
+        }
+        Some(
+            self.changes
+                .range(..=index)
+                .next_back()
+                .map_or(&self.base, |(_, cs)| cs),
+        )
+    }
+
+    /// Records the membership after the change at `index`, unless a change at or after it is
+    /// known already (a restart replays applied changes, which must not rewrite history).
+    pub fn record(&mut self, index: u64, after: ConfState) {
+        let known = self
+            .changes
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(self.base_index);
+        if index > known {
+            self.changes.insert(index, after);
+        }
+        while self.changes.len() > MAX_CONF_HISTORY {
+            let (i, cs) = self.changes.pop_first().expect("not empty");
+            self.base_index = i;
+            self.base = cs;
+        }
+    }
+
+    /// Forgets the history below `index` (a checkpoint at `index`).
+    pub fn compact(&mut self, index: u64) {
+        if let Some(cs) = self.at(index).cloned() {
+            self.changes = self.changes.split_off(&(index + 1));
+            self.base_index = index;
+            self.base = cs;
+        }
+    }
+}
 /// Bound on voters plus learners in the state file, far above any real cluster.
 const MAX_MEMBERS: usize = 1024;
 
@@ -82,7 +150,7 @@ impl StateFile {
     }
 
     /// Reads the state, `None` when there is none yet.
-    pub fn load(&self) -> Result<Option<(HardState, ConfState)>, String> {
+    pub fn load(&self) -> Result<Option<(HardState, ConfState, ConfHistory)>, String> {
         let names = self
             .fs
             .list(&self.dir)
@@ -95,7 +163,9 @@ impl StateFile {
             .open(&self.path())
             .map_err(|e| format!("cannot open raft-state: {e}"))?;
         let len = f.size_bytes().map_err(|e| e.to_string())? as usize;
-        if !(12..=12 + 64 + 16 * MAX_MEMBERS).contains(&len) {
+        if !(12..=12 + 64 + 16 * MAX_MEMBERS * (2 + MAX_CONF_HISTORY) + 16 * MAX_CONF_HISTORY)
+            .contains(&len)
+        {
             return Err(format!(
                 "raft-state has an impossible length of {len} bytes"
             ));
@@ -107,7 +177,7 @@ impl StateFile {
             return Err("raft-state has a bad magic".into());
         }
         let version = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
-        if version != STATE_VERSION {
+        if version != STATE_VERSION && version != 1 {
             return Err(format!(
                 "raft-state has version {version}, expected {STATE_VERSION}"
             ));
@@ -121,64 +191,212 @@ impl StateFile {
         hs.term = r.u64()?;
         hs.vote = r.u64()?;
         hs.commit = r.u64()?;
-        let mut cs = ConfState::default();
-        for list in 0..4 {
+        let cs = decode_conf(&mut r)?;
+        let history = if version == 1 {
+            ConfHistory::new(0, cs.clone())
+        } else {
+            let base_index = r.u64()?;
+            let base = decode_conf(&mut r)?;
             let n = r.u64()? as usize;
-            if n > MAX_MEMBERS {
-                return Err(format!("raft-state lists {n} members"));
+            if n > MAX_CONF_HISTORY {
+                return Err(format!("raft-state lists {n} membership changes"));
             }
-            let ids: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
-            match list {
-                0 => cs.voters = ids,
-                1 => cs.learners = ids,
-                2 => cs.voters_outgoing = ids,
-                _ => cs.learners_next = ids,
+            let mut h = ConfHistory::new(base_index, base);
+            for _ in 0..n {
+                let index = r.u64()?;
+                let cs = decode_conf(&mut r)?;
+                h.changes.insert(index, cs);
             }
-        }
-        cs.auto_leave = r.u64()? != 0;
-        Ok(Some((hs, cs)))
+            h
+        };
+        Ok(Some((hs, cs, history)))
     }
 
     /// Writes the state durably: a new file, fdatasync, rename over the old one, directory
     /// fsync. A crash leaves the old or the new state, never a mix.
-    pub fn store(&self, hs: &HardState, cs: &ConfState) -> Result<(), String> {
-        let mut body = Vec::with_capacity(128);
+    pub fn store(
+        &self,
+        hs: &HardState,
+        cs: &ConfState,
+        history: &ConfHistory,
+    ) -> Result<(), String> {
+        let mut body = Vec::with_capacity(256);
         for v in [hs.term, hs.vote, hs.commit] {
             body.extend_from_slice(&v.to_le_bytes());
         }
-        for list in [
-            &cs.voters,
-            &cs.learners,
-            &cs.voters_outgoing,
-            &cs.learners_next,
-        ] {
-            body.extend_from_slice(&(list.len() as u64).to_le_bytes());
-            for id in list {
-                body.extend_from_slice(&id.to_le_bytes());
-            }
+        encode_conf(cs, &mut body);
+        body.extend_from_slice(&history.base_index.to_le_bytes());
+        encode_conf(&history.base, &mut body);
+        body.extend_from_slice(&(history.changes.len() as u64).to_le_bytes());
+        for (index, cs) in &history.changes {
+            body.extend_from_slice(&index.to_le_bytes());
+            encode_conf(cs, &mut body);
         }
-        body.extend_from_slice(&u64::from(cs.auto_leave).to_le_bytes());
         let mut buf = Vec::with_capacity(body.len() + 12);
         buf.extend_from_slice(STATE_MAGIC);
         buf.extend_from_slice(&STATE_VERSION.to_le_bytes());
         buf.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         buf.extend_from_slice(&body);
-        let tmp = self.dir.join("raft-state.tmp");
+        write_atomically(&*self.fs, &self.dir, "raft-state", &buf)
+    }
+}
+
+fn encode_conf(cs: &ConfState, body: &mut Vec<u8>) {
+    for list in [
+        &cs.voters,
+        &cs.learners,
+        &cs.voters_outgoing,
+        &cs.learners_next,
+    ] {
+        body.extend_from_slice(&(list.len() as u64).to_le_bytes());
+        for id in list {
+            body.extend_from_slice(&id.to_le_bytes());
+        }
+    }
+    body.extend_from_slice(&u64::from(cs.auto_leave).to_le_bytes());
+}
+
+fn decode_conf(r: &mut Reader<'_>) -> Result<ConfState, String> {
+    let mut cs = ConfState::default();
+    for list in 0..4 {
+        let n = r.u64()? as usize;
+        if n > MAX_MEMBERS {
+            return Err(format!(
+                "the membership lists {n} members (at most {MAX_MEMBERS})"
+            ));
+        }
+        let ids: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        match list {
+            0 => cs.voters = ids,
+            1 => cs.learners = ids,
+            2 => cs.voters_outgoing = ids,
+            _ => cs.learners_next = ids,
+        }
+    }
+    cs.auto_leave = r.u64()? != 0;
+    Ok(cs)
+}
+
+/// Replaces `dir/name` durably: a new file, fdatasync, rename over the old one, directory
+/// fsync. A crash leaves the old or the new file, never a mix.
+fn write_atomically(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), String> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let f = fs
+        .create(&tmp)
+        .map_err(|e| format!("cannot create {name}.tmp: {e}"))?;
+    f.write_all_at(bytes, 0)
+        .map_err(|e| format!("cannot write {name}.tmp: {e}"))?;
+    f.sync_data()
+        .map_err(|e| format!("cannot sync {name}.tmp: {e}"))?;
+    fs.rename(&tmp, &dir.join(name))
+        .map_err(|e| format!("cannot rename {name}: {e}"))?;
+    fs.sync_dir(dir)
+        .map_err(|e| format!("cannot sync {}: {e}", dir.display()))
+}
+
+const SNAPSHOT_MAGIC: &[u8; 4] = b"RLSN";
+const SNAPSHOT_VERSION: u32 = 1;
+/// Largest snapshot file this version reads: 1 GiB of application state, far above
+/// `ReplicaConfig::max_snapshot_bytes`'s default.
+pub const MAX_SNAPSHOT_FILE_BYTES: u64 = 1 << 30;
+
+/// The latest snapshot (checkpoint): raft's snapshot metadata and its data, which is the log
+/// position after the snapshot's last entry (an 8-byte little-endian Lsn) followed by the
+/// application's state. Layout: magic `RLSN`, version u32 LE, crc32c u32 LE of the rest, then
+/// index u64, term u64, the membership (as in raft-state), data length u64, data.
+#[derive(Debug)]
+pub struct SnapshotFile {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+}
+
+impl SnapshotFile {
+    /// The snapshot file in `dir`.
+    pub fn new(fs: Arc<dyn FileSystem>, dir: &Path) -> Self {
+        SnapshotFile {
+            fs,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Reads the snapshot, `None` when there is none.
+    pub fn load(&self) -> Result<Option<Snapshot>, String> {
+        let names = self
+            .fs
+            .list(&self.dir)
+            .map_err(|e| format!("cannot list {}: {e}", self.dir.display()))?;
+        if !names.iter().any(|n| n == "snapshot") {
+            return Ok(None);
+        }
         let f = self
             .fs
-            .create(&tmp)
-            .map_err(|e| format!("cannot create raft-state.tmp: {e}"))?;
-        f.write_all_at(&buf, 0)
-            .map_err(|e| format!("cannot write raft-state.tmp: {e}"))?;
-        f.sync_data()
-            .map_err(|e| format!("cannot sync raft-state.tmp: {e}"))?;
-        self.fs
-            .rename(&tmp, &self.path())
-            .map_err(|e| format!("cannot rename raft-state: {e}"))?;
-        self.fs
-            .sync_dir(&self.dir)
-            .map_err(|e| format!("cannot sync {}: {e}", self.dir.display()))
+            .open(&self.dir.join("snapshot"))
+            .map_err(|e| format!("cannot open the snapshot: {e}"))?;
+        let len = f.size_bytes().map_err(|e| e.to_string())?;
+        if !(12 + 24..=12 + 80 + 16 * MAX_MEMBERS as u64 + MAX_SNAPSHOT_FILE_BYTES).contains(&len) {
+            return Err(format!(
+                "the snapshot file has an impossible length of {len} bytes"
+            ));
+        }
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(&mut buf, 0)
+            .map_err(|e| format!("cannot read the snapshot: {e}"))?;
+        if &buf[0..4] != SNAPSHOT_MAGIC {
+            return Err("the snapshot file has a bad magic".into());
+        }
+        let version = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+        if version != SNAPSHOT_VERSION {
+            return Err(format!(
+                "the snapshot file has version {version}, expected {SNAPSHOT_VERSION}"
+            ));
+        }
+        let crc = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&buf[12..]) != crc {
+            return Err("the snapshot file fails its checksum".into());
+        }
+        let mut r = Reader { buf: &buf[12..] };
+        let mut snap = Snapshot::default();
+        snap.mut_metadata().index = r.u64()?;
+        snap.mut_metadata().term = r.u64()?;
+        *snap.mut_metadata().mut_conf_state() = decode_conf(&mut r)?;
+        let n = r.u64()? as usize;
+        if n != r.buf.len() {
+            return Err(format!(
+                "the snapshot file claims {n} bytes of data but holds {}",
+                r.buf.len()
+            ));
+        }
+        snap.data = Bytes::copy_from_slice(r.buf);
+        Ok(Some(snap))
     }
+
+    /// Writes the snapshot durably (see [`write_atomically`]).
+    pub fn store(&self, snap: &Snapshot) -> Result<(), String> {
+        let meta = snap.get_metadata();
+        let mut body = Vec::with_capacity(snap.data.len() + 128);
+        body.extend_from_slice(&meta.index.to_le_bytes());
+        body.extend_from_slice(&meta.term.to_le_bytes());
+        encode_conf(meta.get_conf_state(), &mut body);
+        body.extend_from_slice(&(snap.data.len() as u64).to_le_bytes());
+        body.extend_from_slice(&snap.data);
+        let mut buf = Vec::with_capacity(body.len() + 12);
+        buf.extend_from_slice(SNAPSHOT_MAGIC);
+        buf.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        buf.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        buf.extend_from_slice(&body);
+        write_atomically(&*self.fs, &self.dir, "snapshot", &buf)
+    }
+}
+
+/// The log position a snapshot's data records (its first 8 bytes), if the data has one.
+pub fn snapshot_lsn(snap: &Snapshot) -> Option<u64> {
+    let head: [u8; 8] = snap.data.get(..8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(head))
 }
 
 struct Reader<'a> {
@@ -204,6 +422,8 @@ pub struct WalStorage {
     conf_state: ConfState,
     /// Index and term of the entry just before the first one held (0, 0 for a full log).
     prefix: (u64, u64),
+    /// The latest snapshot, served to followers behind the first entry held.
+    snapshot: Option<Snapshot>,
 }
 
 impl WalStorage {
@@ -219,7 +439,18 @@ impl WalStorage {
             hard_state,
             conf_state,
             prefix,
+            snapshot: None,
         }
+    }
+
+    /// Records the latest snapshot (the caller persisted it).
+    pub fn set_snapshot(&mut self, snap: Snapshot) {
+        self.snapshot = Some(snap);
+    }
+
+    /// The latest snapshot.
+    pub fn latest_snapshot(&self) -> Option<&Snapshot> {
+        self.snapshot.as_ref()
     }
 
     /// The HardState raft-rs will start from.
@@ -317,11 +548,14 @@ impl raft::Storage for WalStorage {
     }
 
     fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Snapshot transfer is not built yet: a follower behind the truncated prefix cannot be
-        // caught up (documented in the crate docs). raft-rs retries later.
-        Err(raft::Error::Store(
-            StorageError::SnapshotTemporarilyUnavailable,
-        ))
+        // The latest checkpoint always covers every entry the log no longer holds (it is
+        // written before the prefix is truncated).
+        match &self.snapshot {
+            Some(s) if s.get_metadata().index + 1 >= self.first() => Ok(s.clone()),
+            _ => Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            )),
+        }
     }
 }
 
@@ -359,8 +593,20 @@ mod tests {
         hs.commit = 17;
         let mut cs = ConfState::default();
         cs.voters = vec![1, 2, 3];
-        sf.store(&hs, &cs).unwrap();
-        assert_eq!(sf.load().unwrap(), Some((hs.clone(), cs.clone())));
+        let mut history = ConfHistory::new(0, cs.clone());
+        let mut four = cs.clone();
+        four.voters.push(4);
+        history.record(10, four.clone());
+        history.record(5, cs.clone()); // a replayed older change rewrites nothing
+        sf.store(&hs, &four, &history).unwrap();
+        assert_eq!(
+            sf.load().unwrap(),
+            Some((hs.clone(), four.clone(), history.clone()))
+        );
+        assert_eq!(history.at(9), Some(&cs));
+        assert_eq!(history.at(10), Some(&four));
+        history.compact(12);
+        assert_eq!((history.at(11), history.at(12)), (None, Some(&four)));
         fs.corrupt(&dir.join("raft-state"), 20, &[0xFF]);
         assert!(sf.load().unwrap_err().contains("checksum"));
     }

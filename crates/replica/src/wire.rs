@@ -19,8 +19,16 @@ use bytes::Bytes;
 use protobuf::ProtobufEnum;
 use raft::prelude::{Entry, EntryType, Message, MessageType};
 
-/// The protocol version this build speaks.
-pub const WIRE_VERSION: u8 = 1;
+/// The protocol version this build speaks. Version 2 added snapshot transfer
+/// ([`Body::SnapshotChunk`], [`Body::Snapshot`]).
+pub const WIRE_VERSION: u8 = 2;
+
+/// Application state bytes in one [`Body::SnapshotChunk`]: half a frame, so a chunk always
+/// fits with its header and fields.
+pub const SNAPSHOT_CHUNK_BYTES: usize = MAX_BODY_BYTES / 2;
+
+/// Most members in a snapshot's membership lists (as in the raft-state file).
+pub const MAX_MEMBERS: usize = 1024;
 
 /// Size of the fixed frame header.
 pub const HEADER_BYTES: usize = 16;
@@ -60,7 +68,8 @@ pub struct WireEntry {
     pub data: Vec<u8>,
 }
 
-/// A raft message on the wire (snapshots are not carried: see the crate docs).
+/// A raft message on the wire (a snapshot's metadata travels beside it in [`Body::Snapshot`],
+/// its data in [`Body::SnapshotChunk`]s before it).
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct WireMessage {
     /// `MessageType` as an integer.
@@ -115,6 +124,48 @@ pub enum Body {
         /// End of the bytes written.
         lsn_end: u64,
     },
+    /// Part of a snapshot's data, sent in order before its [`Body::Snapshot`] on the same
+    /// connection.
+    SnapshotChunk {
+        /// The snapshot's index.
+        index: u64,
+        /// The snapshot's term.
+        term: u64,
+        /// Where these bytes go in the data.
+        offset: u64,
+        /// Total bytes of the data.
+        total: u64,
+        /// The bytes (at most [`SNAPSHOT_CHUNK_BYTES`]).
+        data: Vec<u8>,
+    },
+    /// raft's MsgSnapshot: the message and the snapshot's metadata; its data came in chunks.
+    Snapshot {
+        /// The MsgSnapshot.
+        msg: WireMessage,
+        /// The snapshot's metadata.
+        meta: WireSnapshotMeta,
+    },
+}
+
+/// raft's snapshot metadata on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct WireSnapshotMeta {
+    /// Index of the last entry the snapshot covers.
+    pub index: u64,
+    /// Its term.
+    pub term: u64,
+    /// Voters as of `index`.
+    pub voters: Vec<u64>,
+    /// Learners.
+    pub learners: Vec<u64>,
+    /// Outgoing voters of a joint configuration.
+    pub voters_outgoing: Vec<u64>,
+    /// Learners to be.
+    pub learners_next: Vec<u64>,
+    /// Whether a joint configuration leaves itself.
+    pub auto_leave: bool,
+    /// Total bytes of the snapshot's data, sent in chunks before this message.
+    pub data_len: u64,
 }
 
 /// Why a frame was rejected.
@@ -322,6 +373,39 @@ mod tests {
         let m = from_wire(msg).unwrap();
         assert_eq!(m.get_msg_type(), MessageType::MsgAppend);
         assert_eq!(&m.entries[0].data[..], b"\x01hello");
+    }
+
+    #[test]
+    fn snapshot_chunks_and_metadata_round_trip_and_fit_a_frame() {
+        let Body::Raft { msg, .. } = sample() else {
+            unreachable!()
+        };
+        let chunk = Body::SnapshotChunk {
+            index: 9,
+            term: 2,
+            offset: SNAPSHOT_CHUNK_BYTES as u64,
+            total: 3 * SNAPSHOT_CHUNK_BYTES as u64,
+            data: vec![0xAB; SNAPSHOT_CHUNK_BYTES],
+        };
+        let snap = Body::Snapshot {
+            msg,
+            meta: WireSnapshotMeta {
+                index: 9,
+                term: 2,
+                voters: vec![1, 2, 3],
+                learners: vec![4],
+                voters_outgoing: vec![],
+                learners_next: vec![],
+                auto_leave: false,
+                data_len: 3 * SNAPSHOT_CHUNK_BYTES as u64,
+            },
+        };
+        for body in [chunk, snap] {
+            let mut buf = Vec::new();
+            encode(7, &body, &mut buf).unwrap();
+            assert!(buf.len() <= fabric::MAX_MESSAGE_BYTES);
+            assert_eq!(decode(7, &buf).unwrap(), body);
+        }
     }
 
     #[test]

@@ -35,6 +35,13 @@ fn block_on<T>(f: impl Future<Output = T>) -> T {
 }
 
 fn cluster(poll: PollMode) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
+    cluster_with(poll, 8 << 20)
+}
+
+fn cluster_with(
+    poll: PollMode,
+    segment_bytes: u64,
+) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
     let net = SimNet::new(SimConfig::default(), 5);
     let stop = Arc::new(AtomicBool::new(false));
     net.run_realtime(stop.clone());
@@ -42,7 +49,7 @@ fn cluster(poll: PollMode) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
         .map(|id| {
             let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
             cfg.ring_bytes = 2 << 20;
-            cfg.segment_bytes = 8 << 20;
+            cfg.segment_bytes = segment_bytes;
             cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
             let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
             let opts = LogOptions {
@@ -108,6 +115,59 @@ fn appends_wait_await_batch_and_subscribe() {
         logs[l].append(&big),
         Err(ReplicaError::TooLarge { .. })
     ));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for log in logs {
+        log.close().unwrap();
+    }
+}
+
+#[test]
+fn a_subscriber_behind_a_checkpoint_is_told_to_restore_from_it() {
+    let (_net, stop, logs) = cluster_with(PollMode::Event, 256 << 10);
+    let l = leader(&logs);
+    let mut sub = logs[l].subscribe(1);
+    let mut last = 0;
+    for i in 0..150u32 {
+        last = logs[l]
+            .append(&[(i % 251) as u8; 4000])
+            .unwrap()
+            .wait(Duration::from_secs(5))
+            .unwrap();
+    }
+    // The application applied everything up to `last` and checkpoints its state there.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let first = loop {
+        match logs[l].checkpoint(last, b"application state at last") {
+            Ok(first) => break first,
+            // The index is committed; applying it may lag by a tick.
+            Err(ReplicaError::Checkpoint(why)) if Instant::now() < deadline => {
+                assert!(why.contains("not applied yet"), "{why}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(first > 2, "nothing was truncated (first index {first})");
+    match sub.next_timeout(Duration::from_secs(5)) {
+        Err(ReplicaError::Compacted {
+            index,
+            checkpoint_index,
+        }) => assert_eq!((index, checkpoint_index), (1, last)),
+        other => panic!("expected Compacted, got {other:?}"),
+    }
+    let cp = logs[l].latest_checkpoint().expect("a checkpoint");
+    assert_eq!(
+        (cp.index, cp.state.as_slice()),
+        (last, &b"application state at last"[..])
+    );
+    let mut sub = logs[l].subscribe(cp.index + 1);
+    let next = logs[l]
+        .append(b"after the checkpoint")
+        .unwrap()
+        .wait(Duration::from_secs(5))
+        .unwrap();
+    let (i, data) = sub.next_timeout(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!((i, data.as_slice()), (next, &b"after the checkpoint"[..]));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for log in logs {
         log.close().unwrap();

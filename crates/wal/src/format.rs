@@ -48,6 +48,11 @@ pub enum RecordKind {
     /// Filler to the end of a block. `index`/`term` repeat the previous entry's; the checksum
     /// covers the header only and the payload bytes are don't-care.
     Padding = 2,
+    /// Filler at the very start of a log that begins mid-block (a follower's log restarted
+    /// after a snapshot, at the leader's position): from the first segment's block-aligned
+    /// first Lsn to where the log continues. `index`/`term` are the snapshot's; the checksum
+    /// covers the header only. Valid only as the first record of the first segment.
+    Start = 3,
 }
 
 /// A decoded record header (docs/FORMAT.md, "Record header").
@@ -221,6 +226,7 @@ impl EntryHeader {
         let kind = match bytes[29] {
             1 => RecordKind::Entry,
             2 => RecordKind::Padding,
+            3 => RecordKind::Start,
             found => return Err(DecodeError::Kind { found }),
         };
         if bytes[30] != 0 || bytes[31] != 0 {
@@ -249,7 +255,7 @@ impl EntryHeader {
         let crc = crc32c::crc32c(&header[4..]);
         match kind {
             RecordKind::Entry => crc32c::crc32c_append(crc, payload),
-            RecordKind::Padding => crc,
+            RecordKind::Padding | RecordKind::Start => crc,
         }
     }
 
@@ -290,6 +296,21 @@ pub fn entry_header(lsn: Lsn, index: Index, term: Term, payload: &[u8]) -> [u8; 
 
 /// Builds a padding header at `lsn` that fills `gap_bytes` (at least [`HEADER_BYTES`]).
 pub fn padding_header(lsn: Lsn, gap_bytes: u64, last: (Index, Term)) -> [u8; HEADER_BYTES] {
+    filler_header(RecordKind::Padding, lsn, gap_bytes, last)
+}
+
+/// The header of a [`RecordKind::Start`] record of `gap_bytes` (at least a header) at `lsn`
+/// (block-aligned), for a log whose entry `last.0 + 1` goes at `lsn + gap_bytes`.
+pub fn start_header(lsn: Lsn, gap_bytes: u64, last: (Index, Term)) -> [u8; HEADER_BYTES] {
+    filler_header(RecordKind::Start, lsn, gap_bytes, last)
+}
+
+fn filler_header(
+    kind: RecordKind,
+    lsn: Lsn,
+    gap_bytes: u64,
+    last: (Index, Term),
+) -> [u8; HEADER_BYTES] {
     debug_assert!(gap_bytes >= HEADER_BYTES as u64);
     let header = EntryHeader {
         crc: 0,
@@ -297,10 +318,10 @@ pub fn padding_header(lsn: Lsn, gap_bytes: u64, last: (Index, Term)) -> [u8; HEA
         index: last.0,
         term: last.1,
         lsn_low: lsn.0 as u32,
-        kind: RecordKind::Padding,
+        kind,
     };
     let mut bytes = header.encode();
-    let crc = EntryHeader::checksum(&bytes, RecordKind::Padding, &[]);
+    let crc = EntryHeader::checksum(&bytes, kind, &[]);
     bytes[0..4].copy_from_slice(&crc.to_le_bytes());
     bytes
 }
@@ -380,7 +401,7 @@ pub fn decode_record(bytes: &[u8], lsn: Lsn, block_bytes: u64) -> Result<Decoded
             }
             &bytes[HEADER_BYTES..payload_end]
         }
-        RecordKind::Padding => &[],
+        RecordKind::Padding | RecordKind::Start => &[],
     };
     let computed = EntryHeader::checksum(&head, header.kind, payload);
     if computed != header.crc {
@@ -397,7 +418,7 @@ pub fn decode_record(bytes: &[u8], lsn: Lsn, block_bytes: u64) -> Result<Decoded
 }
 
 /// The index chain rule: each entry's index is the previous entry's plus one and its term is
-/// not lower. Padding records do not advance the chain.
+/// not lower. Padding and start records do not advance the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChainCheck {
     /// The last entry's index.
@@ -409,7 +430,7 @@ pub struct ChainCheck {
 impl ChainCheck {
     /// Checks that `header` may follow and, if so, advances the chain.
     pub fn advance(&mut self, header: &EntryHeader) -> Result<(), DecodeError> {
-        if header.kind == RecordKind::Padding {
+        if header.kind != RecordKind::Entry {
             return Ok(());
         }
         let expected = self.last_index.0.wrapping_add(1);

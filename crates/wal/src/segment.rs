@@ -78,6 +78,17 @@ pub(crate) fn create_segment(
     dir: &Path,
     header: SegmentHeader,
 ) -> io::Result<Segment> {
+    create_segment_with(fs, dir, header, None)
+}
+
+/// As [`create_segment`], with `lead_in` bytes (a start record) at the start of the data area,
+/// written and synced before the segment is renamed into place.
+pub(crate) fn create_segment_with(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    header: SegmentHeader,
+    lead_in: Option<&[u8]>,
+) -> io::Result<Segment> {
     let name = segment_name(header.first_lsn);
     let temp = dir.join(format!("{name}{TEMP_SUFFIX}"));
     let path = dir.join(&name);
@@ -85,6 +96,9 @@ pub(crate) fn create_segment(
         let file = fs.create(&temp)?;
         file.allocate(SEGMENT_DATA_OFFSET + header.data_bytes)?;
         file.write_all_at(&header.encode(), 0)?;
+        if let Some(bytes) = lead_in {
+            file.write_all_at(bytes, SEGMENT_DATA_OFFSET)?;
+        }
         file.sync_data()?;
         fs.rename(&temp, &path)?;
         fs.sync_dir(dir)?;

@@ -210,6 +210,9 @@ struct State {
     first_index: Index,
     prev_term: Term,
     locs: VecDeque<Loc>,
+    /// Where the log's records begin (the position after entry `first_index - 1`): the first
+    /// segment's first Lsn, or past its leading start record after `Wal::restart_at`.
+    start: u64,
     /// End of the stream (buffered entries included) and the last entry.
     last: Position,
     /// Write buffer: stream bytes `[buf_start, buf_start + buf_len)`; its length is fixed.
@@ -346,9 +349,7 @@ impl State {
         let end = self
             .locs
             .back()
-            .map_or(self.segments[0].first_lsn().0, |loc| {
-                loc.lsn + u64::from(loc.record_len)
-            });
+            .map_or(self.start, |loc| loc.lsn + u64::from(loc.record_len));
         self.last = Position {
             lsn: Lsn(end),
             last_index,
@@ -383,6 +384,7 @@ impl Wal {
             first_index: first.first_index,
             prev_term: first.prev_term,
             locs: recovered.locs,
+            start: recovered.start,
             last: recovered.position,
             buf: vec![0; config.max_batch_bytes as usize],
             buf_start: recovered.position.lsn.0,
@@ -1106,7 +1108,7 @@ impl Wal {
         }
         let n = (from.0 - st.first_index.0) as usize;
         let cut = if n == 0 {
-            st.segments[0].first_lsn().0
+            st.start
         } else {
             let loc = st.locs[n - 1];
             loc.lsn + u64::from(loc.record_len)
@@ -1180,6 +1182,102 @@ impl Wal {
         Ok(kept)
     }
 
+    /// Discards the whole log and starts it again, empty, at `start`: the first entry appended
+    /// next is `start.last_index + 1` at `start.lsn`. A follower installing a snapshot that
+    /// covers more than its log holds uses it. Old segments are deleted (with a directory
+    /// fsync) before the new one is created, so a crash in between leaves an empty directory,
+    /// never a mix; the caller records the snapshot durably first and calls this again after
+    /// such a crash. A failure poisons the log.
+    pub fn restart_at(&self, start: Position) -> Result<(), WalError> {
+        if start.lsn.0 % 8 != 0 {
+            return Err(WalError::Config {
+                reason: "a log must start at an 8-aligned lsn",
+            });
+        }
+        let st = self.exclusive()?;
+        let doomed: Vec<Arc<Segment>> = st.segments.iter().cloned().collect();
+        drop(st);
+        let block = self.config.block_bytes;
+        let aligned = start.lsn.0 - start.lsn.0 % block;
+        let result = (|| {
+            for segment in doomed.iter().rev() {
+                self.fs
+                    .remove(&segment.path)
+                    .map_err(|e| (segment.first_lsn(), e))?;
+            }
+            self.fs.sync_dir(&self.dir).map_err(|e| (start.lsn, e))?;
+            let header = SegmentHeader {
+                block_bytes: self.config.block_bytes as u32,
+                cluster_id: self.config.cluster_id,
+                first_index: Index(start.last_index.0 + 1),
+                first_lsn: Lsn(aligned),
+                prev_term: start.last_term,
+                data_bytes: self.config.segment_data_bytes,
+                window_bytes: self.config.max_batch_bytes as u32,
+            };
+            // Segments start on a block boundary; a log that continues mid-block begins with
+            // a start record over the gap, written before the segment is renamed into place.
+            let gap = start.lsn.0 - aligned;
+            let lead_in = (gap > 0).then(|| {
+                format::start_header(Lsn(aligned), gap, (start.last_index, start.last_term))
+            });
+            segment::create_segment_with(
+                &*self.fs,
+                &self.dir,
+                header,
+                lead_in.as_ref().map(|h| &h[..]),
+            )
+            .map_err(|e| (start.lsn, e))
+        })();
+        let mut st = self.lock();
+        match result {
+            Ok(segment) => {
+                st.segments.clear();
+                st.segments.push_back(Arc::new(segment));
+                st.locs.clear();
+                st.start = start.lsn.0;
+                st.first_index = Index(start.last_index.0 + 1);
+                st.prev_term = start.last_term;
+                st.last = start;
+                st.durable = start.lsn.0;
+                st.buf_start = start.lsn.0;
+                st.buf_len = 0;
+                self.end_exclusive(st);
+                Ok(())
+            }
+            Err((segment, error)) => {
+                st.poisoned = Some(Failure::new(segment, start.lsn, &error));
+                self.end_exclusive(st);
+                Err(WalError::SegmentCreate {
+                    segment,
+                    source: error,
+                })
+            }
+        }
+    }
+
+    /// The log position right after entry `index` (where entry `index + 1` goes), if the log
+    /// holds `index` or it is the entry just before the first one held.
+    pub fn position_after(&self, index: Index) -> Option<Position> {
+        let st = self.lock();
+        if index.0 + 1 == st.first_index.0 {
+            return Some(Position {
+                lsn: Lsn(st.start),
+                last_index: index,
+                last_term: st.prev_term,
+            });
+        }
+        if index < st.first_index || index > st.last_index() {
+            return None;
+        }
+        let loc = st.locs[(index.0 - st.first_index.0) as usize];
+        Some(Position {
+            lsn: Lsn(loc.lsn + u64::from(loc.record_len)),
+            last_index: index,
+            last_term: loc.term,
+        })
+    }
+
     /// Deletes whole segments all of whose entries have an index below `checkpoint` (entries
     /// covered by a snapshot). The segment holding `checkpoint` and the last segment stay.
     /// Returns the new first index.
@@ -1217,6 +1315,9 @@ impl Wal {
         let dropped = (first.first_index.0 - st.first_index.0) as usize;
         let held = st.locs.len();
         st.locs.drain(..dropped.min(held));
+        if removed > 0 {
+            st.start = first.first_lsn.0;
+        }
         st.first_index = first.first_index;
         st.prev_term = first.prev_term;
         let first_index = st.first_index;
@@ -1414,6 +1515,9 @@ fn zero_range(segment: &Segment, start: u64, end: u64) -> io::Result<()> {
 }
 
 struct Recovered {
+    /// Where the log's records begin: the first segment's first Lsn, or the end of its
+    /// leading start record.
+    start: u64,
     segments: VecDeque<Arc<Segment>>,
     locs: VecDeque<Loc>,
     position: Position,
@@ -1549,6 +1653,7 @@ fn scan(
     };
     let mut locs = VecDeque::with_capacity(INITIAL_INDEX_CAPACITY);
     let mut entry_end = first.first_lsn.0;
+    let mut log_start = first.first_lsn.0;
     let mut data = Vec::new();
     let mut bad: Option<(usize, u64, DecodeError)> = None;
     'segments: for (i, segment) in segments.iter().enumerate() {
@@ -1576,8 +1681,20 @@ fn scan(
                 chain.advance(&decoded.header)?;
                 Ok(decoded)
             });
+            let checked = checked.and_then(|decoded| {
+                if decoded.header.kind == RecordKind::Start && (i > 0 || pos != base) {
+                    return Err(DecodeError::Kind {
+                        found: RecordKind::Start as u8,
+                    });
+                }
+                Ok(decoded)
+            });
             match checked {
                 Ok(decoded) => {
+                    if decoded.header.kind == RecordKind::Start {
+                        entry_end = pos + decoded.record_len;
+                        log_start = entry_end;
+                    }
                     if decoded.header.kind == RecordKind::Entry {
                         locs.push_back(Loc {
                             lsn: pos,
@@ -1640,6 +1757,7 @@ fn scan(
         }
     }
     Ok(Recovered {
+        start: log_start,
         segments,
         locs,
         position,
