@@ -47,6 +47,7 @@
 #![allow(clippy::field_reassign_with_default)]
 
 pub mod log;
+pub mod logging;
 mod mutation;
 pub mod node;
 pub mod sim;
@@ -56,7 +57,10 @@ pub mod wire;
 use std::path::PathBuf;
 
 pub use log::{AppendHandle, Log, LogOptions, PollMode, Subscription};
-pub use node::{Checkpoint, Committed, PeerStatus, Replica, ReplicaStats, Role, Status, Ticket};
+pub use node::{
+    COMPLETION_STATUSES, Checkpoint, Committed, PeerStatus, Replica, ReplicaStats, Role, Status,
+    Ticket,
+};
 pub use wal::Durability;
 
 /// Configuration of one replica.

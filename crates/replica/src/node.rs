@@ -131,7 +131,25 @@ pub struct ReplicaStats {
     /// Follower: snapshot chunks dropped (out of order, from another sender, or larger than
     /// `max_snapshot_bytes`); the leader sends the snapshot again.
     pub snapshot_chunks_dropped: u64,
+    /// Work completions by status: success, remote access (fenced), retry exceeded (dead
+    /// peer), RNR retry exceeded, flushed (connection broke first).
+    pub completions: [u64; 5],
+    /// The wal's group-commit flushes (writes and fdatasync) since open.
+    pub fsyncs: u64,
+    /// Their total time, in ns.
+    pub fsync_total_ns: u64,
+    /// The longest, in ns.
+    pub fsync_max_ns: u64,
 }
+
+/// The labels of [`ReplicaStats::completions`], in order.
+pub const COMPLETION_STATUSES: [&str; 5] = [
+    "success",
+    "remote_access",
+    "retry_exceeded",
+    "rnr_retry_exceeded",
+    "flushed",
+];
 
 /// A snapshot of the replica's state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +193,8 @@ pub struct PeerStatus {
     pub has_ring: bool,
     /// Whether the fast-path invariant currently holds for it (leader only).
     pub fast_path: bool,
+    /// The highest index known replicated to it (leader only; 0 otherwise).
+    pub matched: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -451,7 +471,7 @@ impl<F: Fabric> Replica<F> {
         if let Some(snap) = snapshot {
             storage.set_snapshot(snap);
         }
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let logger = crate::logging::raft_logger(cfg.id);
         let raw = RawNode::new(&rc, storage, &logger)?;
         let dummy = Event::Disconnected {
             peer: NodeId(0),
@@ -792,7 +812,15 @@ impl<F: Fabric> Replica<F> {
                 v.sort_unstable();
                 v
             },
-            stats: self.stats,
+            stats: {
+                let (n, total, max) = self.wal.sync_stats();
+                ReplicaStats {
+                    fsyncs: n,
+                    fsync_total_ns: total.as_nanos() as u64,
+                    fsync_max_ns: max.as_nanos() as u64,
+                    ..self.stats
+                }
+            },
             peers: self
                 .peers
                 .iter()
@@ -801,6 +829,7 @@ impl<F: Fabric> Replica<F> {
                     conn: self.fabric.conn_state(NodeId(id)),
                     has_ring: p.remote.is_some(),
                     fast_path: p.fast_end.is_some(),
+                    matched: self.raw.raft.prs().get(id).map_or(0, |pr| pr.matched),
                 })
                 .collect(),
         }
@@ -945,6 +974,16 @@ impl<F: Fabric> Replica<F> {
     }
 
     fn handle_event(&mut self, e: Event) -> Result<(), ReplicaError> {
+        if let Event::Completion(c) = &e {
+            self.stats.completions[match c.status {
+                WcStatus::Success => 0,
+                WcStatus::RemoteAccess => 1,
+                WcStatus::RetryExceeded => 2,
+                WcStatus::RnrRetryExceeded => 3,
+                // Flushed, and any status a later fabric adds (the enum is non-exhaustive).
+                _ => 4,
+            }] += 1;
+        }
         match e {
             Event::Completion(c) => match c.op {
                 WcOp::Recv => {

@@ -240,6 +240,9 @@ struct State {
     expected_waiters: usize,
     /// How long the last batch's writes and fdatasync took.
     last_sync: Duration,
+    /// Total and longest time of the batches' writes and fdatasyncs since open.
+    sync_total: Duration,
+    sync_max: Duration,
     /// A leader gathering a batch, unparked when the expected waiters are in.
     gatherer: Option<Thread>,
     /// An appender found no room in `buf`: a gathering leader stops waiting.
@@ -400,6 +403,8 @@ impl Wal {
             batch_waiters: 0,
             expected_waiters: 0,
             last_sync: Duration::ZERO,
+            sync_total: Duration::ZERO,
+            sync_max: Duration::ZERO,
             gatherer: None,
             buf_full: false,
             wake_list: Vec::with_capacity(INITIAL_WAITER_CAPACITY),
@@ -889,6 +894,8 @@ impl Wal {
                 st.durable = end;
                 st.completed_epoch = epoch;
                 st.last_sync = took;
+                st.sync_total += took;
+                st.sync_max = st.sync_max.max(took);
                 self.completed_epoch.store(epoch, Ordering::Release);
                 Ok(self.wake_completed(st))
             }
@@ -1436,6 +1443,13 @@ impl Wal {
     /// of durable appends divided by this is the mean batch size.
     pub fn batch_count(&self) -> u64 {
         self.completed_epoch.load(Ordering::Acquire)
+    }
+
+    /// Group-commit flushes since open: (count, total time, longest), each a batch's writes
+    /// and its fdatasync.
+    pub fn sync_stats(&self) -> (u64, Duration, Duration) {
+        let st = self.lock();
+        (self.batch_count(), st.sync_total, st.sync_max)
     }
 
     /// Number of segment files.
