@@ -425,6 +425,28 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
         self.shared.lock().ticket_status(self.ticket)
     }
 
+    /// The outcome if the entry is resolved (committed, superseded, or the log failed);
+    /// `None` while it is pending. Never blocks.
+    pub fn try_result(&self) -> Option<Result<u64, ReplicaError>> {
+        self.status()
+    }
+
+    /// Waits at most `timeout` for the entry to resolve, without consuming the handle;
+    /// `None` if it is still pending.
+    pub fn wait_for(&self, timeout: Duration) -> Option<Result<u64, ReplicaError>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.status() {
+                return Some(r);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.shared.wait_progress(left);
+        }
+    }
+
     /// Blocks until the entry is committed, superseded, the log closes, or `timeout` passes.
     pub fn wait(self, timeout: Duration) -> Result<u64, ReplicaError> {
         let deadline = Instant::now() + timeout;

@@ -1,5 +1,250 @@
-//! The rdmalog-server binary, its TCP client protocol, and the rdmalog CLI.
+//! `rdmalog-server`: one replica of the log behind the TCP client protocol (`proto`), with TLS,
+//! roles, bounded connections and requests, a Prometheus `/metrics` and a `/status` JSON
+//! endpoint, and graceful shutdown.
 //!
-//! Not built yet: see ARCHITECTURE.md for the plan and the open issues for the work.
+//! The server is a library over any [`fabric::Fabric`], so tests run whole clusters of real
+//! servers (real TCP, real TLS) over the in-process fabric; `rdmalog-server` (`main.rs`) runs
+//! one over RDMA from a TOML configuration ([`config`]).
+//!
+//! Threads: one accept loop, one thread per client connection (at most
+//! [`ServerOptions::max_connections`]), one for the metrics endpoint. A connection answers its
+//! requests in order and keeps at most [`ServerOptions::max_in_flight`] of them pending
+//! (appends waiting for their commit); it stops reading until one resolves.
 
 #![deny(unsafe_code)]
+
+pub mod config;
+mod conn;
+mod metrics;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use fabric::Fabric;
+use proto::{NodeInfo, Role};
+use replica::Log;
+
+pub use metrics::Metrics;
+
+/// How a server serves clients.
+#[derive(Clone)]
+pub struct ServerOptions {
+    /// This node's id.
+    pub node_id: u64,
+    /// The cluster id clients must name.
+    pub cluster_id: u64,
+    /// Every member's client address, this node's included (what redirects and `Status`
+    /// tell clients).
+    pub members: Vec<NodeInfo>,
+    /// Where to listen for clients.
+    pub client_listen: SocketAddr,
+    /// TLS on the client port; `None` is plain TCP, which the configuration must ask for
+    /// explicitly.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Tokens and the role each grants.
+    pub tokens: HashMap<String, Role>,
+    /// The role of a client without a token; `None` refuses it.
+    pub anonymous_role: Option<Role>,
+    /// Most open client connections; more are told `Busy` and closed.
+    pub max_connections: usize,
+    /// Most requests pending on one connection.
+    pub max_in_flight: usize,
+    /// Largest frame body accepted.
+    pub max_frame_bytes: u32,
+    /// Longest a frame may take to arrive once it started (slow-loris bound), and the
+    /// longest the TLS handshake and the hello may take.
+    pub frame_timeout: Duration,
+    /// A connection with nothing pending and no frame for this long is closed.
+    pub idle_timeout: Duration,
+    /// Longest an append waits for its commit before answering `Timeout`.
+    pub append_timeout: Duration,
+    /// Where to serve `/metrics` and `/status`; `None` serves none.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Tokens are secrets: show how many there are, never what they are.
+        f.debug_struct("ServerOptions")
+            .field("node_id", &self.node_id)
+            .field("cluster_id", &self.cluster_id)
+            .field("members", &self.members)
+            .field("client_listen", &self.client_listen)
+            .field("tls", &self.tls.is_some())
+            .field("tokens", &self.tokens.len())
+            .field("anonymous_role", &self.anonymous_role)
+            .field("max_connections", &self.max_connections)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerOptions {
+    /// Plain-TCP options with sane defaults (tests and embedded use); the configuration file
+    /// builds its own.
+    pub fn new(node_id: u64, cluster_id: u64, client_listen: SocketAddr) -> Self {
+        ServerOptions {
+            node_id,
+            cluster_id,
+            members: Vec::new(),
+            client_listen,
+            tls: None,
+            tokens: HashMap::new(),
+            anonymous_role: Some(Role::ReadWrite),
+            max_connections: 1024,
+            max_in_flight: 256,
+            max_frame_bytes: proto::DEFAULT_MAX_FRAME_BYTES,
+            frame_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            append_timeout: Duration::from_secs(10),
+            metrics_listen: None,
+        }
+    }
+
+    fn member(&self, id: u64) -> Option<NodeInfo> {
+        self.members.iter().find(|m| m.id == id).cloned()
+    }
+}
+
+/// What the connection threads share.
+struct Shared<F: Fabric + Send + 'static> {
+    opts: ServerOptions,
+    log: Arc<Log<F>>,
+    metrics: Metrics,
+    shutting_down: AtomicBool,
+    connections: AtomicUsize,
+}
+
+/// A running server.
+pub struct ServerHandle<F: Fabric + Send + 'static> {
+    shared: Arc<Shared<F>>,
+    client_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl<F: Fabric + Send + 'static> std::fmt::Debug for ServerHandle<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("client_addr", &self.client_addr)
+            .field("metrics_addr", &self.metrics_addr)
+            .finish()
+    }
+}
+
+/// Starts serving `log` to clients.
+pub fn start<F: Fabric + Send + 'static>(
+    opts: ServerOptions,
+    log: Arc<Log<F>>,
+) -> std::io::Result<ServerHandle<F>> {
+    let listener = TcpListener::bind(opts.client_listen)?;
+    let client_addr = listener.local_addr()?;
+    let metrics_listener = opts.metrics_listen.map(TcpListener::bind).transpose()?;
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    let shared = Arc::new(Shared {
+        opts,
+        log,
+        metrics: Metrics::default(),
+        shutting_down: AtomicBool::new(false),
+        connections: AtomicUsize::new(0),
+    });
+    if let Some(l) = metrics_listener {
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || metrics::serve(l, &s))?;
+    }
+    listener.set_nonblocking(true)?;
+    let s = shared.clone();
+    let accept = std::thread::Builder::new()
+        .name("accept".into())
+        .spawn(move || accept_loop(listener, s))?;
+    tracing::info!(%client_addr, ?metrics_addr, "serving clients");
+    Ok(ServerHandle {
+        shared,
+        client_addr,
+        metrics_addr,
+        accept: Some(accept),
+    })
+}
+
+fn accept_loop<F: Fabric + Send + 'static>(listener: TcpListener, shared: Arc<Shared<F>>) {
+    while !shared.shutting_down.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                shared
+                    .metrics
+                    .connections_total
+                    .fetch_add(1, Ordering::Relaxed);
+                let open = shared.connections.fetch_add(1, Ordering::AcqRel) + 1;
+                let s = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("client {peer}"))
+                    .spawn(move || {
+                        conn::serve(&s, stream, peer, open > s.opts.max_connections);
+                        s.connections.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(%peer, error = %e, "cannot start a connection thread");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+impl<F: Fabric + Send + 'static> ServerHandle<F> {
+    /// Where clients connect.
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    /// Where `/metrics` and `/status` are served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The log it serves.
+    pub fn log(&self) -> &Arc<Log<F>> {
+        &self.shared.log
+    }
+
+    /// Open client connections.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting, lets pending appends resolve for up to `grace`, then answers what is
+    /// left with `ShuttingDown` and closes every connection. The log itself stays open: the
+    /// caller closes it (which flushes it) after this returns.
+    pub fn shutdown(mut self, grace: Duration) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+        let deadline = std::time::Instant::now() + grace + Duration::from_secs(1);
+        while self.connections() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tracing::info!(
+            left = self.connections(),
+            "client connections closed; the server has stopped"
+        );
+    }
+}

@@ -1,0 +1,527 @@
+//! The server's TOML configuration, checked up front with errors that name the bad key.
+//! `ops/config/` has commented examples; every key is listed in [`ServerFile`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use proto::Role;
+use serde::Deserialize;
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: `{key}`: {reason}")]
+pub struct ConfigError {
+    /// The configuration file.
+    pub file: String,
+    /// The key at fault, as a dotted path.
+    pub key: String,
+    /// What is wrong and what is expected.
+    pub reason: String,
+}
+
+/// A number written as an integer or as a `"0x..."` string.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum Id {
+    /// `cluster_id = 427`
+    Int(u64),
+    /// `cluster_id = "0x1ab"`
+    Text(HexOrDec),
+}
+
+/// A `"0x..."` or decimal string.
+#[derive(Debug, Clone, Copy)]
+pub struct HexOrDec(pub Option<u64>);
+
+impl<'de> Deserialize<'de> for HexOrDec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(HexOrDec(match s.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => s.parse().ok(),
+        }))
+    }
+}
+
+/// The file, as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    /// This node's id (1..).
+    pub node_id: u64,
+    /// The cluster id (integer or "0x..." string); peers and clients of another are refused.
+    pub cluster_id: Id,
+    /// Segments, raft state and checkpoints.
+    pub data_dir: PathBuf,
+    /// "fsync" (default) or "memory".
+    #[serde(default)]
+    pub durability: Option<String>,
+    /// Under memory durability: the tmpfs directory of the ring files (default /dev/shm).
+    #[serde(default)]
+    pub ring_dir: Option<PathBuf>,
+    /// Ring size in MiB (a power of two; default 8).
+    #[serde(default)]
+    pub ring_mib: Option<u64>,
+    /// Segment file size in MiB (default 64).
+    #[serde(default)]
+    pub segment_mib: Option<u64>,
+    /// The RDMA side.
+    pub rdma: RdmaSection,
+    /// The other members.
+    #[serde(default)]
+    pub peers: Vec<PeerSection>,
+    /// Raft timing.
+    #[serde(default)]
+    pub raft: RaftSection,
+    /// The replica's driver thread.
+    #[serde(default)]
+    pub poll: PollSection,
+    /// The client port.
+    pub client: ClientSection,
+    /// TLS on the client port (required unless `client.plaintext = true`).
+    #[serde(default)]
+    pub tls: Option<TlsSection>,
+    /// Tokens and roles.
+    #[serde(default)]
+    pub auth: AuthSection,
+    /// The metrics endpoint.
+    #[serde(default)]
+    pub metrics: Option<MetricsSection>,
+}
+
+/// `[rdma]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaSection {
+    /// Address on this host's RDMA netdev, e.g. "192.0.2.11:7700".
+    pub listen: SocketAddr,
+    /// RDMA device name (e.g. "mlx5_0"); found from `listen`'s address when absent.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Cluster secret file (owner-only, at least 16 bytes).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// QP local ACK timeout exponent (4.096 us x 2^N), 1..=31 (default 14).
+    #[serde(default)]
+    pub qp_timeout: Option<u8>,
+    /// QP retries, 0..=7 (default 7).
+    #[serde(default)]
+    pub qp_retry: Option<u8>,
+}
+
+/// `[[peers]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    /// Its node id.
+    pub id: u64,
+    /// Its RDMA address.
+    pub rdma: SocketAddr,
+    /// Its client address, as clients reach it (what redirects name).
+    pub client: String,
+}
+
+/// `[raft]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RaftSection {
+    /// Tick length in ms (default 20).
+    #[serde(default = "d_tick")]
+    pub tick_ms: u64,
+    /// Ticks without a leader before an election (default 20).
+    #[serde(default = "d_election")]
+    pub election_ticks: usize,
+    /// Ticks between heartbeats (default 3).
+    #[serde(default = "d_heartbeat")]
+    pub heartbeat_ticks: usize,
+}
+
+fn d_tick() -> u64 {
+    20
+}
+fn d_election() -> usize {
+    20
+}
+fn d_heartbeat() -> usize {
+    3
+}
+
+impl Default for RaftSection {
+    fn default() -> Self {
+        RaftSection {
+            tick_ms: d_tick(),
+            election_ticks: d_election(),
+            heartbeat_ticks: d_heartbeat(),
+        }
+    }
+}
+
+/// `[poll]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PollSection {
+    /// "busy", "adaptive" (default) or "event".
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Core to pin the driver thread to.
+    #[serde(default)]
+    pub pin_core: Option<usize>,
+}
+
+/// `[client]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSection {
+    /// Where clients connect, e.g. "0.0.0.0:7600".
+    pub listen: SocketAddr,
+    /// How clients reach this node (what redirects name); default: `listen`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Serve plain TCP instead of TLS. Must be said explicitly.
+    #[serde(default)]
+    pub plaintext: bool,
+    /// Most open connections (default 1024).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Most requests pending per connection (default 256).
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
+    /// Largest frame in bytes (default 16 MiB, at most 64 MiB).
+    #[serde(default)]
+    pub max_frame_bytes: Option<u32>,
+    /// Longest a frame, the hello or the TLS handshake may take, in ms (default 10000).
+    #[serde(default)]
+    pub frame_timeout_ms: Option<u64>,
+    /// Idle connections close after this many ms (default 300000).
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Longest an append waits for its commit, in ms (default 10000).
+    #[serde(default)]
+    pub append_timeout_ms: Option<u64>,
+}
+
+/// `[tls]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// Server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs (PEM).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// `[auth]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// Role of a client without a token: "none", "read-only" (default), "read-write", "admin".
+    #[serde(default)]
+    pub anonymous_role: Option<String>,
+    /// Tokens.
+    #[serde(default)]
+    pub tokens: Vec<TokenSection>,
+}
+
+/// `[[auth.tokens]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSection {
+    /// A file holding the token (owner-only), so it stays out of the configuration.
+    pub token_file: PathBuf,
+    /// "read-only", "read-write" or "admin".
+    pub role: String,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Where to serve /metrics and /status, e.g. "127.0.0.1:9600".
+    pub listen: SocketAddr,
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// What was read.
+    pub file: ServerFile,
+    /// Cluster id.
+    pub cluster_id: u64,
+    /// Durability.
+    pub durability: replica::Durability,
+    /// Tokens read from their files, and their roles.
+    pub tokens: HashMap<String, Role>,
+    /// Anonymous role.
+    pub anonymous_role: Option<Role>,
+}
+
+impl ServerConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            key: "(file)".into(),
+            reason: format!("cannot read it: {e}"),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks `text` (`name` names it in errors).
+    pub fn parse(text: &str, name: &str) -> Result<ServerConfig, ConfigError> {
+        let file: ServerFile = toml::from_str(text).map_err(|e| ConfigError {
+            file: name.into(),
+            key: e
+                .span()
+                .map(|s| {
+                    let line = text[..s.start].lines().count().max(1);
+                    format!("line {line}")
+                })
+                .unwrap_or_else(|| "(syntax)".into()),
+            reason: e.message().to_string(),
+        })?;
+        Self::check(file, name)
+    }
+
+    /// Checks a parsed file.
+    pub fn check(file: ServerFile, name: &str) -> Result<ServerConfig, ConfigError> {
+        let bad = |key: &str, reason: String| ConfigError {
+            file: name.into(),
+            key: key.into(),
+            reason,
+        };
+        if file.node_id == 0 {
+            return Err(bad("node_id", "node ids start at 1".into()));
+        }
+        let cluster_id = match file.cluster_id {
+            Id::Int(v) => v,
+            Id::Text(HexOrDec(Some(v))) => v,
+            Id::Text(HexOrDec(None)) => {
+                return Err(bad(
+                    "cluster_id",
+                    "expected an integer or a \"0x...\" hex string".into(),
+                ));
+            }
+        };
+        let durability = match file.durability.as_deref().unwrap_or("fsync") {
+            "fsync" => replica::Durability::Fsync,
+            "memory" => replica::Durability::Memory,
+            other => {
+                return Err(bad(
+                    "durability",
+                    format!("expected \"fsync\" or \"memory\", not \"{other}\""),
+                ));
+            }
+        };
+        if let Some(r) = file.ring_mib {
+            if !r.is_power_of_two() || r > 4096 {
+                return Err(bad(
+                    "ring_mib",
+                    format!("expected a power of two up to 4096, not {r}"),
+                ));
+            }
+        }
+        if let Some(s) = file.segment_mib {
+            if s == 0 || s > 65536 {
+                return Err(bad("segment_mib", format!("expected 1..=65536, not {s}")));
+            }
+        }
+        if let Some(t) = file.rdma.qp_timeout {
+            if !(1..=31).contains(&t) {
+                return Err(bad("rdma.qp_timeout", format!("expected 1..=31, not {t}")));
+            }
+        }
+        if let Some(r) = file.rdma.qp_retry {
+            if r > 7 {
+                return Err(bad("rdma.qp_retry", format!("expected 0..=7, not {r}")));
+            }
+        }
+        let mut ids = vec![file.node_id];
+        for (k, p) in file.peers.iter().enumerate() {
+            if ids.contains(&p.id) || p.id == 0 {
+                return Err(bad(
+                    &format!("peers[{k}].id"),
+                    format!("node id {} is zero or used twice", p.id),
+                ));
+            }
+            ids.push(p.id);
+            if p.client.parse::<SocketAddr>().is_err() && !p.client.contains(':') {
+                return Err(bad(
+                    &format!("peers[{k}].client"),
+                    format!("expected host:port, not \"{}\"", p.client),
+                ));
+            }
+        }
+        let r = &file.raft;
+        if r.tick_ms == 0 || r.heartbeat_ticks == 0 || r.election_ticks <= r.heartbeat_ticks {
+            return Err(bad(
+                "raft",
+                "tick_ms and heartbeat_ticks must be positive, election_ticks above heartbeat_ticks"
+                    .into(),
+            ));
+        }
+        if let Some(m) = &file.poll.mode {
+            if !["busy", "adaptive", "event"].contains(&m.as_str()) {
+                return Err(bad(
+                    "poll.mode",
+                    format!("expected \"busy\", \"adaptive\" or \"event\", not \"{m}\""),
+                ));
+            }
+        }
+        let c = &file.client;
+        if let Some(m) = c.max_frame_bytes {
+            if !(1024..=proto::MAX_FRAME_LIMIT).contains(&m) {
+                return Err(bad(
+                    "client.max_frame_bytes",
+                    format!("expected 1024..={}, not {m}", proto::MAX_FRAME_LIMIT),
+                ));
+            }
+        }
+        for (key, v) in [
+            ("client.max_connections", c.max_connections),
+            ("client.max_in_flight", c.max_in_flight),
+        ] {
+            if v == Some(0) {
+                return Err(bad(key, "must be positive".into()));
+            }
+        }
+        match (&file.tls, c.plaintext) {
+            (None, false) => {
+                return Err(bad(
+                    "tls",
+                    "the client port needs TLS: add a [tls] section with cert and key, or set client.plaintext = true to serve plain TCP".into(),
+                ));
+            }
+            (Some(_), true) => {
+                return Err(bad(
+                    "client.plaintext",
+                    "plaintext = true and a [tls] section contradict each other".into(),
+                ));
+            }
+            (Some(t), false) => {
+                for (key, p) in [
+                    ("tls.cert", Some(&t.cert)),
+                    ("tls.key", Some(&t.key)),
+                    ("tls.client_ca", t.client_ca.as_ref()),
+                ] {
+                    if let Some(p) = p {
+                        if !p.is_file() {
+                            return Err(bad(
+                                key,
+                                format!("{} is not a readable file", p.display()),
+                            ));
+                        }
+                    }
+                }
+            }
+            (None, true) => {}
+        }
+        let role = |key: &str, s: &str| {
+            Role::parse(s).ok_or_else(|| {
+                bad(
+                    key,
+                    format!("expected \"read-only\", \"read-write\" or \"admin\", not \"{s}\""),
+                )
+            })
+        };
+        let anonymous_role = match file.auth.anonymous_role.as_deref().unwrap_or("read-only") {
+            "none" => None,
+            s => Some(role("auth.anonymous_role", s)?),
+        };
+        let mut tokens = HashMap::new();
+        for (k, t) in file.auth.tokens.iter().enumerate() {
+            let key = format!("auth.tokens[{k}].token_file");
+            let text = std::fs::read_to_string(&t.token_file)
+                .map_err(|e| bad(&key, format!("cannot read {}: {e}", t.token_file.display())))?;
+            let token = text.trim().to_string();
+            if token.len() < 16 {
+                return Err(bad(&key, "a token must have at least 16 characters".into()));
+            }
+            let r = role(&format!("auth.tokens[{k}].role"), &t.role)?;
+            if tokens.insert(token, r).is_some() {
+                return Err(bad(&key, "the same token is listed twice".into()));
+            }
+        }
+        Ok(ServerConfig {
+            file,
+            cluster_id,
+            durability,
+            tokens,
+            anonymous_role,
+        })
+    }
+
+    /// The client address this node advertises.
+    pub fn advertise(&self) -> String {
+        self.file
+            .client
+            .advertise
+            .clone()
+            .unwrap_or_else(|| self.file.client.listen.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+node_id = 1
+cluster_id = "0x1ab"
+data_dir = "/var/lib/rdmalog"
+[rdma]
+listen = "192.0.2.11:7700"
+[[peers]]
+id = 2
+rdma = "192.0.2.12:7700"
+client = "192.0.2.12:7600"
+[client]
+listen = "0.0.0.0:7600"
+plaintext = true
+"#;
+
+    #[test]
+    fn a_good_file_parses_with_defaults() {
+        let c = ServerConfig::parse(GOOD, "t.toml").unwrap();
+        assert_eq!(c.cluster_id, 0x1ab);
+        assert_eq!(c.durability, replica::Durability::Fsync);
+        assert_eq!(c.anonymous_role, Some(Role::ReadOnly));
+        assert_eq!(c.file.raft.tick_ms, 20);
+        assert_eq!(c.advertise(), "0.0.0.0:7600");
+    }
+
+    #[test]
+    fn errors_name_the_bad_key() {
+        let cases = [
+            (GOOD.replace("plaintext = true", ""), "`tls`"),
+            (GOOD.replace("\"0x1ab\"", "\"0xzz\""), "`cluster_id`"),
+            (
+                GOOD.replace("node_id = 1", "node_id = 1\ndurability = \"disk\""),
+                "`durability`",
+            ),
+            (GOOD.replace("id = 2", "id = 1"), "`peers[0].id`"),
+            (
+                GOOD.replace("plaintext = true", "plaintext = true\nmax_frame_bytes = 1"),
+                "`client.max_frame_bytes`",
+            ),
+            (
+                GOOD.replace("node_id = 1", "node_id = 1\nring_mib = 3"),
+                "`ring_mib`",
+            ),
+            (
+                GOOD.replace("[client]", "[client]\nbogus = 1"),
+                "unknown field `bogus`",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = ServerConfig::parse(&text, "t.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e} should mention {want}");
+            assert!(e.starts_with("t.toml: "), "{e}");
+        }
+    }
+}

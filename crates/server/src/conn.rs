@@ -1,0 +1,724 @@
+//! One client connection: TLS handshake (if configured), the hello, then requests answered in
+//! order, with at most `max_in_flight` pending.
+//!
+//! One thread per connection. While nothing is pending it blocks in `read` (with a short
+//! timeout, to notice a shutdown); while appends are pending or a tail streams, it alternates
+//! a non-blocking read with a wait of at most 1 ms on the oldest pending append, which wakes
+//! as soon as it commits.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use fabric::Fabric;
+use proto::{Entry, ErrorCode, FrameError, NodeStatus, PROTOCOL_VERSION, Request, Response, Role};
+use replica::{AppendHandle, ReplicaError, Subscription};
+
+use crate::Shared;
+
+/// Most payload bytes in one `Entries` frame of a tail.
+const TAIL_BATCH_BYTES: usize = 1 << 20;
+
+/// A byte stream with its TCP socket underneath (plain or TLS).
+trait Stream: Read + Write {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Stream for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Stream for rustls::StreamOwned<rustls::ServerConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+/// The name of a replica role in status answers.
+pub(crate) fn role_name(r: replica::Role) -> &'static str {
+    match r {
+        replica::Role::Leader => "leader",
+        replica::Role::Follower => "follower",
+        replica::Role::Candidate => "candidate",
+    }
+}
+
+/// Serves one connection until it closes, fails or the server shuts down.
+pub(crate) fn serve<F: Fabric + Send + 'static>(
+    shared: &Shared<F>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    over_limit: bool,
+) {
+    let _ = tcp.set_nodelay(true);
+    let _ = tcp.set_nonblocking(false);
+    let _ = tcp.set_write_timeout(Some(shared.opts.frame_timeout));
+    let _ = tcp.set_read_timeout(Some(shared.opts.frame_timeout));
+    match &shared.opts.tls {
+        None => run(shared, tcp, peer, over_limit),
+        Some(cfg) => {
+            let conn = match rustls::ServerConnection::new(cfg.clone()) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "cannot start TLS");
+                    return;
+                }
+            };
+            let mut s = rustls::StreamOwned::new(conn, tcp);
+            while s.conn.is_handshaking() {
+                if let Err(e) = s.conn.complete_io(&mut s.sock) {
+                    shared
+                        .metrics
+                        .rejected_connections
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed; connection refused");
+                    return;
+                }
+            }
+            run(shared, s, peer, over_limit);
+        }
+    }
+}
+
+enum Pending<F: Fabric + Send + 'static> {
+    Ready(Response),
+    Append {
+        id: u64,
+        handles: Vec<AppendHandle<F>>,
+        start: Instant,
+    },
+    Members {
+        id: u64,
+        handle: AppendHandle<F>,
+        start: Instant,
+    },
+}
+
+struct Conn<'a, F: Fabric + Send + 'static, S: Stream> {
+    shared: &'a Shared<F>,
+    s: S,
+    peer: SocketAddr,
+    buf: Vec<u8>,
+    frame_started: Option<Instant>,
+    last_frame: Instant,
+    nonblocking: bool,
+    role: Role,
+    pending: VecDeque<Pending<F>>,
+    tail: Option<(u64, Subscription<F>)>,
+}
+
+/// Why a connection ends.
+enum End {
+    /// The client closed it, or it broke.
+    Gone,
+    /// Bad input or a policy: tell the client, count it, close.
+    Refuse(ErrorCode, String),
+}
+
+fn run<F: Fabric + Send + 'static, S: Stream>(
+    shared: &Shared<F>,
+    s: S,
+    peer: SocketAddr,
+    over_limit: bool,
+) {
+    let mut c = Conn {
+        shared,
+        s,
+        peer,
+        buf: Vec::new(),
+        frame_started: None,
+        last_frame: Instant::now(),
+        nonblocking: false,
+        role: Role::ReadOnly,
+        pending: VecDeque::new(),
+        tail: None,
+    };
+    let end = if over_limit {
+        End::Refuse(
+            ErrorCode::Busy,
+            format!(
+                "the server already serves its limit of {} connections; retry later or use another node",
+                shared.opts.max_connections
+            ),
+        )
+    } else {
+        match c.hello() {
+            Ok(()) => c.requests(),
+            Err(e) => e,
+        }
+    };
+    if let End::Refuse(code, message) = end {
+        if code != ErrorCode::ShuttingDown {
+            shared
+                .metrics
+                .rejected_connections
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::info!(peer = %c.peer, ?code, %message, "closing a client connection");
+        let _ = c.send(&Response::Error {
+            id: None,
+            code,
+            message,
+        });
+    }
+}
+
+impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
+    fn set_nonblocking(&mut self, on: bool) {
+        if self.nonblocking != on {
+            let _ = self.s.tcp().set_nonblocking(on);
+            self.nonblocking = on;
+        }
+    }
+
+    fn send(&mut self, r: &Response) -> Result<(), End> {
+        self.set_nonblocking(false);
+        if matches!(r, Response::Error { .. } | Response::Redirect { .. }) {
+            self.shared
+                .metrics
+                .request_errors
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        proto::write_frame(&mut self.s, r).map_err(|_| End::Gone)
+    }
+
+    /// Reads what is available and returns a frame once one is complete. Blocks only in
+    /// blocking mode, up to the socket's read timeout.
+    fn poll_frame(&mut self) -> Result<Option<Request>, End> {
+        let max = self.shared.opts.max_frame_bytes;
+        loop {
+            if self.buf.len() >= 4 {
+                let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes"));
+                if len > max {
+                    return Err(End::Refuse(
+                        ErrorCode::TooLarge,
+                        format!("a frame of {len} bytes exceeds this server's {max}-byte limit"),
+                    ));
+                }
+                let end = 4 + len as usize;
+                if self.buf.len() >= end {
+                    let r = proto::decode_body(&self.buf[4..end], max);
+                    self.buf.drain(..end);
+                    self.frame_started = (!self.buf.is_empty()).then(Instant::now);
+                    self.last_frame = Instant::now();
+                    return match r {
+                        Ok(req) => Ok(Some(req)),
+                        Err(e) => Err(End::Refuse(ErrorCode::Malformed, e.to_string())),
+                    };
+                }
+            }
+            if let Some(t) = self.frame_started {
+                if t.elapsed() > self.shared.opts.frame_timeout {
+                    return Err(End::Refuse(
+                        ErrorCode::Malformed,
+                        format!(
+                            "a frame took longer than {:?} to arrive; closing (slow client)",
+                            self.shared.opts.frame_timeout
+                        ),
+                    ));
+                }
+            }
+            let mut tmp = [0u8; 16 << 10];
+            match self.s.read(&mut tmp) {
+                Ok(0) => return Err(End::Gone),
+                Ok(n) => {
+                    self.frame_started.get_or_insert_with(Instant::now);
+                    self.buf.extend_from_slice(&tmp[..n]);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(None);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(End::Gone),
+            }
+        }
+    }
+
+    fn hello(&mut self) -> Result<(), End> {
+        let opts = &self.shared.opts;
+        let _ = self
+            .s
+            .tcp()
+            .set_read_timeout(Some(Duration::from_millis(100)));
+        let deadline = Instant::now() + opts.frame_timeout;
+        let req = loop {
+            if let Some(r) = self.poll_frame()? {
+                break r;
+            }
+            if Instant::now() > deadline {
+                return Err(End::Refuse(
+                    ErrorCode::Malformed,
+                    format!("no hello within {:?}", opts.frame_timeout),
+                ));
+            }
+        };
+        let Request::Hello {
+            version,
+            cluster_id,
+            token,
+        } = req
+        else {
+            return Err(End::Refuse(
+                ErrorCode::Malformed,
+                "the first frame must be Hello".into(),
+            ));
+        };
+        if version != PROTOCOL_VERSION {
+            return Err(End::Refuse(
+                ErrorCode::WrongVersion,
+                format!(
+                    "this server speaks protocol version {PROTOCOL_VERSION}, the client {version}"
+                ),
+            ));
+        }
+        if cluster_id != opts.cluster_id {
+            return Err(End::Refuse(
+                ErrorCode::WrongCluster,
+                format!(
+                    "this server belongs to cluster {:#x}, the client asked for {cluster_id:#x}",
+                    opts.cluster_id
+                ),
+            ));
+        }
+        self.role = match token {
+            Some(t) => *opts
+                .tokens
+                .get(&t)
+                .ok_or_else(|| End::Refuse(ErrorCode::Unauthorized, "unknown token".into()))?,
+            None => opts.anonymous_role.ok_or_else(|| {
+                End::Refuse(
+                    ErrorCode::Unauthorized,
+                    "this server requires a token".into(),
+                )
+            })?,
+        };
+        let leader = self.shared.log.leader().and_then(|l| opts.member(l));
+        let welcome = Response::Welcome {
+            node_id: opts.node_id,
+            leader,
+            role: self.role,
+        };
+        self.send(&welcome)
+    }
+
+    fn requests(&mut self) -> End {
+        let _ = self
+            .s
+            .tcp()
+            .set_read_timeout(Some(Duration::from_millis(200)));
+        loop {
+            if self.shared.shutting_down.load(Ordering::Acquire) {
+                return self.drain_for_shutdown();
+            }
+            if let Err(e) = self.answer_resolved() {
+                return e;
+            }
+            if let Err(e) = self.pump_tail() {
+                return e;
+            }
+            let busy = !self.pending.is_empty() || self.tail.is_some();
+            if self.pending.len() < self.shared.opts.max_in_flight {
+                self.set_nonblocking(busy);
+                match self.poll_frame() {
+                    Ok(Some(req)) => {
+                        if let Err(e) = self.handle(req) {
+                            return e;
+                        }
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return e,
+                }
+            }
+            if let Some(front) = self.pending.front() {
+                match front {
+                    Pending::Append { handles, .. } => {
+                        if let Some(h) = handles.last() {
+                            h.wait_for(Duration::from_millis(1));
+                        }
+                    }
+                    Pending::Members { handle, .. } => {
+                        handle.wait_for(Duration::from_millis(1));
+                    }
+                    Pending::Ready(_) => {}
+                }
+            } else if self.tail.is_none()
+                && self.frame_started.is_none()
+                && self.last_frame.elapsed() > self.shared.opts.idle_timeout
+            {
+                return End::Refuse(
+                    ErrorCode::Malformed,
+                    format!(
+                        "idle for more than {:?}; closing",
+                        self.shared.opts.idle_timeout
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Shutdown: pending appends get a grace period to commit, then the rest fail.
+    fn drain_for_shutdown(&mut self) -> End {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.pending.is_empty() && Instant::now() < deadline {
+            if self.answer_resolved().is_err() {
+                return End::Gone;
+            }
+            if let Some(Pending::Append { handles, .. }) = self.pending.front() {
+                if let Some(h) = handles.last() {
+                    h.wait_for(Duration::from_millis(10));
+                }
+            }
+        }
+        while let Some(p) = self.pending.pop_front() {
+            let id = match p {
+                Pending::Ready(r) => {
+                    let _ = self.send(&r);
+                    continue;
+                }
+                Pending::Append { id, .. } | Pending::Members { id, .. } => id,
+            };
+            let _ = self.send(&Response::Error {
+                id: Some(id),
+                code: ErrorCode::ShuttingDown,
+                message: "the server is shutting down; the append may or may not have committed: retry on another node".into(),
+            });
+        }
+        End::Refuse(
+            ErrorCode::ShuttingDown,
+            "the server is shutting down; reconnect to another node".into(),
+        )
+    }
+
+    fn answer_resolved(&mut self) -> Result<(), End> {
+        let timeout = self.shared.opts.append_timeout;
+        while let Some(front) = self.pending.front() {
+            let answer = match front {
+                Pending::Ready(_) => None,
+                Pending::Append { id, handles, start } => {
+                    let results: Vec<Option<Result<u64, ReplicaError>>> =
+                        handles.iter().map(AppendHandle::try_result).collect();
+                    if let Some(e) = results.iter().flatten().find_map(|r| r.as_ref().err()) {
+                        Some(self.error(*id, e))
+                    } else if results.iter().all(Option::is_some) {
+                        let first = handles.first().map_or(0, |h| h.ticket().index);
+                        let last = handles.last().map_or(0, |h| h.ticket().index);
+                        let m = &self.shared.metrics;
+                        m.append_latency.observe(start.elapsed());
+                        for _ in handles {
+                            m.commit_latency.observe(start.elapsed());
+                        }
+                        m.appended_entries
+                            .fetch_add(handles.len() as u64, Ordering::Relaxed);
+                        Some(Response::Appended {
+                            id: *id,
+                            first,
+                            last,
+                        })
+                    } else if start.elapsed() > timeout {
+                        Some(Response::Error {
+                            id: Some(*id),
+                            code: ErrorCode::Timeout,
+                            message: format!(
+                                "not committed within {timeout:?}; it may still commit (a majority may be unreachable)"
+                            ),
+                        })
+                    } else {
+                        break;
+                    }
+                }
+                Pending::Members { id, handle, start } => match handle.try_result() {
+                    Some(Ok(index)) => Some(Response::MembershipChanged { id: *id, index }),
+                    Some(Err(e)) => Some(self.error(*id, &e)),
+                    None if start.elapsed() > timeout => Some(Response::Error {
+                        id: Some(*id),
+                        code: ErrorCode::Timeout,
+                        message: format!("the membership change did not commit within {timeout:?}"),
+                    }),
+                    None => break,
+                },
+            };
+            let r = match (answer, self.pending.pop_front()) {
+                (Some(a), _) => a,
+                (None, Some(Pending::Ready(r))) => r,
+                (None, _) => unreachable!("only Ready has no computed answer"),
+            };
+            self.send(&r)?;
+        }
+        Ok(())
+    }
+
+    fn error(&self, id: u64, e: &ReplicaError) -> Response {
+        let opts = &self.shared.opts;
+        match e {
+            ReplicaError::NotLeader { leader_hint } => {
+                self.shared
+                    .metrics
+                    .redirects
+                    .fetch_add(1, Ordering::Relaxed);
+                Response::Redirect {
+                    id,
+                    leader: leader_hint.and_then(|l| opts.member(l)),
+                }
+            }
+            ReplicaError::TooLarge { .. } => Response::Error {
+                id: Some(id),
+                code: ErrorCode::EntryTooLarge,
+                message: e.to_string(),
+            },
+            ReplicaError::Timeout { .. } => Response::Error {
+                id: Some(id),
+                code: ErrorCode::Timeout,
+                message: e.to_string(),
+            },
+            ReplicaError::Compacted { .. } => Response::Error {
+                id: Some(id),
+                code: ErrorCode::Compacted,
+                message: e.to_string(),
+            },
+            ReplicaError::Closed => Response::Error {
+                id: Some(id),
+                code: ErrorCode::ShuttingDown,
+                message: e.to_string(),
+            },
+            _ => Response::Error {
+                id: Some(id),
+                code: ErrorCode::Internal,
+                message: e.to_string(),
+            },
+        }
+    }
+
+    fn refuse(&mut self, id: u64, code: ErrorCode, message: String) {
+        self.pending.push_back(Pending::Ready(Response::Error {
+            id: Some(id),
+            code,
+            message,
+        }));
+    }
+
+    fn handle(&mut self, req: Request) -> Result<(), End> {
+        let log = &self.shared.log;
+        match req {
+            Request::Hello { .. } => {
+                return Err(End::Refuse(
+                    ErrorCode::Malformed,
+                    "a second Hello on one connection".into(),
+                ));
+            }
+            Request::Append { id, entries } => {
+                if self.role < Role::ReadWrite {
+                    self.refuse(
+                        id,
+                        ErrorCode::Unauthorized,
+                        "this connection is read-only: appends need a read-write token".into(),
+                    );
+                } else if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
+                    self.refuse(
+                        id,
+                        ErrorCode::EntryTooLarge,
+                        format!(
+                            "a batch holds 1 to {} entries, not {}",
+                            proto::MAX_BATCH_ENTRIES,
+                            entries.len()
+                        ),
+                    );
+                } else {
+                    let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+                    let p = match log.append_batch(&refs) {
+                        Ok(handles) => Pending::Append {
+                            id,
+                            handles,
+                            start: Instant::now(),
+                        },
+                        Err(e) => Pending::Ready(self.error(id, &e)),
+                    };
+                    self.pending.push_back(p);
+                }
+            }
+            Request::Read {
+                id,
+                from,
+                max_bytes,
+            } => {
+                let r = self.read(id, from, max_bytes as usize);
+                self.pending.push_back(Pending::Ready(r));
+            }
+            Request::Tail { id, from } => {
+                if self.tail.is_some() {
+                    self.refuse(
+                        id,
+                        ErrorCode::Malformed,
+                        "a tail is already streaming on this connection".into(),
+                    );
+                } else {
+                    let s = log.status();
+                    let from = from.max(1);
+                    if from < s.first_index && from <= s.commit {
+                        let r = self.compacted(id, from);
+                        self.pending.push_back(Pending::Ready(r));
+                    } else {
+                        self.tail = Some((id, log.subscribe(from)));
+                    }
+                }
+            }
+            Request::Status { id } => {
+                let r = self.status(id);
+                self.pending.push_back(Pending::Ready(r));
+            }
+            Request::Members { id, add, node } => {
+                if self.role < Role::Admin {
+                    self.refuse(
+                        id,
+                        ErrorCode::Unauthorized,
+                        "membership changes need an admin token".into(),
+                    );
+                } else {
+                    let r = if add {
+                        log.add_node(node)
+                    } else {
+                        log.remove_node(node)
+                    };
+                    let p = match r {
+                        Ok(handle) => Pending::Members {
+                            id,
+                            handle,
+                            start: Instant::now(),
+                        },
+                        Err(e) => Pending::Ready(self.error(id, &e)),
+                    };
+                    self.pending.push_back(p);
+                }
+            }
+        }
+        self.answer_resolved()
+    }
+
+    fn compacted(&self, id: u64, from: u64) -> Response {
+        let cp = self.shared.log.latest_checkpoint().map_or(0, |c| c.index);
+        Response::Error {
+            id: Some(id),
+            code: ErrorCode::Compacted,
+            message: format!(
+                "entries from {from} were truncated after checkpoint {cp}; read from {} on",
+                cp + 1
+            ),
+        }
+    }
+
+    fn read(&self, id: u64, from: u64, max_bytes: usize) -> Response {
+        let log = &self.shared.log;
+        let s = log.status();
+        let from = from.max(1);
+        if from < s.first_index && from <= s.commit {
+            return self.compacted(id, from);
+        }
+        let mut entries = Vec::new();
+        let mut bytes = 0;
+        let mut index = from;
+        while index <= s.commit && (entries.is_empty() || bytes < max_bytes) {
+            match log.read(index) {
+                Ok(Some(data)) => {
+                    bytes += data.len();
+                    entries.push(Entry { index, data });
+                }
+                Ok(None) => {}
+                Err(e) => return self.error(id, &e),
+            }
+            index += 1;
+        }
+        Response::Entries {
+            id,
+            commit: s.commit,
+            entries,
+        }
+    }
+
+    fn status(&self, id: u64) -> Response {
+        let s = self.shared.log.status();
+        Response::Status {
+            id,
+            node: NodeStatus {
+                id: s.id,
+                role: role_name(s.role).into(),
+                term: s.term,
+                commit: s.commit,
+                applied: s.applied,
+                first_index: s.first_index,
+                last_index: s.last_index,
+                ring_used_bytes: s.ring_used_bytes,
+                ring_bytes: s.ring_capacity_bytes,
+                fenced_writes: s.stats.fenced_writes,
+                peers: s
+                    .peers
+                    .iter()
+                    .map(|p| (p.id, p.matched, format!("{:?}", p.conn).to_lowercase()))
+                    .collect(),
+            },
+            leader: s.leader.and_then(|l| self.shared.opts.member(l)),
+            members: self.shared.opts.members.clone(),
+        }
+    }
+
+    /// Sends what a tail has to send: committed entries, batched.
+    fn pump_tail(&mut self) -> Result<(), End> {
+        let Some((id, sub)) = self.tail.as_mut() else {
+            return Ok(());
+        };
+        let id = *id;
+        let mut entries = Vec::new();
+        let mut bytes = 0;
+        let mut wait = if self.pending.is_empty() {
+            Duration::from_millis(1)
+        } else {
+            Duration::ZERO
+        };
+        let mut failure = None;
+        while bytes < TAIL_BATCH_BYTES {
+            match sub.next_timeout(wait) {
+                Ok(Some((index, data))) => {
+                    bytes += data.len();
+                    entries.push(Entry { index, data });
+                    wait = Duration::ZERO;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if !entries.is_empty() {
+            let commit = self.shared.log.status().commit;
+            self.send(&Response::Entries {
+                id,
+                commit,
+                entries,
+            })?;
+        }
+        if let Some(e) = failure {
+            self.tail = None;
+            let r = self.error(id, &e);
+            self.send(&r)?;
+        }
+        Ok(())
+    }
+}
+
+impl From<FrameError> for End {
+    fn from(e: FrameError) -> Self {
+        match e {
+            FrameError::Closed | FrameError::Io(_) => End::Gone,
+            other => End::Refuse(ErrorCode::Malformed, other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Counters and latency histograms, and the HTTP endpoint that serves them: `GET /metrics`
+//! (Prometheus text format 0.0.4) and `GET /status` (JSON).
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fabric::Fabric;
+
+use crate::Shared;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 16] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0,
+];
+
+/// A latency histogram with fixed buckets (cumulative counts are computed when served).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let k = BUCKETS
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(BUCKETS.len());
+        self.counts[k].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (k, b) in BUCKETS.iter().enumerate() {
+            cumulative += self.counts[k].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        cumulative += self.counts[BUCKETS.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+    }
+}
+
+/// The server's own counters (the replica's come from its status when served).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Request arrival to `Appended` answer, per batch.
+    pub append_latency: Histogram,
+    /// Proposal to commit, per entry.
+    pub commit_latency: Histogram,
+    /// Entries appended (committed) through this server.
+    pub appended_entries: AtomicU64,
+    /// Requests answered with an error.
+    pub request_errors: AtomicU64,
+    /// Appends answered with a redirect.
+    pub redirects: AtomicU64,
+    /// Connections refused or closed for bad input (malformed, oversized, wrong version or
+    /// cluster, unauthorized, too slow).
+    pub rejected_connections: AtomicU64,
+    /// Connections accepted since start.
+    pub connections_total: AtomicU64,
+}
+
+/// Renders the Prometheus text.
+pub fn render<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
+    let s = shared.log.status();
+    let m = &shared.metrics;
+    let mut out = String::with_capacity(8192);
+    m.append_latency.render(
+        &mut out,
+        "rdmalog_append_latency_seconds",
+        "Client append request to its commit, per batch, measured at the server.",
+    );
+    m.commit_latency.render(
+        &mut out,
+        "rdmalog_commit_latency_seconds",
+        "Proposal to commit, per entry.",
+    );
+    let mut gauge = |name: &str, help: &str, kind: &str, v: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    };
+    gauge("rdmalog_commit_index", "Commit index.", "gauge", s.commit);
+    gauge(
+        "rdmalog_applied_index",
+        "Applied index.",
+        "gauge",
+        s.applied,
+    );
+    gauge(
+        "rdmalog_last_index",
+        "Last index in the log.",
+        "gauge",
+        s.last_index,
+    );
+    gauge(
+        "rdmalog_first_index",
+        "First index in the log.",
+        "gauge",
+        s.first_index,
+    );
+    gauge("rdmalog_term", "Current raft term.", "gauge", s.term);
+    gauge(
+        "rdmalog_is_leader",
+        "1 when this node is the leader.",
+        "gauge",
+        u64::from(s.role == replica::Role::Leader),
+    );
+    gauge(
+        "rdmalog_ring_used_bytes",
+        "Bytes in use in the ring.",
+        "gauge",
+        s.ring_used_bytes,
+    );
+    gauge(
+        "rdmalog_ring_bytes",
+        "Ring size.",
+        "gauge",
+        s.ring_capacity_bytes,
+    );
+    gauge(
+        "rdmalog_fenced_writes_total",
+        "RDMA writes refused because a follower revoked this node (deposed leader).",
+        "counter",
+        s.stats.fenced_writes,
+    );
+    gauge(
+        "rdmalog_reconnects_total",
+        "Reconnects to peers.",
+        "counter",
+        s.stats.reconnects,
+    );
+    gauge(
+        "rdmalog_fast_appends_total",
+        "Appends sent by RDMA Write plus descriptor.",
+        "counter",
+        s.stats.fast_appends,
+    );
+    gauge(
+        "rdmalog_slow_appends_total",
+        "Appends sent with their payload over send/recv.",
+        "counter",
+        s.stats.slow_appends,
+    );
+    gauge(
+        "rdmalog_appended_entries_total",
+        "Entries appended through this server's clients.",
+        "counter",
+        m.appended_entries.load(Ordering::Relaxed),
+    );
+    gauge(
+        "rdmalog_request_errors_total",
+        "Client requests answered with an error.",
+        "counter",
+        m.request_errors.load(Ordering::Relaxed),
+    );
+    gauge(
+        "rdmalog_redirects_total",
+        "Client appends redirected to the leader.",
+        "counter",
+        m.redirects.load(Ordering::Relaxed),
+    );
+    gauge(
+        "rdmalog_rejected_connections_total",
+        "Client connections closed for bad input.",
+        "counter",
+        m.rejected_connections.load(Ordering::Relaxed),
+    );
+    gauge(
+        "rdmalog_client_connections",
+        "Open client connections.",
+        "gauge",
+        shared.connections.load(Ordering::Relaxed) as u64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP rdmalog_work_completions_total RDMA work completions by status.\n# TYPE rdmalog_work_completions_total counter"
+    );
+    for (k, label) in replica::COMPLETION_STATUSES.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "rdmalog_work_completions_total{{status=\"{label}\"}} {}",
+            s.stats.completions[k]
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP rdmalog_fsync_seconds The wal's group-commit flushes (writes and fdatasync).\n# TYPE rdmalog_fsync_seconds summary\nrdmalog_fsync_seconds_sum {}\nrdmalog_fsync_seconds_count {}\n# HELP rdmalog_fsync_max_seconds The longest flush.\n# TYPE rdmalog_fsync_max_seconds gauge\nrdmalog_fsync_max_seconds {}",
+        s.stats.fsync_total_ns as f64 / 1e9,
+        s.stats.fsyncs,
+        s.stats.fsync_max_ns as f64 / 1e9
+    );
+    out
+}
+
+/// The `/status` JSON: this node, its peers, the members' client addresses.
+pub fn status_json<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
+    let s = shared.log.status();
+    let peers: Vec<serde_json::Value> = s
+        .peers
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "id": p.id,
+                "conn": format!("{:?}", p.conn).to_lowercase(),
+                "matched": p.matched,
+                "fast_path": p.fast_path,
+            })
+        })
+        .collect();
+    let members: Vec<serde_json::Value> = shared
+        .opts
+        .members
+        .iter()
+        .map(|m| serde_json::json!({"id": m.id, "client": m.client_addr}))
+        .collect();
+    serde_json::json!({
+        "id": s.id,
+        "role": crate::conn::role_name(s.role),
+        "term": s.term,
+        "leader": s.leader,
+        "commit": s.commit,
+        "applied": s.applied,
+        "first_index": s.first_index,
+        "last_index": s.last_index,
+        "ring_used_bytes": s.ring_used_bytes,
+        "ring_bytes": s.ring_capacity_bytes,
+        "fenced_writes": s.stats.fenced_writes,
+        "peers": peers,
+        "members": members,
+    })
+    .to_string()
+}
+
+/// Serves `/metrics` and `/status` until the server shuts down. One request per
+/// connection, read with a timeout and a size bound.
+pub fn serve<F: Fabric + Send + 'static>(listener: TcpListener, shared: &Shared<F>) {
+    let _ = listener.set_nonblocking(true);
+    while !shared.shutting_down.load(Ordering::Acquire) {
+        let (stream, _) = match listener.accept() {
+            Ok(s) => s,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+        };
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+        let mut line = String::new();
+        let mut reader = BufReader::new(std::io::Read::take(&stream, 8192));
+        if reader.read_line(&mut line).is_err() {
+            continue;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("");
+        let (status, kind, body) = match (line.split_whitespace().next(), path) {
+            (Some("GET"), "/metrics") => ("200 OK", "text/plain; version=0.0.4", render(shared)),
+            (Some("GET"), "/status") => ("200 OK", "application/json", status_json(shared)),
+            _ => (
+                "404 Not Found",
+                "text/plain",
+                "rdmalog serves GET /metrics and GET /status\n".to_string(),
+            ),
+        };
+        let mut w = &stream;
+        let _ = write!(
+            w,
+            "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+}
