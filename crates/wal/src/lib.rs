@@ -22,6 +22,7 @@
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod inspect;
 pub mod ring;
 mod segment;
 mod sync;
