@@ -61,3 +61,41 @@ impl slog::Drain for TracingDrain {
 pub fn raft_logger(node: u64) -> slog::Logger {
     slog::Logger::root(TracingDrain, slog::o!("raft_id" => node))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn raft_records_reach_tracing_with_their_fields_and_levels() {
+        let out = Captured::default();
+        let w = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .with_env_filter("raft=info")
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let logger = super::raft_logger(7);
+            slog::info!(logger, "became leader at term {}", 3; "term" => 3);
+            slog::debug!(logger, "filtered out below info");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("INFO raft: became leader at term 3"), "{text}");
+        assert!(text.contains("term=3") && text.contains("raft_id=7"), "{text}");
+        assert!(!text.contains("filtered out"), "{text}");
+    }
+}
