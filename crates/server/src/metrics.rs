@@ -200,6 +200,13 @@ pub fn render<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
             s.stats.completions[k]
         );
     }
+    if let Some((user, system)) = process_cpu() {
+        let _ = writeln!(
+            out,
+            "# HELP process_cpu_seconds_total CPU time of this process (user and system), for CPU per entry.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {}\nprocess_cpu_user_seconds_total {user}\nprocess_cpu_system_seconds_total {system}",
+            user + system
+        );
+    }
     let _ = writeln!(
         out,
         "# HELP rdmalog_fsync_seconds The wal's group-commit flushes (writes and fdatasync).\n# TYPE rdmalog_fsync_seconds summary\nrdmalog_fsync_seconds_sum {}\nrdmalog_fsync_seconds_count {}\n# HELP rdmalog_fsync_max_seconds The longest flush.\n# TYPE rdmalog_fsync_max_seconds gauge\nrdmalog_fsync_max_seconds {}",
@@ -208,6 +215,17 @@ pub fn render<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
         s.stats.fsync_max_ns as f64 / 1e9
     );
     out
+}
+
+/// This process's user and system CPU seconds, from `/proc/self/stat` (fields 14 and 15, in
+/// USER_HZ ticks, which Linux fixes at 100 for user space on every architecture we run on).
+pub fn process_cpu() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: split after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |k: usize| fields.get(k)?.parse::<u64>().ok();
+    Some((ticks(11)? as f64 / 100.0, ticks(12)? as f64 / 100.0))
 }
 
 /// The `/status` JSON: this node, its peers, the members' client addresses.
@@ -243,6 +261,7 @@ pub fn status_json<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
         "ring_used_bytes": s.ring_used_bytes,
         "ring_bytes": s.ring_capacity_bytes,
         "fenced_writes": s.stats.fenced_writes,
+        "cpu_seconds": process_cpu().map(|(u, k)| u + k),
         "peers": peers,
         "members": members,
     })

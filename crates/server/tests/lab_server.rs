@@ -117,7 +117,10 @@ impl Servers {
             if let Some(s) = c.try_wait().unwrap() {
                 return s;
             }
-            assert!(Instant::now() < deadline, "node {i} did not stop within 30 s of SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "node {i} did not stop within 30 s of SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -142,7 +145,13 @@ impl Drop for Servers {
 
 fn cli(args: &[&str]) -> Output {
     let out = Command::new(cli_bin())
-        .args(["--servers", &servers_arg(), "--cluster-id", CLUSTER, "--plaintext"])
+        .args([
+            "--servers",
+            &servers_arg(),
+            "--cluster-id",
+            CLUSTER,
+            "--plaintext",
+        ])
         .args(args)
         .output()
         .unwrap();
@@ -168,7 +177,10 @@ fn status(want_members: usize) -> serde_json::Value {
                 return v;
             }
         }
-        assert!(Instant::now() < deadline, "no status with a leader within 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "no status with a leader within 60 s"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -207,7 +219,13 @@ fn three_servers_serve_the_cli_through_a_leader_crash() {
     assert!(cli(&["append", "one", "two", "three"]).status.success());
     // A follower of the log as a user would run it: tail -f, in the background.
     let mut tail = Command::new(cli_bin())
-        .args(["--servers", &servers_arg(), "--cluster-id", CLUSTER, "--plaintext"])
+        .args([
+            "--servers",
+            &servers_arg(),
+            "--cluster-id",
+            CLUSTER,
+            "--plaintext",
+        ])
         .args(["tail", "-f", "--from", "1"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -228,8 +246,14 @@ fn three_servers_serve_the_cli_through_a_leader_crash() {
     println!("injected: kill -9 of the leader, node {leader}");
     let t0 = Instant::now();
     let out = cli(&["append", "four", "five", "six"]);
-    assert!(out.status.success(), "the CLI did not carry on after the leader crash");
-    println!("appended through the new leader {:.2} s after the crash", t0.elapsed().as_secs_f64());
+    assert!(
+        out.status.success(),
+        "the CLI did not carry on after the leader crash"
+    );
+    println!(
+        "appended through the new leader {:.2} s after the crash",
+        t0.elapsed().as_secs_f64()
+    );
 
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -257,24 +281,56 @@ fn three_servers_serve_the_cli_through_a_leader_crash() {
         if commits.len() == 3 && commits.iter().all(|&c| c >= 6) {
             break;
         }
-        assert!(Instant::now() < deadline, "node {leader} did not catch up: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "node {leader} did not catch up: {v}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
-    let bench = cli(&["bench", "--entries", "200", "--size", "512", "--in-flight", "4"]);
+    let bench = cli(&[
+        "bench",
+        "--entries",
+        "200",
+        "--size",
+        "512",
+        "--in-flight",
+        "4",
+    ]);
     assert!(bench.status.success());
     assert!(String::from_utf8_lossy(&bench.stdout).contains("p99"));
 
     for i in 1..=3 {
         let st = s.stop(i);
-        assert!(st.success(), "node {i} exited with {st} after SIGTERM:\n{}", s.tail_log(i));
-        assert!(s.tail_log(i).contains("stopped cleanly"), "{}", s.tail_log(i));
+        assert!(
+            st.success(),
+            "node {i} exited with {st} after SIGTERM:\n{}",
+            s.tail_log(i)
+        );
+        assert!(
+            s.tail_log(i).contains("stopped cleanly"),
+            "{}",
+            s.tail_log(i)
+        );
     }
     println!("SIGTERM: all three stopped cleanly");
     for i in 1..=3 {
         let d = s.data_dir(i);
-        let out = Command::new(cli_bin()).arg("check").arg(&d).output().unwrap();
-        println!("$ rdmalog check {}\n{}", d.display(), String::from_utf8_lossy(&out.stdout));
-        assert!(out.status.success(), "check failed on {}: {}", d.display(), String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(cli_bin())
+            .arg("check")
+            .arg(&d)
+            .output()
+            .unwrap();
+        println!(
+            "$ rdmalog check {}\n{}",
+            d.display(),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            out.status.success(),
+            "check failed on {}: {}",
+            d.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let _ = std::io::stdout().flush();
     let _: &Path = t.path();

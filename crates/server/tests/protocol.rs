@@ -497,6 +497,7 @@ fn metrics_and_status_endpoints() {
         "rdmalog_fsync_seconds_count",
         "rdmalog_ring_used_bytes",
         "rdmalog_fenced_writes_total 0",
+        "process_cpu_seconds_total",
     ] {
         assert!(m.contains(needle), "missing {needle} in\n{m}");
     }
