@@ -10,6 +10,8 @@
 
 #![deny(unsafe_code)]
 
+pub mod plot;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -200,7 +202,9 @@ where
                     let ok = op(w, i);
                     let end = Instant::now();
                     {
-                        let mut r = rec.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        let mut r = rec
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
                         if ok {
                             r.record(end - start, end);
                         } else {
@@ -264,7 +268,10 @@ mod tests {
         r.record(Duration::from_secs(9), now); // warm-up
         r.record(Duration::from_secs(9), now); // warm-up
         for us in 1..=100u64 {
-            r.record(Duration::from_micros(us * 10), now + Duration::from_millis(us));
+            r.record(
+                Duration::from_micros(us * 10),
+                now + Duration::from_millis(us),
+            );
         }
         r.error();
         let s = r.summary("t", 64);
@@ -320,7 +327,11 @@ mod tests {
         );
         // About a third of the operations were intended during the stall: p90 lands among
         // them. Measured from their actual start, p90 would be well under 1 ms.
-        assert!(s.p90_us >= 10_000.0, "the stall was not charged: {:?}", s.cdf);
+        assert!(
+            s.p90_us >= 10_000.0,
+            "the stall was not charged: {:?}",
+            s.cdf
+        );
         assert!(s.max_us >= 99_000.0, "{s:?}");
         assert!(s.p50_us < 99_000.0, "{s:?}");
     }

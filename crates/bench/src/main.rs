@@ -1,0 +1,681 @@
+//! `rdmalog-bench`: the lab benchmark of issue 9, run inside the 3-host Soft-RoCE lab by
+//! `ops/bench` (one boot for everything).
+//!
+//! `rdmalog-bench suite --out DIR` measures, in order: the perftest baseline (`ib_write_lat`,
+//! `ib_send_lat`, `ib_write_bw` between rxe1 and rxe2); rdmalog's 3-replica commit latency
+//! through the embedded API (64 B and 4 KiB, `Memory` and `Fsync`), each interleaved with
+//! `ib_write_lat` of the same size as A/B pairs; replicated throughput with 4 KiB entries
+//! interleaved with `ib_write_bw`; throughput against payload size; and etcd 3.4 (Debian's
+//! `etcd-server`, three members on the lab's addresses) with puts of the same sizes through
+//! its v3 JSON gateway. It writes `results.json`, `table.md` and two SVG charts to `DIR`.
+//! The ratios are medians of per-pair ratios with their min and max: absolute times under TCG
+//! mean nothing, ratios measured in the same boot do.
+//!
+//! `rdmalog-bench embedded ...` and `rdmalog-bench etcd ...` run one measurement each.
+
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bench::plot::{self, Series};
+use bench::{Load, Summary};
+use clap::{Parser, Subcommand};
+use fabric::NodeId;
+use fabric::rdma::{RdmaConfig, RdmaEndpoint};
+use lab::perftest::{self, Tool};
+use replica::{Durability, Log, LogOptions, PollMode, ReplicaConfig, Role};
+use wal::fs::{FileSystem, StdFs};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rdmalog-bench",
+    about = "rdmalog's lab benchmarks beside perftest and etcd"
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct Common {
+    /// Payload bytes per operation.
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// Operations measured (after the warm-up).
+    #[arg(long, default_value_t = 500)]
+    count: u64,
+    /// Operations run first and not measured.
+    #[arg(long, default_value_t = 50)]
+    warmup: u64,
+    /// Operations in flight (closed loop), or worker threads (open loop).
+    #[arg(long, default_value_t = 1)]
+    in_flight: usize,
+    /// Open loop at this many operations per second (coordinated-omission corrected).
+    #[arg(long)]
+    rate: Option<f64>,
+}
+
+impl Common {
+    fn load(&self) -> Load {
+        match self.rate {
+            Some(rate) => Load::Open {
+                rate,
+                workers: self.in_flight.max(1),
+            },
+            None => Load::Closed {
+                in_flight: self.in_flight,
+            },
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Commit latency of three replicas (embedded API) on rxe1..3.
+    Embedded {
+        #[command(flatten)]
+        c: Common,
+        /// fsync or memory.
+        #[arg(long, default_value = "memory")]
+        durability: String,
+        /// Where the replicas keep their data.
+        #[arg(long, default_value = "/tmp/rdmalog-bench")]
+        dir: PathBuf,
+    },
+    /// Put latency of an etcd cluster through its v3 JSON gateway.
+    Etcd {
+        #[command(flatten)]
+        c: Common,
+        /// A client URL host:port.
+        #[arg(long, default_value = "192.0.2.11:2379")]
+        endpoint: SocketAddr,
+    },
+    /// The whole suite, one boot.
+    Suite {
+        /// Where results go.
+        #[arg(long)]
+        out: PathBuf,
+        /// A/B pairs per comparison.
+        #[arg(long, default_value_t = 5)]
+        pairs: usize,
+        /// Operations per measurement (perftest iterations likewise).
+        #[arg(long, default_value_t = 500)]
+        count: u64,
+        /// Data directories (the lab's ext4 disk, so fsync means something).
+        #[arg(long, default_value = "/run/lab/disk/bench")]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    match a.cmd {
+        Cmd::Embedded { c, durability, dir } => {
+            let d = durability_of(&durability)?;
+            let cluster = Embedded::open(d, &dir, 7000, 0xbe01)?;
+            let (s, extra) = cluster.measure(&c, &format!("rdmalog {durability} {} B", c.size))?;
+            println!("{}", serde_json::to_string_pretty(&(s, extra))?);
+        }
+        Cmd::Etcd { c, endpoint } => {
+            let s = measure_etcd(endpoint, &c, &format!("etcd put {} B", c.size))?;
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        }
+        Cmd::Suite {
+            out,
+            pairs,
+            count,
+            dir,
+        } => suite(&out, pairs, count, &dir)?,
+    }
+    Ok(())
+}
+
+fn durability_of(s: &str) -> anyhow::Result<Durability> {
+    Ok(match s {
+        "memory" => Durability::Memory,
+        "fsync" => Durability::Fsync,
+        other => bail!("--durability is fsync or memory, not {other}"),
+    })
+}
+
+fn lab_addr(i: u64, port: u16) -> SocketAddr {
+    format!("192.0.2.1{i}:{port}").parse().expect("lab address")
+}
+
+/// Three replicas in this process, one per rxe host.
+struct Embedded {
+    logs: Vec<Log<RdmaEndpoint>>,
+}
+
+/// What an embedded measurement adds to the latency summary.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct Extra {
+    /// Bytes the leader RDMA-wrote into followers' rings per second.
+    leader_rdma_bytes_per_s: f64,
+    /// Process CPU (all three replicas) per committed entry, µs.
+    cpu_us_per_entry_all_replicas: f64,
+}
+
+impl Embedded {
+    fn open(d: Durability, dir: &Path, port_base: u16, cluster: u64) -> anyhow::Result<Embedded> {
+        let _ = std::fs::remove_dir_all(dir);
+        let mut logs = Vec::new();
+        for id in 1..=3u64 {
+            let peers: BTreeMap<NodeId, SocketAddr> = (1..=3u64)
+                .filter(|&p| p != id)
+                .map(|p| (NodeId(p), lab_addr(p, port_base + p as u16)))
+                .collect();
+            let rc = RdmaConfig::new(
+                NodeId(id),
+                cluster,
+                lab_addr(id, port_base + id as u16),
+                peers,
+            );
+            let ep =
+                RdmaEndpoint::open(rc).context("opening an RDMA endpoint (inside the lab?)")?;
+            let mut cfg =
+                ReplicaConfig::new(id, vec![1, 2, 3], cluster, dir.join(format!("n{id}")));
+            cfg.durability = d;
+            cfg.ring_dir = std::env::temp_dir();
+            cfg.election_tick = 20;
+            cfg.heartbeat_tick = 3;
+            cfg.election_window = Some((20 + 10 * id as usize, 21 + 10 * id as usize));
+            let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+            let opts = LogOptions {
+                tick: Duration::from_millis(20),
+                poll: PollMode::Adaptive {
+                    spin: Duration::from_micros(50),
+                },
+                pin_core: None,
+            };
+            logs.push(Log::open(cfg, ep, fs, opts)?);
+        }
+        let c = Embedded { logs };
+        c.leader(Duration::from_secs(60))?;
+        Ok(c)
+    }
+
+    fn leader(&self, within: Duration) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(k) = self
+                .logs
+                .iter()
+                .position(|l| l.status().role == Role::Leader)
+            {
+                return Ok(k);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!("no leader within {within:?}")
+    }
+
+    fn measure(&self, c: &Common, name: &str) -> anyhow::Result<(Summary, Extra)> {
+        let k = self.leader(Duration::from_secs(30))?;
+        let log = &self.logs[k];
+        let payload = vec![0x5au8; c.size];
+        let before = log.status().stats.fast_bytes;
+        let cpu0 = bench::process_cpu_seconds().unwrap_or(0.0);
+        let t0 = Instant::now();
+        let total = c.count + c.warmup;
+        let s = bench::run(
+            name,
+            c.size as u64,
+            total,
+            c.warmup,
+            c.load(),
+            |_, _| {
+                log.append(&payload)
+                    .and_then(|h| h.wait(Duration::from_secs(30)))
+                    .is_ok()
+            },
+            |d| eprint!("{}", bench::progress_line(name, d, total, t0)),
+        );
+        eprintln!();
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = bench::process_cpu_seconds().unwrap_or(0.0) - cpu0;
+        let extra = Extra {
+            leader_rdma_bytes_per_s: (log.status().stats.fast_bytes - before) as f64 / secs,
+            cpu_us_per_entry_all_replicas: cpu * 1e6 / total as f64,
+        };
+        Ok((s, extra))
+    }
+
+    fn close(self) {
+        for l in self.logs {
+            let _ = l.close();
+        }
+    }
+}
+
+/// A base64 encoding (the etcd gateway's JSON carries keys and values in base64).
+fn b64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            if k <= c.len() {
+                out.push(T[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// One HTTP/1.1 keep-alive connection to an etcd member.
+struct Http {
+    r: BufReader<TcpStream>,
+    host: String,
+}
+
+impl Http {
+    fn connect(addr: SocketAddr) -> anyhow::Result<Http> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok(Http {
+            r: BufReader::new(s),
+            host: addr.to_string(),
+        })
+    }
+
+    fn post(&mut self, path: &str, body: &str) -> anyhow::Result<String> {
+        let s = self.r.get_mut();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.host,
+            body.len()
+        )?;
+        let mut status = String::new();
+        self.r.read_line(&mut status)?;
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            self.r.read_line(&mut h)?;
+            if h == "\r\n" || h.is_empty() {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse()?;
+            }
+        }
+        let mut b = vec![0u8; len];
+        self.r.read_exact(&mut b)?;
+        let text = String::from_utf8_lossy(&b).into_owned();
+        if !status.contains(" 200 ") {
+            bail!("etcd answered {}: {text}", status.trim());
+        }
+        Ok(text)
+    }
+}
+
+fn measure_etcd(endpoint: SocketAddr, c: &Common, name: &str) -> anyhow::Result<Summary> {
+    let value = b64(&vec![0x5au8; c.size]);
+    let conns: Vec<std::sync::Mutex<Http>> = (0..c.in_flight.max(1))
+        .map(|_| Http::connect(endpoint).map(std::sync::Mutex::new))
+        .collect::<anyhow::Result<_>>()?;
+    let total = c.count + c.warmup;
+    let t0 = Instant::now();
+    let s = bench::run(
+        name,
+        c.size as u64,
+        total,
+        c.warmup,
+        c.load(),
+        |w, i| {
+            let body = format!(
+                "{{\"key\":\"{}\",\"value\":\"{value}\"}}",
+                b64(format!("k{i}").as_bytes())
+            );
+            conns[w]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .post("/v3/kv/put", &body)
+                .is_ok()
+        },
+        |d| eprint!("{}", bench::progress_line(name, d, total, t0)),
+    );
+    eprintln!();
+    if s.count == 0 {
+        bail!("every etcd put failed ({} errors)", s.errors);
+    }
+    Ok(s)
+}
+
+/// Three etcd members on the lab's addresses, data on `dir`.
+fn start_etcd(dir: &Path) -> anyhow::Result<Vec<Child>> {
+    let which = Command::new("etcd").arg("--version").output();
+    let Ok(v) = which else {
+        bail!("etcd is not installed: ops/bench installs Debian's etcd-server");
+    };
+    eprintln!(
+        "{}",
+        String::from_utf8_lossy(&v.stdout)
+            .lines()
+            .next()
+            .unwrap_or("etcd")
+    );
+    let cluster: Vec<String> = (1..=3)
+        .map(|i| format!("e{i}=http://192.0.2.1{i}:2380"))
+        .collect();
+    let mut kids = Vec::new();
+    for i in 1..=3 {
+        let d = dir.join(format!("etcd{i}"));
+        std::fs::create_dir_all(&d)?;
+        let log = std::fs::File::create(dir.join(format!("etcd{i}.log")))?;
+        kids.push(
+            Command::new("etcd")
+                .args(["--name", &format!("e{i}")])
+                .arg("--data-dir")
+                .arg(&d)
+                .args([
+                    "--listen-client-urls",
+                    &format!("http://192.0.2.1{i}:2379"),
+                    "--advertise-client-urls",
+                    &format!("http://192.0.2.1{i}:2379"),
+                    "--listen-peer-urls",
+                    &format!("http://192.0.2.1{i}:2380"),
+                    "--initial-advertise-peer-urls",
+                    &format!("http://192.0.2.1{i}:2380"),
+                    "--initial-cluster",
+                    &cluster.join(","),
+                    "--initial-cluster-state",
+                    "new",
+                ])
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .stdin(Stdio::null())
+                .spawn()
+                .context("starting etcd")?,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let ok = Http::connect(lab_addr(1, 2379))
+            .and_then(|mut h| h.post("/v3/kv/put", "{\"key\":\"cmVhZHk=\",\"value\":\"MQ==\"}"))
+            .is_ok();
+        if ok {
+            return Ok(kids);
+        }
+        if Instant::now() > deadline {
+            for mut k in kids {
+                let _ = k.kill();
+            }
+            bail!(
+                "etcd did not accept a put within 90 s (logs in {})",
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Median, min and max of per-pair ratios.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct Ratio {
+    median: f64,
+    min: f64,
+    max: f64,
+    pairs: Vec<f64>,
+}
+
+fn ratio(pairs: Vec<f64>) -> Ratio {
+    let mut v: Vec<f64> = pairs.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    let median = match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    };
+    Ratio {
+        median,
+        min: v.first().copied().unwrap_or(f64::NAN),
+        max: v.last().copied().unwrap_or(f64::NAN),
+        pairs,
+    }
+}
+
+fn write_lat(size: u64, count: u64, port: u16) -> anyhow::Result<perftest::Latency> {
+    let out = perftest::run_pair(Tool::WriteLat, 1, 2, size, count, port)?;
+    Ok(perftest::parse_latency(&out)?)
+}
+
+fn cdf_of_perftest(l: &perftest::Latency) -> Vec<(f64, f64)> {
+    vec![
+        (l.t_min_us, 0.0),
+        (l.t_typical_us, 0.5),
+        (l.p99_us, 0.99),
+        (l.p999_us, 0.999),
+        (l.t_max_us, 1.0),
+    ]
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+struct Results {
+    date: String,
+    baseline: Vec<String>,
+    measurements: Vec<serde_json::Value>,
+    ratios: BTreeMap<String, Ratio>,
+    cpu_us_per_entry_all_replicas: BTreeMap<String, f64>,
+}
+
+fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::create_dir_all(dir)?;
+    let mut r = Results {
+        date: String::from_utf8_lossy(&Command::new("date").arg("-u").output()?.stdout)
+            .trim()
+            .to_string(),
+        ..Results::default()
+    };
+    // perftest's baseline uses 18515..=18517; the pairs use ports from 18600 on.
+    let mut port = 18600u16;
+    let mut next_port = || {
+        port += 1;
+        port
+    };
+    eprintln!("== perftest baseline (rxe1 <-> rxe2)");
+    let (b, _) = perftest::run_baseline(1, 2, 64, 4096, count)?;
+    r.baseline.push(b.line());
+    println!("{}", b.line());
+
+    let mut cdf = Vec::new();
+    let mut port_base = 7100u16;
+    for (dname, d) in [("memory", Durability::Memory), ("fsync", Durability::Fsync)] {
+        port_base += 10;
+        let cluster = Embedded::open(d, &dir.join(dname), port_base, 0xbe00 + port_base as u64)?;
+        for size in [64usize, 4096] {
+            let name = format!("rdmalog commit {dname} {size} B");
+            let (mut p1, mut p1b) = (Vec::new(), Vec::new());
+            for k in 0..pairs {
+                eprintln!(
+                    "== pair {}/{pairs}: ib_write_lat {size} B, then {name}",
+                    k + 1
+                );
+                let a = write_lat(size as u64, count, next_port())?;
+                let c = Common {
+                    size,
+                    count,
+                    warmup: count / 10,
+                    in_flight: 1,
+                    rate: None,
+                };
+                let (s, extra) = cluster.measure(&c, &name)?;
+                p1.push(s.p50_us / (2.0 * a.t_typical_us));
+                p1b.push(s.p99_us / (2.0 * a.p99_us));
+                r.cpu_us_per_entry_all_replicas
+                    .insert(name.clone(), extra.cpu_us_per_entry_all_replicas);
+                if k == 0 && size == 64 {
+                    cdf.push(Series {
+                        label: format!("rdmalog commit ({dname})"),
+                        points: s.cdf.clone(),
+                    });
+                    if d == Durability::Memory {
+                        cdf.push(Series {
+                            label: "2 x ib_write_lat (one RDMA round trip each way)".into(),
+                            points: cdf_of_perftest(&a)
+                                .into_iter()
+                                .map(|(us, f)| (2.0 * us, f))
+                                .collect(),
+                        });
+                    }
+                }
+                r.measurements.push(serde_json::json!({"pair": k, "perftest": format!("{a:?}"), "rdmalog": s, "extra": extra}));
+            }
+            r.ratios.insert(format!("P1 {name}"), ratio(p1));
+            r.ratios.insert(format!("P1b {name}"), ratio(p1b));
+        }
+        if d == Durability::Memory {
+            let mut p2 = Vec::new();
+            for k in 0..pairs {
+                eprintln!(
+                    "== pair {}/{pairs}: ib_write_bw 4 KiB, then rdmalog 4 KiB throughput",
+                    k + 1
+                );
+                let bw = perftest::parse_bandwidth(&perftest::run_pair(
+                    Tool::WriteBw,
+                    1,
+                    2,
+                    4096,
+                    count,
+                    next_port(),
+                )?)?;
+                let c = Common {
+                    size: 4096,
+                    count,
+                    warmup: count / 10,
+                    in_flight: 16,
+                    rate: None,
+                };
+                let (s, extra) = cluster.measure(&c, "rdmalog throughput memory 4 KiB x16")?;
+                p2.push(extra.leader_rdma_bytes_per_s / 2.0 / (bw.avg_mib_s * 1048576.0));
+                r.measurements.push(serde_json::json!({"pair": k, "perftest": format!("{bw:?}"), "rdmalog": s, "extra": extra}));
+            }
+            r.ratios.insert(
+                "P2 leader RDMA bytes/s per follower / ib_write_bw (4 KiB)".into(),
+                ratio(p2),
+            );
+            let mut tp = Vec::new();
+            for size in [64usize, 512, 4096, 16384, 65000] {
+                let c = Common {
+                    size,
+                    count: count / 2,
+                    warmup: count / 20,
+                    in_flight: 16,
+                    rate: None,
+                };
+                let (s, _) = cluster.measure(&c, &format!("rdmalog throughput {size} B x16"))?;
+                tp.push((size as f64, s.bytes_per_s / 1048576.0));
+            }
+            plot::throughput_vs_size(
+                &out.join("throughput_vs_size.svg"),
+                "rdmalog replicated throughput (3 replicas, memory durability, 16 in flight, Soft-RoCE under TCG)",
+                &[Series {
+                    label: "rdmalog commits".into(),
+                    points: tp,
+                }],
+            )?;
+        }
+        cluster.close();
+    }
+
+    eprintln!("== etcd 3.4");
+    match start_etcd(&dir.join("etcd")) {
+        Ok(mut kids) => {
+            for size in [64usize, 4096] {
+                let c = Common {
+                    size,
+                    count,
+                    warmup: count / 10,
+                    in_flight: 1,
+                    rate: None,
+                };
+                let s = measure_etcd(lab_addr(1, 2379), &c, &format!("etcd put {size} B"))?;
+                if size == 64 {
+                    cdf.push(Series {
+                        label: "etcd 3.4 put".into(),
+                        points: s.cdf.clone(),
+                    });
+                }
+                r.measurements.push(serde_json::json!({"etcd": s}));
+            }
+            for k in &mut kids {
+                let _ = k.kill();
+                let _ = k.wait();
+            }
+        }
+        Err(e) => {
+            eprintln!("etcd skipped: {e:#}");
+            r.measurements
+                .push(serde_json::json!({"etcd": format!("skipped: {e:#}")}));
+        }
+    }
+    plot::latency_cdf(
+        &out.join("latency_cdf.svg"),
+        "64 B commit latency CDF (Soft-RoCE under TCG: compare shapes and ratios, not µs)",
+        &cdf,
+    )?;
+    let table = render_table(&r);
+    std::fs::write(out.join("table.md"), &table)?;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&r)?)?;
+    println!("{table}");
+    Ok(())
+}
+
+fn render_table(r: &Results) -> String {
+    let mut t = String::from("| ratio | median | min | max | goal |\n|---|---:|---:|---:|---|\n");
+    for (name, x) in &r.ratios {
+        let goal = if name.starts_with("P1b") {
+            "≤ 2"
+        } else if name.starts_with("P1") {
+            "≤ 1.5"
+        } else if name.starts_with("P2") {
+            "≥ 0.8"
+        } else {
+            ""
+        };
+        t += &format!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {goal} |\n",
+            x.median, x.min, x.max
+        );
+    }
+    t += "\n| CPU per committed entry (3 replicas in one process) | µs |\n|---|---:|\n";
+    for (name, us) in &r.cpu_us_per_entry_all_replicas {
+        t += &format!("| {name} | {us:.0} |\n");
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet_and_padding() {
+        assert_eq!(b64(b""), "");
+        assert_eq!(b64(b"f"), "Zg==");
+        assert_eq!(b64(b"fo"), "Zm8=");
+        assert_eq!(b64(b"foo"), "Zm9v");
+        assert_eq!(b64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn ratios_take_the_median_of_the_pairs() {
+        let r = ratio(vec![3.0, 1.0, 2.0, f64::NAN, 10.0]);
+        assert_eq!((r.median, r.min, r.max), (2.5, 1.0, 10.0));
+        assert_eq!(ratio(vec![4.0, 1.0, 2.0]).median, 2.0);
+    }
+}
