@@ -160,6 +160,9 @@ pub enum ErrorCode {
     ShuttingDown,
     /// Anything else; the message says what.
     Internal,
+    /// The entries are certainly not in the log (raft dropped the proposal, or a new leader's
+    /// entries took their place): resend them.
+    NotCommitted,
 }
 
 /// An entry in a [`Response::Entries`].

@@ -94,8 +94,14 @@ mod tests {
             slog::debug!(logger, "filtered out below info");
         });
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        assert!(text.contains("INFO raft: became leader at term 3"), "{text}");
-        assert!(text.contains("term=3") && text.contains("raft_id=7"), "{text}");
+        assert!(
+            text.contains("INFO raft: became leader at term 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("term=3") && text.contains("raft_id=7"),
+            "{text}"
+        );
         assert!(!text.contains("filtered out"), "{text}");
     }
 }

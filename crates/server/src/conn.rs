@@ -485,6 +485,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 code: ErrorCode::Compacted,
                 message: e.to_string(),
             },
+            ReplicaError::Superseded { .. } | ReplicaError::Dropped(_) => Response::Error {
+                id: Some(id),
+                code: ErrorCode::NotCommitted,
+                message: e.to_string(),
+            },
             ReplicaError::Closed => Response::Error {
                 id: Some(id),
                 code: ErrorCode::ShuttingDown,

@@ -1,0 +1,468 @@
+//! The `rdmalog` binary against a real cluster started in this process (three servers on
+//! 127.0.0.1 over replicas on the in-process fabric), and offline against a log directory
+//! written by a real `wal::Wal`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use fabric::NodeId;
+use fabric::sim::{SimConfig, SimEndpoint, SimNet};
+use proto::NodeInfo;
+use replica::{Log, LogOptions, PollMode, ReplicaConfig};
+use server::{ServerHandle, ServerOptions};
+use wal::fs::{FaultFs, FileSystem, StdFs};
+use wal::{Durability, Term, Wal, WalConfig};
+
+const CLUSTER: u64 = 0xc1;
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+struct Cluster {
+    net: SimNet,
+    stop: Arc<AtomicBool>,
+    servers: Vec<ServerHandle<SimEndpoint>>,
+    addrs: Vec<String>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Three replicas and three servers, once one is leader. The ports are picked free but may be
+/// taken before the servers bind them: then everything starts again.
+fn cluster() -> Cluster {
+    let mut attempt = 0;
+    let c = loop {
+        match try_cluster() {
+            Ok(c) => break c,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 5 => attempt += 1,
+            Err(e) => panic!("cannot start the cluster: {e}"),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c
+        .servers
+        .iter()
+        .any(|s| s.log().status().role == replica::Role::Leader)
+    {
+        assert!(Instant::now() < deadline, "no leader within 20 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c
+}
+
+fn try_cluster() -> std::io::Result<Cluster> {
+    let net = SimNet::new(SimConfig::default(), 23);
+    let stop = Arc::new(AtomicBool::new(false));
+    net.run_realtime(stop.clone());
+    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
+    let members: Vec<NodeInfo> = (1..=3u64)
+        .map(|id| NodeInfo {
+            id,
+            client_addr: addrs[id as usize - 1].to_string(),
+        })
+        .collect();
+    let mut c = Cluster {
+        net,
+        stop,
+        servers: Vec::new(),
+        addrs: addrs.iter().map(ToString::to_string).collect(),
+    };
+    for id in 1..=3u64 {
+        let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], CLUSTER, format!("/n{id}").into());
+        cfg.ring_bytes = 2 << 20;
+        cfg.segment_bytes = 8 << 20;
+        cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+        let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
+        let opts = LogOptions {
+            poll: PollMode::Event,
+            ..LogOptions::default()
+        };
+        let log = Arc::new(Log::open(cfg, c.net.add_node(NodeId(id)), disk, opts).unwrap());
+        let mut so = ServerOptions::new(id, CLUSTER, addrs[id as usize - 1]);
+        so.members = members.clone();
+        match server::start(so, log) {
+            Ok(s) => c.servers.push(s),
+            Err(e) => {
+                for s in c.servers.drain(..) {
+                    s.shutdown(Duration::ZERO);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(c)
+}
+
+fn rdmalog() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rdmalog"));
+    c.env_remove("RDMALOG_SERVERS")
+        .env_remove("RDMALOG_CLUSTER_ID")
+        .env_remove("RDMALOG_TOKEN_FILE");
+    c
+}
+
+impl Cluster {
+    /// `rdmalog` with the global flags that reach this cluster.
+    fn cmd(&self) -> Command {
+        let mut c = rdmalog();
+        c.args([
+            "--servers",
+            &self.addrs.join(","),
+            "--cluster-id",
+            "0xc1",
+            "--plaintext",
+            "--timeout",
+            "20s",
+        ]);
+        c
+    }
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// `index<TAB>payload` lines as pairs.
+fn entries(stdout: &str) -> Vec<(u64, String)> {
+    stdout
+        .lines()
+        .map(|l| {
+            let (i, p) = l
+                .split_once('\t')
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
+            (i.parse().unwrap(), p.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn append_tail_and_status_against_a_live_cluster() {
+    let c = cluster();
+    let out = ok(c.cmd().args(["append", "a", "b", "c"]).output().unwrap());
+    assert!(out.contains("(3 entries)"), "{out}");
+    assert!(out.contains("total: 3 entries in 1 batch"), "{out}");
+
+    // Entries from standard input, one per line, in batches.
+    let mut child = c
+        .cmd()
+        .args(["append", "--batch", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"d\ne\r\nf\n")
+        .unwrap();
+    let out = ok(child.wait_with_output().unwrap());
+    assert!(out.contains("total: 3 entries in 2 batches"), "{out}");
+
+    // tail stops at the commit index.
+    let out = ok(c.cmd().arg("tail").output().unwrap());
+    let got = entries(&out);
+    let payloads: Vec<&str> = got.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(payloads, ["a", "b", "c", "d", "e", "f"]);
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0));
+    // From an index, in hex.
+    let from = got[4].0.to_string();
+    let out = ok(c
+        .cmd()
+        .args(["tail", "--hex", "--from", &from])
+        .output()
+        .unwrap());
+    assert_eq!(
+        entries(&out),
+        [(got[4].0, "65".to_string()), (got[5].0, "66".to_string())]
+    );
+
+    // tail -f follows new commits.
+    let mut follower = c
+        .cmd()
+        .args(["tail", "-f", "--from", &from])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().unwrap().unwrap();
+    assert_eq!(next(), format!("{}\te", got[4].0));
+    assert_eq!(next(), format!("{}\tf", got[5].0));
+    ok(c.cmd().args(["append", "g"]).output().unwrap());
+    assert!(next().ends_with("\tg"));
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+
+    // status --json: every member, one leader.
+    let out = ok(c.cmd().args(["status", "--json"]).output().unwrap());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let members = v["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3);
+    let leaders: Vec<_> = members.iter().filter(|m| m["role"] == "leader").collect();
+    assert_eq!(leaders.len(), 1, "{out}");
+    assert_eq!(v["leader"], leaders[0]["id"]);
+    assert_eq!(leaders[0]["lag"], 0);
+    for m in members {
+        assert_eq!(m["reachable"], true);
+        assert!(m["commit"].as_u64().unwrap() >= got[5].0, "{m}");
+        assert!(m["ring_bytes"].as_u64().unwrap() > 0);
+        assert!(m["lag"].as_u64().is_some());
+    }
+    // The table, from one follower's address alone.
+    let leader_addr = v["leader_addr"].as_str().unwrap();
+    let follower_addr = c.addrs.iter().find(|a| *a != leader_addr).unwrap();
+    let out = ok(rdmalog()
+        .args([
+            "--servers",
+            follower_addr,
+            "--cluster-id",
+            "193",
+            "--plaintext",
+            "status",
+        ])
+        .output()
+        .unwrap());
+    eprintln!("{out}");
+    assert!(out.starts_with("node"), "{out}");
+    for col in [
+        "role", "term", "commit", "applied", "lag", "ring", "fenced", "peers",
+    ] {
+        assert!(out.lines().next().unwrap().contains(col), "{out}");
+    }
+    assert!(out.contains("\nleader: node "), "{out}");
+    assert_eq!(
+        out.lines().count(),
+        5,
+        "a header, 3 members, the leader: {out}"
+    );
+    assert!(out.contains("MiB"), "{out}");
+
+    // A membership change without an admin token: one clear line, non-zero exit.
+    let o = c.cmd().args(["members", "add", "4"]).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("Unauthorized"), "{err}");
+}
+
+#[test]
+fn bench_prints_a_latency_table() {
+    let c = cluster();
+    let out = ok(c
+        .cmd()
+        .args([
+            "bench",
+            "--entries",
+            "200",
+            "--in-flight",
+            "2",
+            "--size",
+            "64",
+        ])
+        .output()
+        .unwrap());
+    eprintln!("{out}");
+    let header = out
+        .lines()
+        .find(|l| l.contains("p99"))
+        .unwrap_or_else(|| panic!("no table in {out}"));
+    for col in ["count", "p50", "p90", "p99.9", "max"] {
+        assert!(header.contains(col), "{out}");
+    }
+    let row = out.lines().find(|l| l.starts_with("append")).unwrap();
+    let cells: Vec<u64> = row
+        .split_whitespace()
+        .skip(1)
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert_eq!(cells[0], 190, "5% warm-up left out: {out}");
+    assert!(cells.windows(2).skip(1).all(|w| w[0] <= w[1]), "{out}");
+    assert!(out.contains("appends/s"), "{out}");
+
+    // Open loop, as JSON.
+    let out = ok(c
+        .cmd()
+        .args([
+            "bench",
+            "--entries",
+            "100",
+            "--rate",
+            "500",
+            "--warmup",
+            "10",
+            "--json",
+        ])
+        .output()
+        .unwrap());
+    eprintln!("{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["mode"], "open");
+    assert_eq!(v["count"], 90);
+    let lat = &v["latency_us"];
+    assert!(lat["p50"].as_u64().unwrap() <= lat["p99"].as_u64().unwrap());
+    assert!(lat["p99"].as_u64().unwrap() <= lat["max"].as_u64().unwrap());
+    // 90 appends meant to start over 180 ms cannot finish much faster.
+    assert!(v["elapsed_s"].as_f64().unwrap() >= 0.15, "{out}");
+}
+
+#[test]
+fn plain_tcp_needs_to_be_asked_for() {
+    let o = rdmalog()
+        .args(["--servers", "127.0.0.1:9", "--cluster-id", "1", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--ca") && err.contains("--plaintext"), "{err}");
+    // Nothing reachable: a clear line after the timeout.
+    let o = rdmalog()
+        .args([
+            "--servers",
+            &free_port().to_string(),
+            "--cluster-id",
+            "1",
+            "--plaintext",
+            "--timeout",
+            "300ms",
+            "append",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no server reachable"), "{err}");
+    // Every subcommand has meaningful help.
+    for sub in [
+        "append", "tail", "status", "members", "dump", "check", "bench",
+    ] {
+        let out = ok(rdmalog().args([sub, "--help"]).output().unwrap());
+        assert!(out.contains("Usage: rdmalog"), "{out}");
+        assert!(out.lines().next().unwrap().len() > 10, "{sub}: {out}");
+    }
+}
+
+/// Writes `count` entries with a real `Wal` on the real file system and returns each entry's
+/// Lsn.
+fn write_log(dir: &Path, count: u64) -> Vec<u64> {
+    let cfg = WalConfig {
+        cluster_id: 7,
+        block_bytes: 4096,
+        segment_data_bytes: 64 << 10,
+        max_batch_bytes: 4096,
+        ..WalConfig::default()
+    };
+    let (wal, _) = Wal::open(Arc::new(StdFs), dir, cfg).unwrap();
+    let lsns = (1..=count)
+        .map(|i| {
+            let payload = format!("entry {i:04} {}", "x".repeat(80));
+            wal.append_next(Term(1 + i / 50), payload.as_bytes(), Durability::Fsync)
+                .unwrap()
+                .lsn
+                .0
+        })
+        .collect();
+    wal.close().unwrap();
+    lsns
+}
+
+/// The segment file holding `lsn` and the byte offset of `lsn` in it (every segment holds
+/// 64 KiB of data after a 4 KiB header; the file is named after its first Lsn).
+fn locate(dir: &Path, lsn: u64) -> (std::path::PathBuf, u64) {
+    let first = lsn / (64 << 10) * (64 << 10);
+    (dir.join(format!("{first:020}.wal")), 4096 + lsn - first)
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[offset as usize] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn check_and_dump_a_real_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let lsns = write_log(&dir, 200);
+    let d = dir.to_str().unwrap();
+
+    let out = ok(rdmalog().args(["check", d]).output().unwrap());
+    assert!(out.contains("200 entries"), "{out}");
+    assert!(out.contains("ok: every record verifies"), "{out}");
+
+    let out = ok(rdmalog().args(["dump", "--payload", d]).output().unwrap());
+    let rows: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("index"))
+        .skip(1)
+        .collect();
+    assert_eq!(rows.len(), 200, "{out}");
+    let first: Vec<&str> = rows[0].split_whitespace().collect();
+    assert_eq!(first[0], "1");
+    assert_eq!(first[2], lsns[0].to_string());
+    assert_eq!(first[3], "91");
+    assert!(first[4].starts_with("0x") && first[4].len() == 10, "{out}");
+    assert!(
+        first[5].starts_with("656e74727920"),
+        "hex of \"entry \": {out}"
+    );
+
+    // A flipped byte in the middle of the log is corruption, named with its position.
+    let (file, offset) = locate(&dir, lsns[99]);
+    flip(&file, offset + 40);
+    let o = rdmalog().args(["check", d]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let name = file.file_name().unwrap().to_str().unwrap();
+    assert!(out.contains("CORRUPT"), "{out}");
+    assert!(err.contains(&format!("{name} at byte {offset}")), "{err}");
+    assert!(err.contains("last good index 99"), "{err}");
+
+    // A torn last record is only a warning: recovery cuts it.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let dir2 = tmp2.path().join("data");
+    let lsns = write_log(&dir2, 20);
+    let (file, offset) = locate(&dir2, *lsns.last().unwrap());
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[offset as usize + 52..offset as usize + 100].fill(0);
+    std::fs::write(&file, bytes).unwrap();
+    let o = rdmalog()
+        .args(["check", dir2.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("warning") && err.contains("torn tail"),
+        "{err}"
+    );
+
+    // Not a directory at all: an error, not a verdict.
+    let o = rdmalog()
+        .args(["check", tmp.path().join("missing").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}

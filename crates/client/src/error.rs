@@ -1,0 +1,93 @@
+//! What a call can fail with, sorted by what the caller can do about it.
+
+use std::time::Duration;
+
+use proto::ErrorCode;
+
+/// Why a [`Client`](crate::Client) call failed.
+///
+/// Transient failures ([`ClientError::is_transient`]) were already retried until the
+/// configured deadline; calling again may succeed. The others are returned at once and will
+/// fail the same way until something changes (the token, the cluster id, the certificates,
+/// the request).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// No server could be reached (connection refused or timed out, TLS or hello not
+    /// completed) before the deadline.
+    #[error("no server reachable (tried {}); last failure: {last}", tried.join(", "))]
+    Unreachable {
+        /// Every address tried, in order of first attempt.
+        tried: Vec<String>,
+        /// The last failure, with its address.
+        last: String,
+    },
+    /// The server refused the request for a reason retrying cannot fix: `Unauthorized`,
+    /// `WrongCluster`, `WrongVersion`, `EntryTooLarge`, `Malformed`, `TooLarge`, `Compacted`
+    /// or `Internal` (other than the retryable ones: see the crate docs).
+    #[error("refused by the server ({code:?}): {message}")]
+    Refused {
+        /// The server's error code.
+        code: ErrorCode,
+        /// The server's explanation.
+        message: String,
+    },
+    /// The call did not complete in time: the deadline passed while the servers were busy or
+    /// shutting down or while waiting for an answer, or the server reported that an append
+    /// did not commit within its own timeout. **An append that timed out may still commit.**
+    #[error("timed out after {waited:?}: {last}")]
+    Timeout {
+        /// How long the call ran.
+        waited: Duration,
+        /// What the last attempt ran into.
+        last: String,
+    },
+    /// No leader was known before the deadline (an election was under way, or a majority of
+    /// the cluster is unreachable).
+    #[error(
+        "no leader known after {waited:?}: an election may be under way or a majority of the cluster unreachable"
+    )]
+    NoLeader {
+        /// How long the call ran.
+        waited: Duration,
+    },
+    /// The server answered something this client does not understand (a frame that does not
+    /// decode or is too large, a response of the wrong kind or for another request, or a
+    /// plain-TCP client talking to a TLS port).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A connection broke during a request and the deadline left no time to retry. **An
+    /// append may or may not have committed.**
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// TLS failed: the server's certificate is not trusted or does not name the server, the
+    /// server refused the client certificate, or the port does not speak TLS.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The configuration cannot work: no servers, an unreadable certificate or key file, an
+    /// invalid server name or frame limit.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl ClientError {
+    /// Whether calling again later may succeed: `Unreachable`, `Timeout`, `NoLeader` and `Io`
+    /// are transient; `Refused`, `Protocol`, `Tls` and `Config` are not.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unreachable { .. }
+                | ClientError::Timeout { .. }
+                | ClientError::NoLeader { .. }
+                | ClientError::Io(_)
+        )
+    }
+
+    /// The server's error code, for [`ClientError::Refused`].
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}

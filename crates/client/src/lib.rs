@@ -1,0 +1,698 @@
+//! The rdmalog client: appends, reads, tails and administers a cluster over the TCP (TLS)
+//! client protocol ([`proto`]).
+//!
+//! ```no_run
+//! use client::{Client, ClientConfig};
+//!
+//! let mut cfg = ClientConfig::new(vec!["10.0.0.1:7000".into(), "10.0.0.2:7000".into()], 0xc1);
+//! cfg.token = Some("writer-token".into());
+//! # cfg.tls = None;
+//! let mut c = Client::connect(cfg)?;
+//! let (first, last) = c.append(&[b"one", b"two"])?;
+//! let (entries, commit) = c.read(first, 1 << 20)?;
+//! assert!(entries.len() == 2 && commit >= last);
+//! # Ok::<(), client::ClientError>(())
+//! ```
+//!
+//! # Finding the leader and retrying
+//!
+//! A [`Client`] holds one connection at a time, to any member. Appends and membership changes
+//! must reach the leader: a follower answers `Redirect` and the client follows it at once.
+//! When no leader is known (an election), when a connection breaks, and when a server is busy
+//! or shutting down, the client backs off exponentially (20 ms doubling to 1 s, with jitter)
+//! and tries again, rotating through [`ClientConfig::servers`] and the addresses it learned
+//! from redirects and status answers, until [`ClientConfig::deadline`] has passed since the
+//! call began.
+//!
+//! A proposal that a new leader superseded or that raft dropped is not in the log; the server
+//! reports it as `Internal` asking for a retry, and the client retries it the same way.
+//!
+//! It never retries what retrying cannot fix: `Unauthorized`, `WrongCluster`, `WrongVersion`,
+//! `EntryTooLarge`, `Malformed` (and `TooLarge`, `Compacted`, any other `Internal`) come back at
+//! once as [`ClientError::Refused`], TLS failures as [`ClientError::Tls`].
+//!
+//! # Appends are at least once
+//!
+//! **An append retried after a broken connection (or a `ShuttingDown` answer, or no answer
+//! within the request timeout) may be applied twice**: the first attempt may have committed
+//! before the connection broke, and the protocol has no request ids that survive a
+//! connection yet, so the server cannot recognise the retry. Likewise an append that failed
+//! with [`ClientError::Timeout`] or [`ClientError::Io`] may still have committed. Applications
+//! that need exactly-once must make entries idempotent (for example, carry their own unique id
+//! in the payload and ignore repeats when applying).
+//!
+//! # Threads and async
+//!
+//! Calls block the calling thread. [`Client::append_async`] returns a [`PendingAppend`], a
+//! [`Future`] that needs no runtime: a thread of its own does the
+//! blocking call on its own connection and wakes the task when it is done.
+
+#![deny(unsafe_code)]
+
+mod conn;
+mod error;
+mod pending;
+mod tail;
+mod tls;
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::{ErrorCode, NodeInfo, NodeStatus, Request, Response, Role};
+
+use conn::{Conn, Failure, Step, give_up, set_id};
+
+pub use error::ClientError;
+pub use pending::PendingAppend;
+pub use proto::Entry;
+pub use tail::Tail;
+
+/// First backoff delay.
+const BACKOFF_START: Duration = Duration::from_millis(20);
+/// Longest backoff delay.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Redirects followed in a row before backing off (the leader keeps moving).
+const MAX_HOPS: u32 = 4;
+
+/// How to reach a cluster.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// `host:port` of any members (one is enough; more help when it is down).
+    pub servers: Vec<String>,
+    /// The cluster id the servers must have.
+    pub cluster_id: u64,
+    /// The token that grants a role; `None` gets the servers' anonymous role.
+    pub token: Option<String>,
+    /// TLS; `None` is plain TCP.
+    pub tls: Option<TlsConfig>,
+    /// Longest a connection (TCP, TLS handshake and hello) may take.
+    pub connect_timeout: Duration,
+    /// Longest to wait for the answer to one request before treating the connection as
+    /// broken. Keep it above the servers' append timeout (10 s by default), so that a slow
+    /// commit is reported by the server rather than retried.
+    pub request_timeout: Duration,
+    /// Total time a call may spend, retries included.
+    pub deadline: Duration,
+    /// Largest frame body sent or accepted (at most [`proto::MAX_FRAME_LIMIT`]).
+    pub max_frame_bytes: u32,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: say whether there is one, never what it is.
+        f.debug_struct("ClientConfig")
+            .field("servers", &self.servers)
+            .field("cluster_id", &format_args!("{:#x}", self.cluster_id))
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("deadline", &self.deadline)
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .finish()
+    }
+}
+
+impl ClientConfig {
+    /// Plain TCP to `servers` of cluster `cluster_id`, no token, and default timeouts:
+    /// connect 3 s, request 15 s, deadline 30 s.
+    pub fn new(servers: Vec<String>, cluster_id: u64) -> Self {
+        ClientConfig {
+            servers,
+            cluster_id,
+            token: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(15),
+            deadline: Duration::from_secs(30),
+            max_frame_bytes: proto::DEFAULT_MAX_FRAME_BYTES,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ClientError> {
+        if self.servers.is_empty() {
+            return Err(ClientError::Config(
+                "no server addresses: give at least one host:port".into(),
+            ));
+        }
+        if let Some(bad) = self.servers.iter().find(|s| !s.contains(':')) {
+            return Err(ClientError::Config(format!(
+                "{bad:?} is not host:port (the port is required)"
+            )));
+        }
+        if !(1024..=proto::MAX_FRAME_LIMIT).contains(&self.max_frame_bytes) {
+            return Err(ClientError::Config(format!(
+                "max_frame_bytes must be 1 KiB ..= {} bytes, not {}",
+                proto::MAX_FRAME_LIMIT,
+                self.max_frame_bytes
+            )));
+        }
+        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
+            return Err(ClientError::Config(
+                "the connect and request timeouts must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// TLS settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM bundle of the CAs that sign the servers' certificates.
+    pub ca: PathBuf,
+    /// A client certificate and its key (PEM), for servers that require one.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// The name the servers' certificates must carry; default: the host part of each
+    /// address (a DNS name or an IP address).
+    pub server_name: Option<String>,
+}
+
+/// One node's answer to `Status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusReport {
+    /// The address that answered.
+    pub addr: String,
+    /// Its state.
+    pub node: NodeStatus,
+    /// The leader it knows.
+    pub leader: Option<NodeInfo>,
+    /// Every member, as its configuration lists them.
+    pub members: Vec<NodeInfo>,
+}
+
+/// Exponential backoff with jitter.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        // A random seed without a dependency: std's hasher keys are random per process.
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(u64::from(std::process::id()));
+        Backoff {
+            next: BACKOFF_START,
+            rng: h.finish() | 1,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = BACKOFF_START;
+    }
+
+    /// The next delay: uniformly in [d/2, d] for the current step d, which then doubles.
+    fn delay(&mut self) -> Duration {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let d = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        let half = d / 2;
+        half + half.mul_f64((self.rng >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    /// Sleeps the next delay, cut at `deadline`; false if the deadline has passed.
+    fn sleep(&mut self, deadline: Instant) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(self.delay().min(left));
+        true
+    }
+}
+
+/// A connection to a cluster that finds the leader and retries (see the crate docs).
+pub struct Client {
+    cfg: ClientConfig,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    conn: Option<Conn>,
+    /// Where to connect: the configured servers, then addresses learned since.
+    addrs: Vec<String>,
+    /// Index into `addrs` of the next one to try.
+    next_addr: usize,
+    /// Try this one first (the leader a redirect named).
+    preferred: Option<String>,
+    next_id: u64,
+    backoff: Backoff,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("cfg", &self.cfg)
+            .field("conn", &self.conn)
+            .field("addrs", &self.addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Validates `cfg`, loads the TLS files, and connects to one of the servers (retrying
+    /// until the deadline).
+    pub fn connect(cfg: ClientConfig) -> Result<Client, ClientError> {
+        cfg.validate()?;
+        let tls = match &cfg.tls {
+            Some(t) => Some(tls::client_config(
+                &t.ca,
+                t.client_cert
+                    .as_ref()
+                    .map(|(c, k)| (c.as_path(), k.as_path())),
+            )?),
+            None => None,
+        };
+        let mut c = Client::unconnected(cfg, tls);
+        c.run(|_, _, _| Ok(()))?;
+        Ok(c)
+    }
+
+    fn unconnected(cfg: ClientConfig, tls: Option<Arc<rustls::ClientConfig>>) -> Client {
+        let mut addrs: Vec<String> = Vec::new();
+        for s in &cfg.servers {
+            if !addrs.contains(s) {
+                addrs.push(s.clone());
+            }
+        }
+        Client {
+            cfg,
+            tls,
+            conn: None,
+            addrs,
+            next_addr: 0,
+            preferred: None,
+            next_id: 0,
+            backoff: Backoff::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    /// The node the client is connected to now, and the role its token has there.
+    pub fn connected_to(&self) -> Option<(u64, &str, Role)> {
+        self.conn
+            .as_ref()
+            .map(|c| (c.node_id, c.addr.as_str(), c.role))
+    }
+
+    /// Every address the client knows: the configured ones and those learned since.
+    pub fn known_addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    fn learn(&mut self, addr: &str) {
+        if !self.addrs.iter().any(|a| a == addr) {
+            tracing::debug!(addr, "learned a member address");
+            self.addrs.push(addr.to_string());
+        }
+    }
+
+    /// Connects if not connected; the next address is the preferred one, else the next in
+    /// the rotation.
+    fn ensure_conn(&mut self, deadline: Instant, tried: &mut Vec<String>) -> Result<(), Step> {
+        if self.conn.is_some() {
+            return Ok(());
+        }
+        let addr = match self.preferred.take() {
+            Some(a) => a,
+            None => {
+                let a = self.addrs[self.next_addr % self.addrs.len()].clone();
+                self.next_addr = (self.next_addr + 1) % self.addrs.len();
+                a
+            }
+        };
+        if !tried.contains(&addr) {
+            tried.push(addr.clone());
+        }
+        let c = Conn::open(&self.cfg, self.tls.as_ref(), &addr, deadline)?;
+        tracing::debug!(addr, node = c.node_id, leader = ?c.leader, "connected");
+        if let Some(l) = &c.leader {
+            let a = l.client_addr.clone();
+            self.learn(&a);
+        }
+        // The next rotation starts after this one.
+        if let Some(i) = self.addrs.iter().position(|a| *a == addr) {
+            self.next_addr = (i + 1) % self.addrs.len();
+        }
+        self.conn = Some(c);
+        Ok(())
+    }
+
+    /// Runs `op` on a connection until it succeeds, fails for good, or the deadline passes.
+    /// `op` gets the connection, a fresh request id and the deadline.
+    pub(crate) fn run<T>(
+        &mut self,
+        mut op: impl FnMut(&mut Conn, u64, Instant) -> Result<T, Step>,
+    ) -> Result<T, ClientError> {
+        let start = Instant::now();
+        let deadline = start + self.cfg.deadline;
+        let mut tried = Vec::new();
+        let mut hops = 0;
+        self.backoff.reset();
+        loop {
+            let step = match self.ensure_conn(deadline, &mut tried) {
+                Err(step) => step,
+                Ok(()) => {
+                    self.next_id += 1;
+                    let id = self.next_id;
+                    let conn = self.conn.as_mut().expect("connected");
+                    match op(conn, id, deadline) {
+                        Ok(v) => return Ok(v),
+                        Err(step) => step,
+                    }
+                }
+            };
+            let failure = match step {
+                Step::Fatal { err, keep_conn } => {
+                    if !keep_conn {
+                        self.conn = None;
+                    }
+                    return Err(err);
+                }
+                Step::TimedOut(last) => {
+                    return Err(ClientError::Timeout {
+                        waited: start.elapsed(),
+                        last,
+                    });
+                }
+                Step::Redirect(leader) => {
+                    self.conn = None;
+                    self.learn(&leader.client_addr);
+                    if hops < MAX_HOPS {
+                        hops += 1;
+                        tracing::debug!(leader = leader.id, addr = %leader.client_addr, "redirected to the leader");
+                        self.preferred = Some(leader.client_addr);
+                        continue;
+                    }
+                    // The leader keeps moving: wait for the election to settle.
+                    Failure::NoLeader
+                }
+                Step::Retry(f) => {
+                    self.conn = None;
+                    f
+                }
+            };
+            tracing::debug!(?failure, elapsed = ?start.elapsed(), "retrying");
+            hops = 0;
+            if !self.backoff.sleep(deadline) {
+                return Err(give_up(failure, start.elapsed(), &tried));
+            }
+        }
+    }
+
+    /// Appends `entries` as one batch (1 to [`proto::MAX_BATCH_ENTRIES`] entries) and returns
+    /// the index range they committed at, `first..=last`.
+    ///
+    /// **At least once**: if the connection breaks (or the server shuts down) before the
+    /// answer, the batch is sent again, and may then be in the log twice. See the crate docs.
+    pub fn append(&mut self, entries: &[&[u8]]) -> Result<(u64, u64), ClientError> {
+        if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
+            return Err(ClientError::Refused {
+                code: ErrorCode::EntryTooLarge,
+                message: format!(
+                    "a batch holds 1 to {} entries, not {}",
+                    proto::MAX_BATCH_ENTRIES,
+                    entries.len()
+                ),
+            });
+        }
+        let mut req = Request::Append {
+            id: 0,
+            entries: entries.iter().map(|e| e.to_vec()).collect(),
+        };
+        let mut frame = Vec::new();
+        proto::encode_frame(&req, &mut frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if frame.len() - 4 > self.cfg.max_frame_bytes as usize {
+            return Err(ClientError::Refused {
+                code: ErrorCode::TooLarge,
+                message: format!(
+                    "the batch encodes to {} bytes, more than the {}-byte frame limit; send fewer or smaller entries",
+                    frame.len() - 4,
+                    self.cfg.max_frame_bytes
+                ),
+            });
+        }
+        drop(frame);
+        self.run(|conn, id, deadline| {
+            set_id(&mut req, id);
+            match conn.call(&req, id, deadline)? {
+                Response::Appended { first, last, .. } => Ok((first, last)),
+                other => Err(unexpected(conn, "Append", &other)),
+            }
+        })
+    }
+
+    /// Reads committed entries from `from`, about `max_bytes` of payload (at least one entry
+    /// when one is committed), from whichever node the client is connected to; returns them
+    /// with that node's commit index. An empty answer means nothing is committed from `from`
+    /// on (on that node).
+    pub fn read(&mut self, from: u64, max_bytes: u32) -> Result<(Vec<Entry>, u64), ClientError> {
+        let mut req = Request::Read {
+            id: 0,
+            from,
+            max_bytes,
+        };
+        self.run(|conn, id, deadline| {
+            set_id(&mut req, id);
+            match conn.call(&req, id, deadline)? {
+                Response::Entries {
+                    commit, entries, ..
+                } => Ok((entries, commit)),
+                other => Err(unexpected(conn, "Read", &other)),
+            }
+        })
+    }
+
+    /// Streams committed entries from `from` on, as they commit; see [`Tail`].
+    pub fn tail(self, from: u64) -> Result<Tail, ClientError> {
+        Tail::start(self, from)
+    }
+
+    /// The state of the node the client is connected to, the leader it knows and the members.
+    pub fn status(&mut self) -> Result<StatusReport, ClientError> {
+        let report = self.run(|conn, id, deadline| {
+            match conn.call(&Request::Status { id }, id, deadline)? {
+                Response::Status {
+                    node,
+                    leader,
+                    members,
+                    ..
+                } => Ok(StatusReport {
+                    addr: conn.addr.clone(),
+                    node,
+                    leader,
+                    members,
+                }),
+                other => Err(unexpected(conn, "Status", &other)),
+            }
+        })?;
+        for m in &report.members {
+            self.learn(&m.client_addr);
+        }
+        Ok(report)
+    }
+
+    /// The status of every member the connected node lists, one result per member in the
+    /// order of [`StatusReport::members`] of [`Client::status`] (or just this node's when the
+    /// list is empty). Members are asked in parallel, each once, on a connection of its own;
+    /// one that cannot be reached in the connect and request timeouts gets an error.
+    pub fn cluster_status(
+        &mut self,
+    ) -> Result<Vec<Result<StatusReport, ClientError>>, ClientError> {
+        let me = self.status()?;
+        if me.members.is_empty() {
+            return Ok(vec![Ok(me)]);
+        }
+        let members = me.members.clone();
+        let mut out = self.member_statuses(&members);
+        for (slot, m) in out.iter_mut().zip(&members) {
+            // The connected node's own answer is fresher than nothing if its second
+            // connection failed (say, at a connection limit).
+            if slot.is_err() && m.client_addr == me.addr {
+                *slot = Ok(me.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Asks each of `members` for its status, in parallel, each once on a connection of its
+    /// own (no retries, no redirects); results in the order of `members`.
+    pub fn member_statuses(&self, members: &[NodeInfo]) -> Vec<Result<StatusReport, ClientError>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = members
+                .iter()
+                .map(|m| s.spawn(move || self.status_once(&m.client_addr)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ClientError::Protocol("a status thread panicked".into()))
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn status_once(&self, addr: &str) -> Result<StatusReport, ClientError> {
+        let start = Instant::now();
+        let deadline = start + self.cfg.connect_timeout + self.cfg.request_timeout;
+        let tried = [addr.to_string()];
+        let step = match Conn::open(&self.cfg, self.tls.as_ref(), addr, deadline) {
+            Err(step) => step,
+            Ok(mut conn) => match conn.call(&Request::Status { id: 1 }, 1, deadline) {
+                Ok(Response::Status {
+                    node,
+                    leader,
+                    members,
+                    ..
+                }) => {
+                    return Ok(StatusReport {
+                        addr: addr.to_string(),
+                        node,
+                        leader,
+                        members,
+                    });
+                }
+                Ok(other) => unexpected(&conn, "Status", &other),
+                Err(step) => step,
+            },
+        };
+        Err(match step {
+            Step::Fatal { err, .. } => err,
+            Step::TimedOut(last) => ClientError::Timeout {
+                waited: start.elapsed(),
+                last,
+            },
+            Step::Redirect(_) => ClientError::Protocol(format!("{addr} redirected a Status")),
+            Step::Retry(f) => give_up(f, start.elapsed(), &tried),
+        })
+    }
+
+    /// Adds (`add`) or removes voter `node` (needs an admin token); returns the index the
+    /// change committed at.
+    pub fn members(&mut self, add: bool, node: u64) -> Result<u64, ClientError> {
+        self.run(|conn, id, deadline| {
+            let req = Request::Members { id, add, node };
+            match conn.call(&req, id, deadline)? {
+                Response::MembershipChanged { index, .. } => Ok(index),
+                other => Err(unexpected(conn, "Members", &other)),
+            }
+        })
+    }
+
+    /// Appends `entries` without blocking the caller: returns a [`PendingAppend`], a future
+    /// that resolves to what [`Client::append`] would return. It needs no async runtime: a
+    /// new thread opens its own connection (to the node this client is connected to first,
+    /// then the others it knows), makes the blocking call, and wakes the task that polls the
+    /// future. It can also be waited for without async with [`PendingAppend::wait`].
+    ///
+    /// Each call costs a thread and a connection; for many appends in flight at once, prefer
+    /// several clients on threads of your own. Dropping the future does not cancel the
+    /// append. The same at-least-once caveat as for [`Client::append`] applies.
+    pub fn append_async(&self, entries: Vec<Vec<u8>>) -> PendingAppend {
+        let mut cfg = self.cfg.clone();
+        let mut servers: Vec<String> = self.conn.iter().map(|c| c.addr.clone()).collect();
+        for a in &self.addrs {
+            if !servers.contains(a) {
+                servers.push(a.clone());
+            }
+        }
+        cfg.servers = servers;
+        let tls = self.tls.clone();
+        PendingAppend::spawn(move || {
+            let mut c = Client::unconnected(cfg, tls);
+            let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+            c.append(&refs)
+        })
+    }
+}
+
+/// A response of the wrong kind, as a fatal step.
+fn unexpected(conn: &Conn, what: &str, got: &Response) -> Step {
+    Step::Fatal {
+        err: ClientError::Protocol(format!(
+            "{} answered {what} with an unexpected {got:?}",
+            conn.addr
+        )),
+        keep_conn: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_second_with_jitter() {
+        let mut b = Backoff::new();
+        let mut steps = Vec::new();
+        for _ in 0..10 {
+            steps.push(b.delay());
+        }
+        assert!(steps[0] >= Duration::from_millis(10) && steps[0] <= BACKOFF_START);
+        assert!(steps[1] >= Duration::from_millis(20) && steps[1] <= Duration::from_millis(40));
+        for d in &steps[6..] {
+            assert!(*d >= BACKOFF_MAX / 2 && *d <= BACKOFF_MAX, "{d:?}");
+        }
+        b.reset();
+        assert!(b.delay() <= BACKOFF_START);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_connecting() {
+        let c = Client::connect(ClientConfig::new(vec![], 1));
+        assert!(matches!(c, Err(ClientError::Config(_))), "{c:?}");
+        let c = Client::connect(ClientConfig::new(vec!["localhost".into()], 1));
+        assert!(matches!(c, Err(ClientError::Config(_))), "{c:?}");
+        let mut cfg = ClientConfig::new(vec!["127.0.0.1:1".into()], 1);
+        cfg.tls = Some(TlsConfig {
+            ca: "/nonexistent/ca.pem".into(),
+            client_cert: None,
+            server_name: None,
+        });
+        let c = Client::connect(cfg);
+        assert!(
+            matches!(&c, Err(ClientError::Config(m)) if m.contains("/nonexistent/ca.pem")),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_cluster_is_reported_after_the_deadline() {
+        // Bind then drop, so the port most likely refuses connections.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cfg = ClientConfig::new(vec![format!("127.0.0.1:{port}")], 1);
+        cfg.deadline = Duration::from_millis(300);
+        let t = Instant::now();
+        let c = Client::connect(cfg);
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        match c {
+            Err(ClientError::Unreachable { tried, last }) => {
+                assert_eq!(tried, [format!("127.0.0.1:{port}")]);
+                assert!(last.contains(&port.to_string()), "{last}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_token_is_not_shown() {
+        let mut cfg = ClientConfig::new(vec!["a:1".into()], 1);
+        cfg.token = Some("secret-token".into());
+        assert!(!format!("{cfg:?}").contains("secret-token"));
+    }
+}

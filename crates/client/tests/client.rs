@@ -1,0 +1,539 @@
+//! The client library against real servers (real TCP, real TLS) over three replicas on the
+//! in-process fabric: append and read, following a follower's redirect, carrying on after
+//! the leader stops, a tail that resumes after its server stops, errors that must not be
+//! retried, TLS with a CA, cluster status and the runtime-free async append.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use client::{Client, ClientConfig, ClientError, TlsConfig};
+use fabric::NodeId;
+use fabric::sim::{SimConfig, SimEndpoint, SimNet};
+use proto::{ErrorCode, NodeInfo, Role};
+use replica::{Log, LogOptions, PollMode, ReplicaConfig};
+use server::{ServerHandle, ServerOptions};
+use wal::fs::{FaultFs, FileSystem};
+
+const CLUSTER: u64 = 0xc1;
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+struct Cluster {
+    net: SimNet,
+    stop: Arc<AtomicBool>,
+    servers: Vec<Option<ServerHandle<SimEndpoint>>>,
+    addrs: Vec<String>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Three replicas and three servers; `tune` adjusts each server's options. The ports are
+/// picked free but may be taken before the servers bind them: then everything starts again.
+fn cluster(tune: impl Fn(&mut ServerOptions)) -> Cluster {
+    let mut attempt = 0;
+    loop {
+        match try_cluster(&tune) {
+            Ok(c) => return c,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 5 => attempt += 1,
+            Err(e) => panic!("cannot start the cluster: {e}"),
+        }
+    }
+}
+
+fn try_cluster(tune: &dyn Fn(&mut ServerOptions)) -> std::io::Result<Cluster> {
+    let net = SimNet::new(SimConfig::default(), 17);
+    let stop = Arc::new(AtomicBool::new(false));
+    net.run_realtime(stop.clone());
+    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
+    let members: Vec<NodeInfo> = (1..=3u64)
+        .map(|id| NodeInfo {
+            id,
+            client_addr: addrs[id as usize - 1].to_string(),
+        })
+        .collect();
+    let mut c = Cluster {
+        net,
+        stop,
+        servers: Vec::new(),
+        addrs: addrs.iter().map(ToString::to_string).collect(),
+    };
+    for id in 1..=3u64 {
+        let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], CLUSTER, format!("/n{id}").into());
+        cfg.ring_bytes = 2 << 20;
+        cfg.segment_bytes = 8 << 20;
+        cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+        let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
+        let opts = LogOptions {
+            poll: PollMode::Event,
+            ..LogOptions::default()
+        };
+        let log = Arc::new(Log::open(cfg, c.net.add_node(NodeId(id)), disk, opts).unwrap());
+        let mut so = ServerOptions::new(id, CLUSTER, addrs[id as usize - 1]);
+        so.members = members.clone();
+        tune(&mut so);
+        match server::start(so, log) {
+            Ok(s) => c.servers.push(Some(s)),
+            Err(e) => {
+                for s in c.servers.drain(..).flatten() {
+                    s.shutdown(Duration::ZERO);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(c)
+}
+
+impl Cluster {
+    fn addr(&self, id: u64) -> String {
+        self.addrs[id as usize - 1].clone()
+    }
+
+    fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            for id in 1..=3 {
+                if let Some(s) = &self.servers[id as usize - 1] {
+                    if s.log().status().role == replica::Role::Leader {
+                        return id;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("no leader within 20 s");
+    }
+
+    /// Stops node `id`'s server (its clients get `ShuttingDown`); the replica keeps running.
+    fn stop_server(&mut self, id: u64) {
+        let handle = self.servers[id as usize - 1].take().unwrap();
+        handle.shutdown(Duration::from_millis(100));
+    }
+
+    /// Stops node `id` altogether: its replica drops off the fabric and its server shuts down.
+    fn crash(&mut self, id: u64) {
+        self.net.crash(NodeId(id));
+        self.stop_server(id);
+    }
+
+    /// A client config naming `ids`, with a deadline short enough for tests.
+    fn config(&self, ids: &[u64]) -> ClientConfig {
+        let mut cfg = ClientConfig::new(ids.iter().map(|&id| self.addr(id)).collect(), CLUSTER);
+        cfg.deadline = Duration::from_secs(20);
+        cfg.request_timeout = Duration::from_secs(12);
+        cfg
+    }
+}
+
+fn other_than(ids: &[u64]) -> u64 {
+    (1..=3).find(|id| !ids.contains(id)).unwrap()
+}
+
+fn payloads(entries: &[proto::Entry]) -> Vec<&[u8]> {
+    entries.iter().map(|e| e.data.as_slice()).collect()
+}
+
+#[test]
+fn append_then_read_back() {
+    let c = cluster(|_| {});
+    c.leader();
+    let mut client = Client::connect(c.config(&[1, 2, 3])).unwrap();
+    let (first, last) = client.append(&[b"one", b"two", b"three"]).unwrap();
+    assert_eq!(last, first + 2);
+    // Usually `last + 1`; a leader change in between adds the new leader's own entry.
+    let (second, _) = client.append(&[b"four"]).unwrap();
+    assert!(second > last);
+    let (entries, commit) = client.read(first, 1 << 20).unwrap();
+    assert!(commit >= second);
+    let at = |index: u64| {
+        entries
+            .iter()
+            .find(|e| e.index == index)
+            .map(|e| e.data.as_slice())
+    };
+    assert_eq!(at(first), Some(&b"one"[..]));
+    assert_eq!(at(first + 1), Some(&b"two"[..]));
+    assert_eq!(at(last), Some(&b"three"[..]));
+    assert_eq!(at(second), Some(&b"four"[..]));
+    assert_eq!(entries[0].index, first);
+    // A small budget still returns at least one entry; nothing past the commit is empty.
+    let (one, _) = client.read(first, 1).unwrap();
+    assert_eq!(payloads(&one), [&b"one"[..]]);
+    let (none, _) = client.read(second + 1, 1 << 20).unwrap();
+    assert!(none.is_empty());
+    // An empty batch is refused locally with the code the server would use.
+    let e = client.append(&[]).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::EntryTooLarge), "{e}");
+}
+
+#[test]
+fn a_follower_address_is_enough_to_append() {
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let f = other_than(&[l]);
+    let mut client = Client::connect(c.config(&[f])).unwrap();
+    assert_eq!(client.connected_to().map(|(n, _, _)| n), Some(f));
+    let (first, last) = client.append(&[b"via a follower"]).unwrap();
+    assert_eq!(first, last);
+    // The redirect moved the client to the leader, whose address it learned.
+    // (On a loaded machine the leader may have moved on since; then the client followed.)
+    let (node, addr, role) = client.connected_to().unwrap();
+    assert!(
+        node == l || c.leader() != l,
+        "connected to {node}, leader {l}"
+    );
+    assert_eq!(addr, c.addr(node));
+    assert_eq!(role, Role::ReadWrite);
+    assert!(client.known_addrs().contains(&c.addr(node)));
+    let (entries, _) = client.read(first, 1 << 20).unwrap();
+    assert_eq!(payloads(&entries), [&b"via a follower"[..]]);
+}
+
+#[test]
+fn the_client_carries_on_after_the_leader_stops() {
+    let mut c = cluster(|_| {});
+    let l = c.leader();
+    let mut cfg = c.config(&[l, other_than(&[l]), other_than(&[l, other_than(&[l])])]);
+    cfg.deadline = Duration::from_secs(15);
+    let mut client = Client::connect(cfg).unwrap();
+    let (before, _) = client.append(&[b"before"]).unwrap();
+    // The node that committed it leads (normally `l`, unless the leader moved meanwhile).
+    let (l, _, _) = client.connected_to().unwrap();
+
+    c.crash(l);
+    let t = Instant::now();
+    let (after, _) = client.append(&[b"after"]).unwrap();
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    let (now, _, _) = client.connected_to().unwrap();
+    assert_ne!(now, l);
+    assert_ne!(c.leader(), l);
+    assert!(after > before);
+    // Nothing acknowledged was lost (the retried append may be there twice: at least once).
+    let (entries, _) = client.read(before, 1 << 20).unwrap();
+    let data = payloads(&entries);
+    assert_eq!(data[0], b"before");
+    assert!(data[1..].iter().all(|d| *d == b"after"), "{data:?}");
+    assert!(entries.iter().any(|e| e.index == after));
+}
+
+#[test]
+fn tail_follows_new_commits_and_resumes_after_a_reconnect() {
+    let mut c = cluster(|_| {});
+    let l = c.leader();
+    let f = other_than(&[l]);
+    let mut writer = Client::connect(c.config(&[l])).unwrap();
+    let (first, _) = writer.append(&[b"a", b"b"]).unwrap();
+
+    // The tail starts on a follower.
+    let tailer = Client::connect(c.config(&[f, l, other_than(&[l, f])])).unwrap();
+    assert_eq!(tailer.connected_to().map(|(n, _, _)| n), Some(f));
+    let mut tail = tailer.tail(first).unwrap();
+    let next = |tail: &mut client::Tail| {
+        tail.poll(Duration::from_secs(10))
+            .unwrap()
+            .expect("an entry within 10 s")
+    };
+    let a = next(&mut tail);
+    assert_eq!((a.index, a.data.as_slice()), (first, &b"a"[..]));
+    assert_eq!(next(&mut tail).data, b"b");
+    assert!(tail.poll(Duration::from_millis(100)).unwrap().is_none());
+    // New commits arrive as they commit.
+    writer.append(&[b"c"]).unwrap();
+    assert_eq!(next(&mut tail).data, b"c");
+    let resume = tail.resume_index();
+    assert!(resume > first + 2);
+
+    // The tail's server stops: it reconnects elsewhere and continues after "c", without
+    // repeating or skipping anything.
+    c.stop_server(f);
+    writer.append(&[b"d", b"e"]).unwrap();
+    let d = next(&mut tail);
+    assert_eq!(d.data, b"d");
+    assert!(d.index >= resume);
+    assert_eq!(next(&mut tail).data, b"e");
+    let (node, _, _) = tail.client().connected_to().unwrap();
+    assert_ne!(node, f);
+    assert!(tail.commit() > d.index);
+    // As an iterator.
+    writer.append(&[b"f"]).unwrap();
+    let got = tail.next().unwrap().unwrap();
+    assert_eq!(got.data, b"f");
+}
+
+#[test]
+fn refusals_are_returned_at_once_without_retries() {
+    let c = cluster(|o| {
+        o.tokens
+            .insert("reader-token-0123456789".into(), Role::ReadOnly);
+        o.tokens
+            .insert("writer-token-0123456789".into(), Role::ReadWrite);
+        o.anonymous_role = None;
+    });
+    c.leader();
+    // No token where one is required, and an unknown token: Unauthorized, fast.
+    for token in [None, Some("guessed")] {
+        let mut cfg = c.config(&[1, 2, 3]);
+        cfg.deadline = Duration::from_secs(20);
+        cfg.token = token.map(str::to_string);
+        let t = Instant::now();
+        let e = Client::connect(cfg).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(
+            matches!(
+                e,
+                ClientError::Refused {
+                    code: ErrorCode::Unauthorized,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(!e.is_transient());
+    }
+    // A read-only token cannot append.
+    let mut cfg = c.config(&[1, 2, 3]);
+    cfg.token = Some("reader-token-0123456789".into());
+    let mut reader = Client::connect(cfg).unwrap();
+    let t = Instant::now();
+    let e = reader.append(&[b"nope"]).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized), "{e}");
+    // ... but the connection is still good for reads.
+    reader.status().unwrap();
+    // Another cluster's id.
+    let mut cfg = c.config(&[1]);
+    cfg.cluster_id = 0xdead;
+    cfg.token = Some("writer-token-0123456789".into());
+    let t = Instant::now();
+    let e = Client::connect(cfg).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert_eq!(e.code(), Some(ErrorCode::WrongCluster), "{e}");
+    assert!(e.to_string().contains("0xc1"), "{e}");
+    // A batch larger than the frame limit never leaves the client.
+    let mut cfg = c.config(&[1, 2, 3]);
+    cfg.token = Some("writer-token-0123456789".into());
+    cfg.max_frame_bytes = 64 << 10;
+    let mut writer = Client::connect(cfg).unwrap();
+    let big = vec![7u8; 100 << 10];
+    let e = writer.append(&[&big]).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::TooLarge), "{e}");
+    writer.append(&[b"small"]).unwrap();
+}
+
+#[test]
+fn cluster_status_asks_every_member() {
+    let mut c = cluster(|_| {});
+    let l = c.leader();
+    let mut client = Client::connect(c.config(&[l])).unwrap();
+    client.append(&[b"x"]).unwrap();
+    let me = client.status().unwrap();
+    let (connected, addr, _) = client.connected_to().unwrap();
+    assert_eq!(me.node.id, connected);
+    assert_eq!(me.addr, addr);
+    assert_eq!(me.members.len(), 3);
+    let all = client.cluster_status().unwrap();
+    assert_eq!(all.len(), 3);
+    for (r, m) in all.iter().zip(&me.members) {
+        let r = r.as_ref().unwrap();
+        assert_eq!(r.node.id, m.id);
+        assert_eq!(r.addr, m.client_addr);
+        assert!(r.node.commit > 0);
+        assert_eq!(r.node.peers.len(), 2);
+    }
+    // Someone leads (the leader may have moved since `c.leader()` on a loaded machine).
+    assert!(
+        all.iter()
+            .any(|r| r.as_ref().unwrap().node.role == "leader"),
+        "{all:?}"
+    );
+    // A stopped member is reported as unreachable; the others still answer.
+    let f = other_than(&[connected]);
+    c.stop_server(f);
+    let all = client.cluster_status().unwrap();
+    for (r, m) in all.iter().zip(&me.members) {
+        if m.id == f {
+            assert!(matches!(r, Err(ClientError::Unreachable { .. })), "{r:?}");
+        } else {
+            assert!(r.is_ok(), "{r:?}");
+        }
+    }
+}
+
+/// A waker that unparks the thread that blocks on a future.
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn append_async_is_a_future_that_needs_no_runtime() {
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let client = Client::connect(c.config(&[other_than(&[l])])).unwrap();
+    let pending: Vec<_> = (0..4u8)
+        .map(|i| client.append_async(vec![vec![i; 10], vec![i; 20]]))
+        .collect();
+    let mut ranges: Vec<(u64, u64)> = pending.into_iter().map(|p| block_on(p).unwrap()).collect();
+    ranges.sort();
+    for r in &ranges {
+        assert_eq!(r.1, r.0 + 1);
+    }
+    for w in ranges.windows(2) {
+        assert!(w[1].0 > w[0].1);
+    }
+    // Blocking use, without async.
+    let (first, last) = client.append_async(vec![b"sync".to_vec()]).wait().unwrap();
+    assert_eq!(first, last);
+}
+
+/// A CA, and certificates it signs, written as PEM files.
+struct Pki {
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        Pki {
+            ca: rcgen::CertifiedIssuer::self_signed(params, key).unwrap(),
+        }
+    }
+
+    fn write_ca(&self, path: &Path) {
+        std::fs::write(path, self.ca.pem()).unwrap();
+    }
+
+    fn issue(&self, names: &[&str], dir: &Path) -> (PathBuf, PathBuf) {
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        let (c, k) = (
+            dir.join(format!("{}.crt", names[0])),
+            dir.join(format!("{}.key", names[0])),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+#[test]
+fn tls_with_a_ca_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("rdmalog test CA");
+    let ca = dir.path().join("ca.pem");
+    pki.write_ca(&ca);
+    let (cert, key) = pki.issue(&["localhost", "127.0.0.1"], dir.path());
+    let (ccert, ckey) = pki.issue(&["client"], dir.path());
+    let rogue = Pki::new("someone else");
+    let rogue_ca = dir.path().join("rogue-ca.pem");
+    rogue.write_ca(&rogue_ca);
+
+    let c = cluster(|o| {
+        o.tls = Some(server::tls::server_config(&cert, &key, Some(&ca)).unwrap());
+    });
+    let l = c.leader();
+    let tls = TlsConfig {
+        ca: ca.clone(),
+        client_cert: Some((ccert.clone(), ckey.clone())),
+        server_name: None,
+    };
+    // Verified against the address's host part (an IP address in the certificate), starting
+    // at a follower: the redirect is followed over TLS too.
+    let mut cfg = c.config(&[other_than(&[l])]);
+    cfg.tls = Some(tls.clone());
+    let mut client = Client::connect(cfg).unwrap();
+    let (first, _) = client.append(&[b"over tls"]).unwrap();
+    let (entries, _) = client.read(first, 1 << 20).unwrap();
+    assert_eq!(payloads(&entries), [&b"over tls"[..]]);
+    let (node, _, _) = client.connected_to().unwrap();
+    assert!(
+        node == l || c.leader() != l,
+        "connected to {node}, leader {l}"
+    );
+    // An explicit server name.
+    let mut cfg = c.config(&[l]);
+    cfg.tls = Some(TlsConfig {
+        server_name: Some("localhost".into()),
+        ..tls.clone()
+    });
+    Client::connect(cfg).unwrap().append(&[b"by name"]).unwrap();
+
+    // Failures that retrying cannot fix come back at once.
+    let quick = |cfg: ClientConfig| {
+        let t = Instant::now();
+        let e = Client::connect(cfg).unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "{e}: {:?}",
+            t.elapsed()
+        );
+        e
+    };
+    // A server whose certificate does not carry the name asked for.
+    let mut cfg = c.config(&[l]);
+    cfg.tls = Some(TlsConfig {
+        server_name: Some("elsewhere.example".into()),
+        ..tls.clone()
+    });
+    let e = quick(cfg);
+    assert!(matches!(e, ClientError::Tls(_)), "{e:?}");
+    // A client that does not trust the servers' CA.
+    let mut cfg = c.config(&[l]);
+    cfg.tls = Some(TlsConfig {
+        ca: rogue_ca,
+        ..tls.clone()
+    });
+    let e = quick(cfg);
+    assert!(matches!(e, ClientError::Tls(_)), "{e:?}");
+    // No client certificate where the servers require one.
+    let mut cfg = c.config(&[l]);
+    cfg.tls = Some(TlsConfig {
+        client_cert: None,
+        ..tls
+    });
+    let e = quick(cfg);
+    assert!(matches!(e, ClientError::Tls(_)), "{e:?}");
+    // Plain TCP to a TLS port.
+    let e = quick(c.config(&[l]));
+    assert!(
+        matches!(&e, ClientError::Protocol(m) if m.contains("requires TLS")),
+        "{e:?}"
+    );
+}
