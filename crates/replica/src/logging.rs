@@ -57,9 +57,9 @@ impl slog::Drain for TracingDrain {
     }
 }
 
-/// The logger handed to raft-rs.
-pub fn raft_logger(node: u64) -> slog::Logger {
-    slog::Logger::root(TracingDrain, slog::o!("raft_id" => node))
+/// The logger handed to raft-rs (which adds `raft_id` to every record itself).
+pub fn raft_logger() -> slog::Logger {
+    slog::Logger::root(TracingDrain, slog::o!())
 }
 
 #[cfg(test)]
@@ -89,7 +89,7 @@ mod tests {
             .with_env_filter("raft=info")
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            let logger = super::raft_logger(7);
+            let logger = super::raft_logger().new(slog::o!("raft_id" => 7));
             slog::info!(logger, "became leader at term {}", 3; "term" => 3);
             slog::debug!(logger, "filtered out below info");
         });

@@ -471,7 +471,7 @@ impl<F: Fabric> Replica<F> {
         if let Some(snap) = snapshot {
             storage.set_snapshot(snap);
         }
-        let logger = crate::logging::raft_logger(cfg.id);
+        let logger = crate::logging::raft_logger();
         let raw = RawNode::new(&rc, storage, &logger)?;
         let dummy = Event::Disconnected {
             peer: NodeId(0),

@@ -170,10 +170,10 @@ fn status(want_members: usize) -> serde_json::Value {
         let out = cli(&["status", "--json"]);
         if out.status.success() {
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            let text = v.to_string();
-            if text.matches("\"leader\"").count() >= 1
-                && v.as_array().map_or(0, |a| a.len()) >= want_members
-            {
+            let reachable = v["members"]
+                .as_array()
+                .map_or(0, |a| a.iter().filter(|m| m["reachable"] == true).count());
+            if v["leader"].as_u64().is_some() && reachable >= want_members {
                 return v;
             }
         }
@@ -186,7 +186,8 @@ fn status(want_members: usize) -> serde_json::Value {
 }
 
 fn leader_of(v: &serde_json::Value) -> u64 {
-    v.as_array()
+    v["members"]
+        .as_array()
         .unwrap()
         .iter()
         .find(|n| n["role"] == "leader")
@@ -272,7 +273,7 @@ fn three_servers_serve_the_cli_through_a_leader_crash() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let v = status(3);
-        let commits: Vec<u64> = v
+        let commits: Vec<u64> = v["members"]
             .as_array()
             .unwrap()
             .iter()
