@@ -7,7 +7,9 @@
 //! `ib_write_lat` of the same size as A/B pairs; replicated throughput with 4 KiB entries
 //! interleaved with `ib_write_bw`; throughput against payload size; and etcd 3.4 (Debian's
 //! `etcd-server`, three members on the lab's addresses) with puts of the same sizes through
-//! its v3 JSON gateway. It writes `results.json`, `table.md` and two SVG charts to `DIR`.
+//! its v3 JSON gateway, in A/B pairs with three `rdmalog-server` processes (fsync durability)
+//! driven through their TCP client protocol, with each server's CPU per entry from its
+//! `/status`. It writes `results.json`, `table.md` and two SVG charts to `DIR`.
 //! The ratios are medians of per-pair ratios with their min and max: absolute times under TCG
 //! mean nothing, ratios measured in the same boot do.
 //!
@@ -423,6 +425,158 @@ fn start_etcd(dir: &Path) -> anyhow::Result<Vec<Child>> {
     }
 }
 
+/// Three `rdmalog-server` processes (fsync durability, like etcd), one per lab host, from
+/// the binary beside this one.
+struct ServerCluster {
+    kids: Vec<Child>,
+}
+
+const SERVER_CLUSTER: u64 = 0x5e4;
+
+fn server_client_addr(i: u64) -> String {
+    format!("192.0.2.1{i}:{}", 9400 + i)
+}
+
+fn server_metrics_addr(i: u64) -> SocketAddr {
+    format!("127.0.0.1:{}", 9500 + i).parse().expect("address")
+}
+
+impl ServerCluster {
+    fn start(dir: &Path) -> anyhow::Result<ServerCluster> {
+        let exe = std::env::current_exe()?;
+        let bin = exe.with_file_name("rdmalog-server");
+        if !bin.is_file() {
+            bail!(
+                "{} is missing: build the server in the same profile (ops/bench does)",
+                bin.display()
+            );
+        }
+        std::fs::create_dir_all(dir)?;
+        let mut kids = Vec::new();
+        for i in 1..=3u64 {
+            let mut peers = String::new();
+            for p in (1..=3u64).filter(|&p| p != i) {
+                peers += &format!(
+                    "[[peers]]\nid = {p}\nrdma = \"{}\"\nclient = \"{}\"\n\n",
+                    lab_addr(p, 9300 + p as u16),
+                    server_client_addr(p)
+                );
+            }
+            let cfg = dir.join(format!("server{i}.toml"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "node_id = {i}\ncluster_id = {SERVER_CLUSTER}\ndata_dir = \"{}\"\ndurability = \"fsync\"\n\n[rdma]\nlisten = \"{}\"\n\n{peers}[client]\nlisten = \"{}\"\nplaintext = true\n\n[auth]\nanonymous_role = \"read-write\"\n\n[metrics]\nlisten = \"{}\"\n",
+                    dir.join(format!("server{i}")).display(),
+                    lab_addr(i, 9300 + i as u16),
+                    server_client_addr(i),
+                    server_metrics_addr(i),
+                ),
+            )?;
+            let log = std::fs::File::create(dir.join(format!("server{i}.log")))?;
+            kids.push(
+                Command::new(&bin)
+                    .arg("--config")
+                    .arg(&cfg)
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .context("starting rdmalog-server")?,
+            );
+        }
+        let c = ServerCluster { kids };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let ok = client::Client::connect(c.client_config())
+                .and_then(|mut k| k.append(&[b"ready".as_slice()]))
+                .is_ok();
+            if ok {
+                return Ok(c);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the rdmalog-server cluster took no append within 90 s (logs in {})",
+                    dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn client_config(&self) -> client::ClientConfig {
+        client::ClientConfig::new((1..=3).map(server_client_addr).collect(), SERVER_CLUSTER)
+    }
+
+    /// Each server's role and CPU seconds, from its `/status`.
+    fn cpu(&self) -> Vec<(String, f64)> {
+        (1..=3)
+            .map(|i| {
+                let v: serde_json::Value = get(server_metrics_addr(i), "/status")
+                    .ok()
+                    .and_then(|b| serde_json::from_str(&b).ok())
+                    .unwrap_or_default();
+                (
+                    v["role"].as_str().unwrap_or("unknown").to_string(),
+                    v["cpu_seconds"].as_f64().unwrap_or(f64::NAN),
+                )
+            })
+            .collect()
+    }
+
+    fn measure(&self, c: &Common, name: &str) -> anyhow::Result<(Summary, Vec<(String, f64)>)> {
+        let clients: Vec<std::sync::Mutex<client::Client>> = (0..c.in_flight.max(1))
+            .map(|_| client::Client::connect(self.client_config()).map(std::sync::Mutex::new))
+            .collect::<Result<_, _>>()?;
+        let payload = vec![0x5au8; c.size];
+        let before = self.cpu();
+        let total = c.count + c.warmup;
+        let t0 = Instant::now();
+        let s = bench::run(
+            name,
+            c.size as u64,
+            total,
+            c.warmup,
+            c.load(),
+            |w, _| {
+                clients[w]
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .append(&[payload.as_slice()])
+                    .is_ok()
+            },
+            |d| eprint!("{}", bench::progress_line(name, d, total, t0)),
+        );
+        eprintln!();
+        let after = self.cpu();
+        let per_entry = before
+            .iter()
+            .zip(&after)
+            .map(|((_, a), (role, b))| (role.clone(), (b - a) * 1e6 / total as f64))
+            .collect();
+        Ok((s, per_entry))
+    }
+}
+
+impl Drop for ServerCluster {
+    fn drop(&mut self) {
+        for k in &mut self.kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
+}
+
+/// One HTTP/1.0 GET, the body back.
+fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+}
+
 /// Median, min and max of per-pair ratios.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 struct Ratio {
@@ -470,6 +624,7 @@ struct Results {
     measurements: Vec<serde_json::Value>,
     ratios: BTreeMap<String, Ratio>,
     cpu_us_per_entry_all_replicas: BTreeMap<String, f64>,
+    cpu_us_per_entry_servers: BTreeMap<String, f64>,
 }
 
 fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()> {
@@ -592,35 +747,85 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
         cluster.close();
     }
 
-    eprintln!("== etcd 3.4");
-    match start_etcd(&dir.join("etcd")) {
-        Ok(mut kids) => {
-            for size in [64usize, 4096] {
+    eprintln!("== etcd 3.4 and rdmalog-server, both through their TCP client protocols");
+    let etcd = start_etcd(&dir.join("etcd"));
+    let servers = ServerCluster::start(&dir.join("servers"));
+    match (etcd, servers) {
+        (Ok(mut kids), Ok(servers)) => {
+            for (size, in_flight) in [(64usize, 1usize), (4096, 1), (4096, 16)] {
                 let c = Common {
                     size,
                     count,
                     warmup: count / 10,
-                    in_flight: 1,
+                    in_flight,
                     rate: None,
                 };
-                let s = measure_etcd(lab_addr(1, 2379), &c, &format!("etcd put {size} B"))?;
-                if size == 64 {
-                    cdf.push(Series {
-                        label: "etcd 3.4 put".into(),
-                        points: s.cdf.clone(),
-                    });
+                let (mut lat, mut thr) = (Vec::new(), Vec::new());
+                for k in 0..pairs {
+                    eprintln!(
+                        "== pair {}/{pairs}: etcd put {size} B x{in_flight}, then rdmalog-server append",
+                        k + 1
+                    );
+                    let e = measure_etcd(
+                        lab_addr(1, 2379),
+                        &c,
+                        &format!("etcd put {size} B x{in_flight}"),
+                    )?;
+                    let name = format!("rdmalog-server append {size} B x{in_flight}");
+                    let (s, cpu) = servers.measure(&c, &name)?;
+                    lat.push(s.p50_us / e.p50_us);
+                    thr.push(s.ops_per_s / e.ops_per_s);
+                    for (role, us) in &cpu {
+                        r.cpu_us_per_entry_servers
+                            .insert(format!("{name} ({role})"), *us);
+                    }
+                    if k == 0 && size == 64 {
+                        cdf.push(Series {
+                            label: "etcd 3.4 put".into(),
+                            points: e.cdf.clone(),
+                        });
+                        cdf.push(Series {
+                            label: "rdmalog-server append (TCP client)".into(),
+                            points: s.cdf.clone(),
+                        });
+                    }
+                    r.measurements.push(serde_json::json!({"pair": k, "etcd": e, "rdmalog_server": s, "cpu_us_per_entry": cpu}));
                 }
-                r.measurements.push(serde_json::json!({"etcd": s}));
+                if in_flight == 1 {
+                    r.ratios.insert(
+                        format!("P5 rdmalog-server p50 / etcd p50 ({size} B)"),
+                        ratio(lat),
+                    );
+                } else {
+                    r.ratios.insert(
+                        format!("P5t rdmalog-server / etcd throughput ({size} B x{in_flight})"),
+                        ratio(thr),
+                    );
+                }
             }
             for k in &mut kids {
                 let _ = k.kill();
                 let _ = k.wait();
             }
         }
-        Err(e) => {
-            eprintln!("etcd skipped: {e:#}");
+        (e, s) => {
+            let why = format!(
+                "etcd: {}; servers: {}",
+                e.as_ref()
+                    .err()
+                    .map_or("up".to_string(), |e| format!("{e:#}")),
+                s.as_ref()
+                    .err()
+                    .map_or("up".to_string(), |e| format!("{e:#}"))
+            );
+            if let Ok(mut kids) = e {
+                for k in &mut kids {
+                    let _ = k.kill();
+                }
+            }
+            eprintln!("etcd comparison skipped: {why}");
             r.measurements
-                .push(serde_json::json!({"etcd": format!("skipped: {e:#}")}));
+                .push(serde_json::json!({"etcd_comparison": format!("skipped: {why}")}));
         }
     }
     plot::latency_cdf(
@@ -644,6 +849,10 @@ fn render_table(r: &Results) -> String {
             "≤ 1.5"
         } else if name.starts_with("P2") {
             "≥ 0.8"
+        } else if name.starts_with("P5t") {
+            "≥ 3"
+        } else if name.starts_with("P5") {
+            "≤ 0.5"
         } else {
             ""
         };
@@ -654,6 +863,10 @@ fn render_table(r: &Results) -> String {
     }
     t += "\n| CPU per committed entry (3 replicas in one process) | µs |\n|---|---:|\n";
     for (name, us) in &r.cpu_us_per_entry_all_replicas {
+        t += &format!("| {name} | {us:.0} |\n");
+    }
+    t += "\n| CPU per committed entry, per rdmalog-server process (last pair) | µs |\n|---|---:|\n";
+    for (name, us) in &r.cpu_us_per_entry_servers {
         t += &format!("| {name} | {us:.0} |\n");
     }
     t
