@@ -10,6 +10,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod lab;
 pub mod plot;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -22,18 +22,14 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bench::plot::{self, Series};
 use bench::{Load, Summary};
 use clap::{Parser, Subcommand};
-use fabric::NodeId;
-use fabric::rdma::{RdmaConfig, RdmaEndpoint};
 use lab::perftest::{self, Tool};
-use replica::{Durability, Log, LogOptions, PollMode, ReplicaConfig, Role};
-use wal::fs::{FileSystem, StdFs};
+use replica::Durability;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -147,14 +143,10 @@ fn durability_of(s: &str) -> anyhow::Result<Durability> {
     })
 }
 
-fn lab_addr(i: u64, port: u16) -> SocketAddr {
-    format!("192.0.2.1{i}:{port}").parse().expect("lab address")
-}
+use bench::lab::lab_addr;
 
 /// Three replicas in this process, one per rxe host.
-struct Embedded {
-    logs: Vec<Log<RdmaEndpoint>>,
-}
+struct Embedded(bench::lab::LabCluster);
 
 /// What an embedded measurement adds to the latency summary.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -167,61 +159,18 @@ struct Extra {
 
 impl Embedded {
     fn open(d: Durability, dir: &Path, port_base: u16, cluster: u64) -> anyhow::Result<Embedded> {
-        let _ = std::fs::remove_dir_all(dir);
-        let mut logs = Vec::new();
-        for id in 1..=3u64 {
-            let peers: BTreeMap<NodeId, SocketAddr> = (1..=3u64)
-                .filter(|&p| p != id)
-                .map(|p| (NodeId(p), lab_addr(p, port_base + p as u16)))
-                .collect();
-            let rc = RdmaConfig::new(
-                NodeId(id),
-                cluster,
-                lab_addr(id, port_base + id as u16),
-                peers,
-            );
-            let ep =
-                RdmaEndpoint::open(rc).context("opening an RDMA endpoint (inside the lab?)")?;
-            let mut cfg =
-                ReplicaConfig::new(id, vec![1, 2, 3], cluster, dir.join(format!("n{id}")));
-            cfg.durability = d;
-            cfg.ring_dir = std::env::temp_dir();
-            cfg.election_tick = 20;
-            cfg.heartbeat_tick = 3;
-            cfg.election_window = Some((20 + 10 * id as usize, 21 + 10 * id as usize));
-            let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
-            let opts = LogOptions {
-                tick: Duration::from_millis(20),
-                poll: PollMode::Adaptive {
-                    spin: Duration::from_micros(50),
-                },
-                pin_core: None,
-            };
-            logs.push(Log::open(cfg, ep, fs, opts)?);
-        }
-        let c = Embedded { logs };
-        c.leader(Duration::from_secs(60))?;
-        Ok(c)
+        Ok(Embedded(bench::lab::LabCluster::open(
+            d, dir, port_base, cluster,
+        )?))
     }
 
     fn leader(&self, within: Duration) -> anyhow::Result<usize> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(k) = self
-                .logs
-                .iter()
-                .position(|l| l.status().role == Role::Leader)
-            {
-                return Ok(k);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        bail!("no leader within {within:?}")
+        self.0.leader(within)
     }
 
     fn measure(&self, c: &Common, name: &str) -> anyhow::Result<(Summary, Extra)> {
         let k = self.leader(Duration::from_secs(30))?;
-        let log = &self.logs[k];
+        let log = &self.0.logs[k];
         let payload = vec![0x5au8; c.size];
         let before = log.status().stats.fast_bytes;
         let cpu0 = bench::process_cpu_seconds().unwrap_or(0.0);
@@ -251,9 +200,7 @@ impl Embedded {
     }
 
     fn close(self) {
-        for l in self.logs {
-            let _ = l.close();
-        }
+        self.0.close();
     }
 }
 

@@ -1,0 +1,101 @@
+//! Three replicas of the log in this process, one per lab host (rxe1..3): what the lab suite
+//! and the lab criterion bench measure through the embedded API.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use fabric::NodeId;
+use fabric::rdma::{RdmaConfig, RdmaEndpoint};
+use replica::{Durability, Log, LogOptions, PollMode, ReplicaConfig, Role};
+use wal::fs::{FileSystem, StdFs};
+
+/// `192.0.2.1<i>:<port>`, lab host `i`'s address.
+pub fn lab_addr(i: u64, port: u16) -> SocketAddr {
+    format!("192.0.2.1{i}:{port}").parse().expect("lab address")
+}
+
+/// Whether this process runs inside the lab (the lab sets `RDMALOG_LAB`).
+pub fn in_lab() -> bool {
+    std::env::var_os("RDMALOG_LAB").is_some()
+}
+
+/// Three replicas in this process, one per rxe host.
+#[derive(Debug)]
+pub struct LabCluster {
+    /// The replicas, node 1 first.
+    pub logs: Vec<Log<RdmaEndpoint>>,
+}
+
+impl LabCluster {
+    /// Opens three replicas with durability `d`, data under `dir` (emptied first), RDMA ports
+    /// `port_base + i`, and waits for a leader.
+    pub fn open(
+        d: Durability,
+        dir: &Path,
+        port_base: u16,
+        cluster: u64,
+    ) -> anyhow::Result<LabCluster> {
+        let _ = std::fs::remove_dir_all(dir);
+        let mut logs = Vec::new();
+        for id in 1..=3u64 {
+            let peers: BTreeMap<NodeId, SocketAddr> = (1..=3u64)
+                .filter(|&p| p != id)
+                .map(|p| (NodeId(p), lab_addr(p, port_base + p as u16)))
+                .collect();
+            let rc = RdmaConfig::new(
+                NodeId(id),
+                cluster,
+                lab_addr(id, port_base + id as u16),
+                peers,
+            );
+            let ep =
+                RdmaEndpoint::open(rc).context("opening an RDMA endpoint (inside the lab?)")?;
+            let mut cfg =
+                ReplicaConfig::new(id, vec![1, 2, 3], cluster, dir.join(format!("n{id}")));
+            cfg.durability = d;
+            cfg.ring_dir = std::env::temp_dir();
+            cfg.election_tick = 20;
+            cfg.heartbeat_tick = 3;
+            cfg.election_window = Some((20 + 10 * id as usize, 21 + 10 * id as usize));
+            let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+            let opts = LogOptions {
+                tick: Duration::from_millis(20),
+                poll: PollMode::Adaptive {
+                    spin: Duration::from_micros(50),
+                },
+                pin_core: None,
+            };
+            logs.push(Log::open(cfg, ep, fs, opts)?);
+        }
+        let c = LabCluster { logs };
+        c.leader(Duration::from_secs(60))?;
+        Ok(c)
+    }
+
+    /// The index in `logs` of the leader, waiting up to `within` for one.
+    pub fn leader(&self, within: Duration) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(k) = self
+                .logs
+                .iter()
+                .position(|l| l.status().role == Role::Leader)
+            {
+                return Ok(k);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!("no leader within {within:?}")
+    }
+
+    /// Closes every replica (flushing it).
+    pub fn close(self) {
+        for l in self.logs {
+            let _ = l.close();
+        }
+    }
+}
