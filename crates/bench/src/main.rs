@@ -514,6 +514,16 @@ impl Drop for ServerCluster {
     }
 }
 
+/// Sends `sig` (e.g. "STOP", "CONT") to every child.
+fn signal(kids: &[Child], sig: &str) {
+    for k in kids {
+        let _ = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(k.id().to_string())
+            .status();
+    }
+}
+
 /// One HTTP/1.0 GET, the body back.
 fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
@@ -595,19 +605,44 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
     println!("{}", b.line());
 
     let mut cdf = Vec::new();
+    // Each pair runs its reference first with nothing else in the guest, then opens a fresh
+    // three-replica cluster for the rdmalog side and closes it afterwards: an idle cluster's
+    // pollers and ticks would otherwise slow the reference and flatter the ratio.
     let mut port_base = 7100u16;
     for (dname, d) in [("memory", Durability::Memory), ("fsync", Durability::Fsync)] {
-        port_base += 10;
-        let cluster = Embedded::open(d, &dir.join(dname), port_base, 0xbe00 + port_base as u64)?;
-        for size in [64usize, 4096] {
-            let name = format!("rdmalog commit {dname} {size} B");
-            let (mut p1, mut p1b) = (Vec::new(), Vec::new());
-            for k in 0..pairs {
-                eprintln!(
-                    "== pair {}/{pairs}: ib_write_lat {size} B, then {name}",
-                    k + 1
-                );
-                let a = write_lat(size as u64, count, next_port())?;
+        let sizes = [64usize, 4096];
+        let mut p1: BTreeMap<usize, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        let mut p2 = Vec::new();
+        for k in 0..pairs {
+            eprintln!(
+                "== pair {}/{pairs} ({dname}): references first, on an idle guest",
+                k + 1
+            );
+            let mut refs = Vec::new();
+            for size in sizes {
+                refs.push((size, write_lat(size as u64, count, next_port())?));
+            }
+            let bw = if d == Durability::Memory {
+                Some(perftest::parse_bandwidth(&perftest::run_pair(
+                    Tool::WriteBw,
+                    1,
+                    2,
+                    4096,
+                    count,
+                    next_port(),
+                )?)?)
+            } else {
+                None
+            };
+            port_base += 10;
+            let cluster = Embedded::open(
+                d,
+                &dir.join(format!("{dname}-{k}")),
+                port_base,
+                0xbe00 + port_base as u64,
+            )?;
+            for (size, a) in refs {
+                let name = format!("rdmalog commit {dname} {size} B");
                 let c = Common {
                     size,
                     count,
@@ -616,8 +651,9 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                     rate: None,
                 };
                 let (s, extra) = cluster.measure(&c, &name)?;
-                p1.push(s.p50_us / (2.0 * a.t_typical_us));
-                p1b.push(s.p99_us / (2.0 * a.p99_us));
+                let e = p1.entry(size).or_default();
+                e.0.push(s.p50_us / (2.0 * a.t_typical_us));
+                e.1.push(s.p99_us / (2.0 * a.p99_us));
                 r.cpu_us_per_entry_all_replicas
                     .insert(name.clone(), extra.cpu_us_per_entry_all_replicas);
                 if k == 0 && size == 64 {
@@ -637,24 +673,7 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                 }
                 r.measurements.push(serde_json::json!({"pair": k, "perftest": format!("{a:?}"), "rdmalog": s, "extra": extra}));
             }
-            r.ratios.insert(format!("P1 {name}"), ratio(p1));
-            r.ratios.insert(format!("P1b {name}"), ratio(p1b));
-        }
-        if d == Durability::Memory {
-            let mut p2 = Vec::new();
-            for k in 0..pairs {
-                eprintln!(
-                    "== pair {}/{pairs}: ib_write_bw 4 KiB, then rdmalog 4 KiB throughput",
-                    k + 1
-                );
-                let bw = perftest::parse_bandwidth(&perftest::run_pair(
-                    Tool::WriteBw,
-                    1,
-                    2,
-                    4096,
-                    count,
-                    next_port(),
-                )?)?;
+            if let Some(bw) = bw {
                 let c = Common {
                     size: 4096,
                     count,
@@ -665,33 +684,43 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                 let (s, extra) = cluster.measure(&c, "rdmalog throughput memory 4 KiB x16")?;
                 p2.push(extra.leader_rdma_bytes_per_s / 2.0 / (bw.avg_mib_s * 1048576.0));
                 r.measurements.push(serde_json::json!({"pair": k, "perftest": format!("{bw:?}"), "rdmalog": s, "extra": extra}));
+                if k + 1 == pairs {
+                    let mut tp = Vec::new();
+                    for size in [64usize, 512, 4096, 16384, 65000] {
+                        let c = Common {
+                            size,
+                            count: count / 2,
+                            warmup: count / 20,
+                            in_flight: 16,
+                            rate: None,
+                        };
+                        let (s, _) =
+                            cluster.measure(&c, &format!("rdmalog throughput {size} B x16"))?;
+                        tp.push((size as f64, s.bytes_per_s / 1048576.0));
+                    }
+                    plot::throughput_vs_size(
+                        &out.join("throughput_vs_size.svg"),
+                        "rdmalog replicated throughput (3 replicas, memory durability, 16 in flight, Soft-RoCE under TCG)",
+                        &[Series {
+                            label: "rdmalog commits".into(),
+                            points: tp,
+                        }],
+                    )?;
+                }
             }
+            cluster.close();
+        }
+        for (size, (a, b)) in p1 {
+            let name = format!("rdmalog commit {dname} {size} B");
+            r.ratios.insert(format!("P1 {name}"), ratio(a));
+            r.ratios.insert(format!("P1b {name}"), ratio(b));
+        }
+        if !p2.is_empty() {
             r.ratios.insert(
                 "P2 leader RDMA bytes/s per follower / ib_write_bw (4 KiB)".into(),
                 ratio(p2),
             );
-            let mut tp = Vec::new();
-            for size in [64usize, 512, 4096, 16384, 65000] {
-                let c = Common {
-                    size,
-                    count: count / 2,
-                    warmup: count / 20,
-                    in_flight: 16,
-                    rate: None,
-                };
-                let (s, _) = cluster.measure(&c, &format!("rdmalog throughput {size} B x16"))?;
-                tp.push((size as f64, s.bytes_per_s / 1048576.0));
-            }
-            plot::throughput_vs_size(
-                &out.join("throughput_vs_size.svg"),
-                "rdmalog replicated throughput (3 replicas, memory durability, 16 in flight, Soft-RoCE under TCG)",
-                &[Series {
-                    label: "rdmalog commits".into(),
-                    points: tp,
-                }],
-            )?;
         }
-        cluster.close();
     }
 
     eprintln!("== etcd 3.4 and rdmalog-server, both through their TCP client protocols");
@@ -710,16 +739,25 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                 let (mut lat, mut thr) = (Vec::new(), Vec::new());
                 for k in 0..pairs {
                     eprintln!(
-                        "== pair {}/{pairs}: etcd put {size} B x{in_flight}, then rdmalog-server append",
+                        "== pair {}/{pairs}: etcd put {size} B x{in_flight}, then rdmalog-server append (the other side stopped)",
                         k + 1
                     );
+                    // Each side runs with the other stopped (SIGSTOP), so neither's idle work
+                    // slows the other; a pause lets timers settle after SIGCONT.
+                    signal(&servers.kids, "STOP");
                     let e = measure_etcd(
                         lab_addr(1, 2379),
                         &c,
                         &format!("etcd put {size} B x{in_flight}"),
-                    )?;
+                    );
+                    signal(&servers.kids, "CONT");
+                    signal(&kids, "STOP");
+                    std::thread::sleep(Duration::from_secs(2));
                     let name = format!("rdmalog-server append {size} B x{in_flight}");
-                    let (s, cpu) = servers.measure(&c, &name)?;
+                    let srv = servers.measure(&c, &name);
+                    signal(&kids, "CONT");
+                    std::thread::sleep(Duration::from_secs(2));
+                    let (e, (s, cpu)) = (e?, srv?);
                     lat.push(s.p50_us / e.p50_us);
                     thr.push(s.ops_per_s / e.ops_per_s);
                     for (role, us) in &cpu {
