@@ -3,107 +3,27 @@
 //! written by a real `wal::Wal`.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
 
-use fabric::NodeId;
-use fabric::sim::{SimConfig, SimEndpoint, SimNet};
-use proto::NodeInfo;
-use replica::{Log, LogOptions, PollMode, ReplicaConfig};
-use server::{ServerHandle, ServerOptions};
-use wal::fs::{FaultFs, FileSystem, StdFs};
+use wal::fs::StdFs;
 use wal::{Durability, Term, Wal, WalConfig};
 
-const CLUSTER: u64 = 0xc1;
+use server::testing::SimServers as Cluster;
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
 }
 
-struct Cluster {
-    net: SimNet,
-    stop: Arc<AtomicBool>,
-    servers: Vec<ServerHandle<SimEndpoint>>,
-    addrs: Vec<String>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// Three replicas and three servers, once one is leader. The ports are picked free but may be
-/// taken before the servers bind them: then everything starts again.
+/// Three replicas and three servers, once one is leader.
 fn cluster() -> Cluster {
-    let mut attempt = 0;
-    let c = loop {
-        match try_cluster() {
-            Ok(c) => break c,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 5 => attempt += 1,
-            Err(e) => panic!("cannot start the cluster: {e}"),
-        }
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !c
-        .servers
-        .iter()
-        .any(|s| s.log().status().role == replica::Role::Leader)
-    {
-        assert!(Instant::now() < deadline, "no leader within 20 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let c = Cluster::start(23, |_| {});
+    c.leader();
     c
-}
-
-fn try_cluster() -> std::io::Result<Cluster> {
-    let net = SimNet::new(SimConfig::default(), 23);
-    let stop = Arc::new(AtomicBool::new(false));
-    net.run_realtime(stop.clone());
-    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
-    let members: Vec<NodeInfo> = (1..=3u64)
-        .map(|id| NodeInfo {
-            id,
-            client_addr: addrs[id as usize - 1].to_string(),
-        })
-        .collect();
-    let mut c = Cluster {
-        net,
-        stop,
-        servers: Vec::new(),
-        addrs: addrs.iter().map(ToString::to_string).collect(),
-    };
-    for id in 1..=3u64 {
-        let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], CLUSTER, format!("/n{id}").into());
-        cfg.ring_bytes = 2 << 20;
-        cfg.segment_bytes = 8 << 20;
-        cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
-        let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
-        let opts = LogOptions {
-            poll: PollMode::Event,
-            ..LogOptions::default()
-        };
-        let log = Arc::new(Log::open(cfg, c.net.add_node(NodeId(id)), disk, opts).unwrap());
-        let mut so = ServerOptions::new(id, CLUSTER, addrs[id as usize - 1]);
-        so.members = members.clone();
-        match server::start(so, log) {
-            Ok(s) => c.servers.push(s),
-            Err(e) => {
-                for s in c.servers.drain(..) {
-                    s.shutdown(Duration::ZERO);
-                }
-                return Err(e);
-            }
-        }
-    }
-    Ok(c)
 }
 
 fn rdmalog() -> Command {
@@ -114,8 +34,13 @@ fn rdmalog() -> Command {
     c
 }
 
-impl Cluster {
+/// The CLI, pointed at a [`Cluster`].
+trait Cli {
     /// `rdmalog` with the global flags that reach this cluster.
+    fn cmd(&self) -> Command;
+}
+
+impl Cli for Cluster {
     fn cmd(&self) -> Command {
         let mut c = rdmalog();
         c.args([

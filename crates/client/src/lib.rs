@@ -53,7 +53,7 @@ mod conn;
 mod error;
 mod pending;
 mod tail;
-mod tls;
+pub mod tls;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};

@@ -1,6 +1,5 @@
 //! The client side of TLS: rustls with the `ring` provider, trusting the CAs of a PEM bundle,
-//! optionally presenting a client certificate. (The same logic as `server::tls::client_config`,
-//! kept here so that the client does not depend on the server.)
+//! optionally presenting a client certificate. The server's own tests use it too.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -33,8 +32,9 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, ClientError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| err(path, e))
 }
 
-/// Trust the CAs of `ca` (PEM); with `cert_and_key`, present that client certificate.
-pub(crate) fn client_config(
+/// A rustls client configuration that trusts the CAs of `ca` (PEM) and, with
+/// `cert_and_key`, presents that client certificate.
+pub fn client_config(
     ca: &Path,
     cert_and_key: Option<(&Path, &Path)>,
 ) -> Result<Arc<rustls::ClientConfig>, ClientError> {

@@ -3,133 +3,29 @@
 //! the leader stops, a tail that resumes after its server stops, errors that must not be
 //! retried, TLS with a CA, cluster status and the runtime-free async append.
 
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use client::{Client, ClientConfig, ClientError, TlsConfig};
-use fabric::NodeId;
-use fabric::sim::{SimConfig, SimEndpoint, SimNet};
-use proto::{ErrorCode, NodeInfo, Role};
-use replica::{Log, LogOptions, PollMode, ReplicaConfig};
-use server::{ServerHandle, ServerOptions};
-use wal::fs::{FaultFs, FileSystem};
+use proto::{ErrorCode, Role};
+use server::ServerOptions;
 
-const CLUSTER: u64 = 0xc1;
+use server::testing::{CLUSTER, SimServers as Cluster};
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-struct Cluster {
-    net: SimNet,
-    stop: Arc<AtomicBool>,
-    servers: Vec<Option<ServerHandle<SimEndpoint>>>,
-    addrs: Vec<String>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// Three replicas and three servers; `tune` adjusts each server's options. The ports are
-/// picked free but may be taken before the servers bind them: then everything starts again.
+/// Three replicas and three servers; `tune` adjusts each server's options.
 fn cluster(tune: impl Fn(&mut ServerOptions)) -> Cluster {
-    let mut attempt = 0;
-    loop {
-        match try_cluster(&tune) {
-            Ok(c) => return c,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 5 => attempt += 1,
-            Err(e) => panic!("cannot start the cluster: {e}"),
-        }
-    }
+    Cluster::start(17, tune)
 }
 
-fn try_cluster(tune: &dyn Fn(&mut ServerOptions)) -> std::io::Result<Cluster> {
-    let net = SimNet::new(SimConfig::default(), 17);
-    let stop = Arc::new(AtomicBool::new(false));
-    net.run_realtime(stop.clone());
-    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
-    let members: Vec<NodeInfo> = (1..=3u64)
-        .map(|id| NodeInfo {
-            id,
-            client_addr: addrs[id as usize - 1].to_string(),
-        })
-        .collect();
-    let mut c = Cluster {
-        net,
-        stop,
-        servers: Vec::new(),
-        addrs: addrs.iter().map(ToString::to_string).collect(),
-    };
-    for id in 1..=3u64 {
-        let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], CLUSTER, format!("/n{id}").into());
-        cfg.ring_bytes = 2 << 20;
-        cfg.segment_bytes = 8 << 20;
-        cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
-        let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
-        let opts = LogOptions {
-            poll: PollMode::Event,
-            ..LogOptions::default()
-        };
-        let log = Arc::new(Log::open(cfg, c.net.add_node(NodeId(id)), disk, opts).unwrap());
-        let mut so = ServerOptions::new(id, CLUSTER, addrs[id as usize - 1]);
-        so.members = members.clone();
-        tune(&mut so);
-        match server::start(so, log) {
-            Ok(s) => c.servers.push(Some(s)),
-            Err(e) => {
-                for s in c.servers.drain(..).flatten() {
-                    s.shutdown(Duration::ZERO);
-                }
-                return Err(e);
-            }
-        }
-    }
-    Ok(c)
-}
-
-impl Cluster {
-    fn addr(&self, id: u64) -> String {
-        self.addrs[id as usize - 1].clone()
-    }
-
-    fn leader(&self) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            for id in 1..=3 {
-                if let Some(s) = &self.servers[id as usize - 1] {
-                    if s.log().status().role == replica::Role::Leader {
-                        return id;
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        panic!("no leader within 20 s");
-    }
-
-    /// Stops node `id`'s server (its clients get `ShuttingDown`); the replica keeps running.
-    fn stop_server(&mut self, id: u64) {
-        let handle = self.servers[id as usize - 1].take().unwrap();
-        handle.shutdown(Duration::from_millis(100));
-    }
-
-    /// Stops node `id` altogether: its replica drops off the fabric and its server shuts down.
-    fn crash(&mut self, id: u64) {
-        self.net.crash(NodeId(id));
-        self.stop_server(id);
-    }
-
+/// Client settings for a [`Cluster`].
+trait ClientSettings {
     /// A client config naming `ids`, with a deadline short enough for tests.
+    fn config(&self, ids: &[u64]) -> ClientConfig;
+}
+
+impl ClientSettings for Cluster {
     fn config(&self, ids: &[u64]) -> ClientConfig {
         let mut cfg = ClientConfig::new(ids.iter().map(|&id| self.addr(id)).collect(), CLUSTER);
         cfg.deadline = Duration::from_secs(20);

@@ -16,6 +16,7 @@
 pub mod config;
 mod conn;
 mod metrics;
+pub mod testing;
 pub mod tls;
 
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
 //! TLS for the client port: rustls with the `ring` provider, certificate and key from PEM
-//! files, and optional client-certificate authentication against a CA bundle.
+//! files, and optional client-certificate authentication against a CA bundle. (The client
+//! side is `client::tls`.)
 
 use std::path::Path;
 use std::sync::Arc;
@@ -76,28 +77,5 @@ pub fn server_config(
     let cfg = builder
         .with_single_cert(chain, key_der)
         .map_err(|e| err(key, format!("does not match the certificate: {e}")))?;
-    Ok(Arc::new(cfg))
-}
-
-/// The client side: trust the CAs of `ca` (PEM); with `cert_and_key`, present that client
-/// certificate.
-pub fn client_config(
-    ca: &Path,
-    cert_and_key: Option<(&Path, &Path)>,
-) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in load_certs(ca)? {
-        roots.add(c).map_err(|e| err(ca, e))?;
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err(ca, e))?
-        .with_root_certificates(roots);
-    let cfg = match cert_and_key {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-            .map_err(|e| err(key, e))?,
-        None => builder.with_no_client_auth(),
-    };
     Ok(Arc::new(cfg))
 }

@@ -6,97 +6,20 @@
 //! server still serves a good one, and every acknowledged entry is readable.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use fabric::NodeId;
-use fabric::sim::{SimConfig, SimEndpoint, SimNet};
 use proto::{
     ErrorCode, NodeInfo, PROTOCOL_VERSION, Request, Response, Role, read_frame, write_frame,
 };
-use replica::{Log, LogOptions, PollMode, ReplicaConfig};
-use server::{ServerHandle, ServerOptions};
-use wal::fs::{FaultFs, FileSystem};
+use server::ServerOptions;
 
-const CLUSTER: u64 = 0xc1;
-
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-struct Cluster {
-    _net: SimNet,
-    stop: Arc<AtomicBool>,
-    servers: Vec<Option<ServerHandle<SimEndpoint>>>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
+use server::testing::{CLUSTER, SimServers as Cluster};
 
 /// Three replicas and three servers; `tune` adjusts each server's options.
 fn cluster(tune: impl Fn(&mut ServerOptions)) -> Cluster {
-    let net = SimNet::new(SimConfig::default(), 11);
-    let stop = Arc::new(AtomicBool::new(false));
-    net.run_realtime(stop.clone());
-    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
-    let members: Vec<NodeInfo> = (1..=3u64)
-        .map(|id| NodeInfo {
-            id,
-            client_addr: addrs[id as usize - 1].to_string(),
-        })
-        .collect();
-    let servers = (1..=3u64)
-        .map(|id| {
-            let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], CLUSTER, format!("/n{id}").into());
-            cfg.ring_bytes = 2 << 20;
-            cfg.segment_bytes = 8 << 20;
-            cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
-            let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
-            let opts = LogOptions {
-                poll: PollMode::Event,
-                ..LogOptions::default()
-            };
-            let log = Arc::new(Log::open(cfg, net.add_node(NodeId(id)), disk, opts).unwrap());
-            let mut so = ServerOptions::new(id, CLUSTER, addrs[id as usize - 1]);
-            so.members = members.clone();
-            so.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-            tune(&mut so);
-            Some(server::start(so, log).unwrap())
-        })
-        .collect();
-    Cluster {
-        _net: net,
-        stop,
-        servers,
-    }
-}
-
-impl Cluster {
-    fn server(&self, id: u64) -> &ServerHandle<SimEndpoint> {
-        self.servers[id as usize - 1].as_ref().unwrap()
-    }
-
-    fn leader(&self) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            for id in 1..=3 {
-                if self.server(id).log().status().role == replica::Role::Leader {
-                    return id;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        panic!("no leader within 20 s");
-    }
+    Cluster::start(11, tune)
 }
 
 /// A raw protocol client over any stream.
@@ -552,7 +475,7 @@ fn tls_connect(
     ca: &Path,
     client: Option<(&Path, &Path)>,
 ) -> std::io::Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
-    let cfg = server::tls::client_config(ca, client).unwrap();
+    let cfg = client::tls::client_config(ca, client).unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let conn = rustls::ClientConnection::new(cfg, name).unwrap();
     let mut s = rustls::StreamOwned::new(conn, tcp(addr));
