@@ -167,16 +167,16 @@ impl WordBuffer {
         match &self.backing {
             Backing::Heap(words) => words,
             Backing::Shared { map, .. } => {
-                // SAFETY: the mapping is `len()` bytes (a multiple of the page size, hence of
-                // 8), page-aligned (so 8-aligned), readable and writable (MAP_SHARED,
+                // Why this is sound: the mapping is `len()` bytes (a multiple of the page size,
+                // hence of 8), page-aligned (so 8-aligned), readable and writable (MAP_SHARED,
                 // PROT_READ|PROT_WRITE), and lives as long as `self`. `AtomicU64` has the size
                 // and alignment of `u64`, and every byte of the file is a valid `u64`. All
                 // access goes through the atomics (interior mutability), so stores by this
                 // process, by the device, or by another process that maps the file despite the
                 // lock can tear data but not cause undefined behaviour.
-                unsafe {
-                    std::slice::from_raw_parts(map.as_ptr().cast::<AtomicU64>(), map.len() / 8)
-                }
+                let (ptr, words) = (map.as_ptr().cast::<AtomicU64>(), map.len() / 8);
+                // SAFETY: `ptr` is valid, aligned and live for `words` atomics (see above).
+                unsafe { std::slice::from_raw_parts(ptr, words) }
             }
         }
     }
