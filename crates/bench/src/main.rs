@@ -61,6 +61,24 @@ struct Common {
 }
 
 impl Common {
+    /// Runs `count + warmup` operations of `op` under this load, with a progress line on
+    /// stderr.
+    fn run(&self, name: &str, op: impl Fn(usize, u64) -> bool + Sync) -> Summary {
+        let total = self.count + self.warmup;
+        let t0 = Instant::now();
+        let s = bench::run(
+            name,
+            self.size as u64,
+            total,
+            self.warmup,
+            self.load(),
+            op,
+            |d| eprint!("{}", bench::progress_line(name, d, total, t0)),
+        );
+        eprintln!();
+        s
+    }
+
     fn load(&self) -> Load {
         match self.rate {
             Some(rate) => Load::Open {
@@ -176,20 +194,11 @@ impl Embedded {
         let cpu0 = bench::process_cpu_seconds().unwrap_or(0.0);
         let t0 = Instant::now();
         let total = c.count + c.warmup;
-        let s = bench::run(
-            name,
-            c.size as u64,
-            total,
-            c.warmup,
-            c.load(),
-            |_, _| {
-                log.append(&payload)
-                    .and_then(|h| h.wait(Duration::from_secs(30)))
-                    .is_ok()
-            },
-            |d| eprint!("{}", bench::progress_line(name, d, total, t0)),
-        );
-        eprintln!();
+        let s = c.run(name, |_, _| {
+            log.append(&payload)
+                .and_then(|h| h.wait(Duration::from_secs(30)))
+                .is_ok()
+        });
         let secs = t0.elapsed().as_secs_f64();
         let cpu = bench::process_cpu_seconds().unwrap_or(0.0) - cpu0;
         let extra = Extra {
@@ -276,28 +285,17 @@ fn measure_etcd(endpoint: SocketAddr, c: &Common, name: &str) -> anyhow::Result<
     let conns: Vec<std::sync::Mutex<Http>> = (0..c.in_flight.max(1))
         .map(|_| Http::connect(endpoint).map(std::sync::Mutex::new))
         .collect::<anyhow::Result<_>>()?;
-    let total = c.count + c.warmup;
-    let t0 = Instant::now();
-    let s = bench::run(
-        name,
-        c.size as u64,
-        total,
-        c.warmup,
-        c.load(),
-        |w, i| {
-            let body = format!(
-                "{{\"key\":\"{}\",\"value\":\"{value}\"}}",
-                b64(format!("k{i}").as_bytes())
-            );
-            conns[w]
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .post("/v3/kv/put", &body)
-                .is_ok()
-        },
-        |d| eprint!("{}", bench::progress_line(name, d, total, t0)),
-    );
-    eprintln!();
+    let s = c.run(name, |w, i| {
+        let body = format!(
+            "{{\"key\":\"{}\",\"value\":\"{value}\"}}",
+            b64(format!("k{i}").as_bytes())
+        );
+        conns[w]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .post("/v3/kv/put", &body)
+            .is_ok()
+    });
     if s.count == 0 {
         bail!("every etcd put failed ({} errors)", s.errors);
     }
@@ -478,23 +476,13 @@ impl ServerCluster {
         let payload = vec![0x5au8; c.size];
         let before = self.cpu();
         let total = c.count + c.warmup;
-        let t0 = Instant::now();
-        let s = bench::run(
-            name,
-            c.size as u64,
-            total,
-            c.warmup,
-            c.load(),
-            |w, _| {
-                clients[w]
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .append(&[payload.as_slice()])
-                    .is_ok()
-            },
-            |d| eprint!("{}", bench::progress_line(name, d, total, t0)),
-        );
-        eprintln!();
+        let s = c.run(name, |w, _| {
+            clients[w]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .append(&[payload.as_slice()])
+                .is_ok()
+        });
         let after = self.cpu();
         let per_entry = before
             .iter()

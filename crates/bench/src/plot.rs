@@ -26,45 +26,47 @@ const COLORS: [RGBColor; 6] = [
 /// Latency CDF: x = latency in µs (log scale), y = fraction of operations at or below it.
 pub fn latency_cdf(path: &Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
     let (lo, hi) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(55)
-        .build_cartesian_2d((lo.max(0.1)..hi * 1.2).log_scale(), 0.0..1.0)?;
-    chart
-        .configure_mesh()
-        .x_desc("latency (µs, log scale)")
-        .y_desc("fraction of operations ≤ x")
-        .draw()?;
-    for (k, s) in series.iter().enumerate() {
-        let color = COLORS[k % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(
-                s.points.iter().copied(),
-                color.stroke_width(2),
-            ))?
-            .label(&s.label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    draw(
+        path,
+        title,
+        lo.max(0.1)..hi * 1.2,
+        0.0..1.0,
+        ("latency (µs, log scale)", "fraction of operations ≤ x"),
+        series,
+        false,
+        SeriesLabelPosition::LowerRight,
+    )
 }
 
 /// Throughput (MiB/s) against payload size (bytes, log scale).
 pub fn throughput_vs_size(path: &Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
     let (lo, hi) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let (_, ymax) = bounds(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
+    draw(
+        path,
+        title,
+        lo.max(1.0)..hi * 1.5,
+        0.0..ymax * 1.15,
+        ("payload (bytes, log scale)", "MiB/s"),
+        series,
+        true,
+        SeriesLabelPosition::UpperLeft,
+    )
+}
+
+/// One chart: a log-scale x axis, a linear y axis, a line per series (with point markers when
+/// `markers`), and a legend at `legend`.
+#[allow(clippy::too_many_arguments)] // reason: a private drawing helper; a struct would only rename these
+fn draw(
+    path: &Path,
+    title: &str,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    markers: bool,
+    legend: SeriesLabelPosition,
+) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -72,11 +74,11 @@ pub fn throughput_vs_size(path: &Path, title: &str, series: &[Series]) -> anyhow
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((lo.max(1.0)..hi * 1.5).log_scale(), 0.0..ymax * 1.15)?;
+        .build_cartesian_2d(x.log_scale(), y)?;
     chart
         .configure_mesh()
-        .x_desc("payload (bytes, log scale)")
-        .y_desc("MiB/s")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .draw()?;
     for (k, s) in series.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
@@ -89,11 +91,13 @@ pub fn throughput_vs_size(path: &Path, title: &str, series: &[Series]) -> anyhow
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
-        chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        if markers {
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        }
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(legend)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;

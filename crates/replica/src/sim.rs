@@ -257,14 +257,7 @@ impl SimCluster {
     /// last fdatasync survives or not at random (a torn unsynced tail).
     pub fn restart_torn(&mut self, id: u64, tear_seed: Option<u64>) -> Result<(), ReplicaError> {
         self.disks[&id].reboot(tear_seed);
-        let ep = self.net.restart(NodeId(id));
-        let r = Replica::open(
-            self.configs[&id].clone(),
-            ep,
-            self.disks[&id].clone() as Arc<dyn FileSystem>,
-        )?;
-        self.nodes.insert(id, Some(r));
-        Ok(())
+        self.restart_killed(id)
     }
 
     /// Adds a new, empty node `id` that knows no members yet; the leader adds it with
