@@ -1230,27 +1230,6 @@ impl CmWorker {
                     }
                 }
             }
-            let hello = *self
-                .hello
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if hello.region.len == 0 && self.cfg.accept_only_after_advertise {
-                // Peers learn our ring only from the hello: accepting before the owner has
-                // advertised it would give them a connection they can never write through.
-                // Refuse at once rather than leave the request pending: the dialer retries
-                // after its backoff instead of waiting out its whole CM timeout.
-                match self
-                    .listener
-                    .refuse_within(ACCEPT_POLL, verbs::RejectReason::NotReady)
-                {
-                    Ok(Some(peer)) => {
-                        tracing::debug!(peer, "refused a connect: not advertised yet");
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::info!(error = %e, "refusing an early connect failed"),
-                }
-                continue;
-            }
             let mut pool = spare.take().expect("created above");
             let mut posted = false;
             let r = self.listener.accept_within(
@@ -1260,7 +1239,23 @@ impl CmWorker {
                 &self.recv_cq,
                 self.cfg.qp,
                 &self.cfg.connect,
-                &hello,
+                // Read when a request arrives, not before the wait: a region advertised while
+                // we waited must not be refused.
+                &|| {
+                    let hello = *self
+                        .hello
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if hello.region.len == 0 && self.cfg.accept_only_after_advertise {
+                        // Peers learn our ring only from the hello: accepting before the owner
+                        // has advertised it would give them a connection they can never write
+                        // through. Refuse at once rather than leave the request pending: the
+                        // dialer retries after its backoff instead of waiting out its whole CM
+                        // timeout.
+                        return Err(verbs::RejectReason::NotReady);
+                    }
+                    Ok(hello)
+                },
                 |qp| {
                     posted = true;
                     pool.post_all(qp)
@@ -1278,6 +1273,10 @@ impl CmWorker {
                         .send(CmResult::Up(peer, Box::new(conn), pool, false));
                 }
                 Err(verbs::Error::CmTimeout { .. }) if !posted => spare = Some(pool),
+                Err(verbs::Error::RefusedPeer { peer, reason }) if !posted => {
+                    tracing::debug!(peer, %reason, "refused an incoming connection");
+                    spare = Some(pool);
+                }
                 Err(e) => {
                     // The pool may have been posted to a QP that is gone: never reuse it.
                     tracing::info!(error = %e, "an incoming connection failed");

@@ -947,48 +947,21 @@ impl Listener {
             recv_cq,
             qp_cfg,
             cfg,
-            hello,
+            &|| Ok(*hello),
             prepare,
         )
-    }
-
-    /// Waits at most `request_wait` for a connect request and rejects it with `reason`, so
-    /// the dialer learns at once instead of waiting out its timeout. Returns the refused
-    /// peer's address, or `None` when no request came.
-    pub fn refuse_within(
-        &self,
-        request_wait: Duration,
-        reason: RejectReason,
-    ) -> Result<Option<String>> {
-        let me = self.addr.to_string();
-        let ev = match self
-            .channel
-            .next(request_wait, "refuse", "CONNECT_REQUEST", &me)
-        {
-            Ok(ev) => ev,
-            Err(Error::CmTimeout { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        if ev.kind() != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
-            return Err(ev.unexpected("refuse", "CONNECT_REQUEST", &me));
-        }
-        let id = CmId { id: ev.id() };
-        let peer = peer_of(id.id);
-        drop(ev);
-        let rej = reason.encode();
-        // SAFETY: the id is live in connect-request state and its event was acked; `rej`
-        // lives for the call. The CmId wrapper destroys the id afterwards.
-        let rc = unsafe { sys::rdma_reject(id.id, rej.as_ptr().cast(), rej.len() as u8) };
-        if rc != 0 {
-            return Err(Error::verbs("rdma_reject", self.ctx.name(), 0, &peer, rc));
-        }
-        Ok(Some(peer))
     }
 
     /// Like [`Listener::accept`], but waits at most `request_wait` for the connect request
     /// (returning [`Error::CmTimeout`] when none came), while the rest of the
     /// handshake keeps `cfg.event_timeout`. A connection-manager thread polls with a short
     /// `request_wait` so it can also serve outgoing connects.
+    ///
+    /// `hello` is asked for our hello only once a request has arrived, so it reflects the
+    /// owner's state at that moment (e.g. a region advertised while we waited). It returns
+    /// `Err(reason)` to refuse the request (e.g. [`RejectReason::NotReady`] before the owner
+    /// has advertised anything); the dialer learns the reason at once, and the call returns
+    /// [`Error::RefusedPeer`].
     #[allow(clippy::too_many_arguments)] // reason: accept's parameters plus the wait
     pub fn accept_within(
         &self,
@@ -998,7 +971,7 @@ impl Listener {
         recv_cq: &Arc<CompletionQueue>,
         qp_cfg: QpConfig,
         cfg: &ConnectConfig,
-        hello: &Hello,
+        hello: &dyn Fn() -> std::result::Result<Hello, RejectReason>,
         prepare: impl FnOnce(&QueuePair) -> Result<()>,
     ) -> Result<Connection> {
         let me = self.addr.to_string();
@@ -1022,6 +995,19 @@ impl Listener {
                 unsafe { sys::rdma_reject(id.id, rej.as_ptr().cast(), rej.len() as u8) };
                 tracing::warn!(peer, detail, "rejected connect with malformed private data");
                 return Err(Error::BadPrivateData { peer, detail });
+            }
+        };
+        let hello = match hello() {
+            Ok(h) => h,
+            Err(reason) => {
+                let rej = reason.encode();
+                // SAFETY: the id is live in connect-request state; `rej` lives for the call.
+                let rc = unsafe { sys::rdma_reject(id.id, rej.as_ptr().cast(), rej.len() as u8) };
+                if rc != 0 {
+                    return Err(Error::verbs("rdma_reject", self.ctx.name(), 0, &peer, rc));
+                }
+                tracing::debug!(peer, %reason, "refused a connect request");
+                return Err(Error::RefusedPeer { peer, reason });
             }
         };
         if let Err(reason) = hello.check_peer(&theirs) {
