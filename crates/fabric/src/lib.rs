@@ -250,6 +250,12 @@ pub enum FabricError {
         /// The peer.
         peer: NodeId,
     },
+    /// Sleeping for events failed (the device's event channel or `poll(2)` failed).
+    #[error("waiting for fabric events failed: {reason}")]
+    Wait {
+        /// Why.
+        reason: String,
+    },
     /// This node is down (crashed in the simulator).
     #[error("{node} is down")]
     NodeDown {
@@ -264,6 +270,23 @@ pub enum FabricError {
         /// Why.
         reason: String,
     },
+}
+
+/// Lets a thread sleep until an endpoint may have new events (a completion, a connection
+/// result) or until another thread wakes it, instead of polling on a timer.
+///
+/// Use: [`Waiter::arm`], then poll the endpoint once more ([`Fabric::poll`]), then
+/// [`Waiter::wait`]. An event that arrives after the arm ends the wait; one that raced in
+/// before it is found by that poll. A wait may also return for an event the poll already took;
+/// that costs one empty poll.
+pub trait Waiter: Send + Sync + std::fmt::Debug {
+    /// Requests a wake-up for the next event.
+    fn arm(&self) -> Result<(), FabricError>;
+    /// Sleeps until an event after the last arm, a [`Waiter::wake`], or `timeout`. Returns
+    /// whether something woke it.
+    fn wait(&self, timeout: std::time::Duration) -> Result<bool, FabricError>;
+    /// Ends the current or next wait, from any thread (for example: a proposal is queued).
+    fn wake(&self);
 }
 
 /// One node's view of the fabric.
@@ -324,6 +347,13 @@ pub trait Fabric {
 
     /// Moves up to `out.len()` events into `out`; returns how many. Never allocates.
     fn poll(&mut self, out: &mut [Event]) -> usize;
+
+    /// A handle to sleep on until this endpoint may have events. `None` when the back-end has
+    /// nothing to block on (the simulator is stepped by its caller): the owner then sleeps on
+    /// its own clock.
+    fn waiter(&self) -> Option<Arc<dyn Waiter>> {
+        None
+    }
 }
 
 /// Reads `len` bytes at byte offset `offset` of `memory` into `out` (little-endian words).

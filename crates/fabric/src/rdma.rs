@@ -34,12 +34,13 @@ use std::time::Duration;
 
 use verbs::{
     AccessFlags, CompletionQueue, ConnectConfig, Connection, Context, Hello, Listener,
-    PROTOCOL_VERSION, ProtectionDomain, QpConfig, RecvPool, SendCredits, WordBuffer, WordRegion,
+    PROTOCOL_VERSION, ProtectionDomain, QpConfig, RecvPool, SendCredits, WaitSet, Wakeup,
+    WordBuffer, WordRegion,
 };
 
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
-    MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, WcOp, WcStatus, WriteRequest,
+    MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, Waiter, WcOp, WcStatus, WriteRequest,
 };
 
 /// Bytes of the frame header: the receiver's cumulative advertised receives.
@@ -305,6 +306,27 @@ pub struct RdmaEndpoint {
     events: VecDeque<Event>,
     wc: Vec<verbs::Completion>,
     slot_bytes: usize,
+    /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
+    /// owner's other threads, through [`Fabric::waiter`]).
+    wait: Arc<WaitSet>,
+}
+
+impl Waiter for WaitSet {
+    fn arm(&self) -> Result<(), FabricError> {
+        WaitSet::arm(self).map_err(|e| FabricError::Wait {
+            reason: e.to_string(),
+        })
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<bool, FabricError> {
+        WaitSet::wait(self, timeout).map_err(|e| FabricError::Wait {
+            reason: e.to_string(),
+        })
+    }
+
+    fn wake(&self) {
+        self.wakeup().ring();
+    }
 }
 
 fn verr(e: verbs::Error) -> FabricError {
@@ -380,6 +402,10 @@ impl RdmaEndpoint {
             recv_credits: cfg.recv_slots as u32,
         }));
         let listener = Listener::bind(&ctx, cfg.listen, 16).map_err(verr)?;
+        let wait = Arc::new(WaitSet::new(
+            vec![send_cq.clone(), recv_cq.clone()],
+            Wakeup::new().map_err(verr)?,
+        ));
         let (req_tx, req_rx) = mpsc::channel();
         let (res_tx, res_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -392,7 +418,10 @@ impl RdmaEndpoint {
             hello: hello.clone(),
             slot_bytes,
             requests: req_rx,
-            results: res_tx,
+            results: Results {
+                tx: res_tx,
+                wake: wait.wakeup().clone(),
+            },
             stop: stop.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -426,6 +455,7 @@ impl RdmaEndpoint {
             events: VecDeque::new(),
             wc: vec![verbs::Completion::EMPTY; WC_BATCH],
             slot_bytes,
+            wait,
         })
     }
 
@@ -1144,6 +1174,10 @@ impl Fabric for RdmaEndpoint {
         }
     }
 
+    fn waiter(&self) -> Option<Arc<dyn Waiter>> {
+        Some(self.wait.clone())
+    }
+
     fn poll(&mut self, out: &mut [Event]) -> usize {
         self.poll_cm();
         let limit = self.cfg.admission_timeout;
@@ -1177,6 +1211,21 @@ impl Fabric for RdmaEndpoint {
     }
 }
 
+/// Where connection threads report, ringing the endpoint's wake-up so a sleeping owner polls.
+#[derive(Clone)]
+struct Results {
+    tx: Sender<CmResult>,
+    wake: Arc<Wakeup>,
+}
+
+impl Results {
+    fn send(&self, r: CmResult) {
+        // The endpoint is gone when the receiver is: nobody to tell.
+        let _ = self.tx.send(r);
+        self.wake.ring();
+    }
+}
+
 struct CmWorker {
     listener: Listener,
     pd: Arc<ProtectionDomain>,
@@ -1186,7 +1235,7 @@ struct CmWorker {
     hello: Arc<Mutex<Hello>>,
     slot_bytes: usize,
     requests: Receiver<CmRequest>,
-    results: Sender<CmResult>,
+    results: Results,
     stop: Arc<AtomicBool>,
 }
 
@@ -1211,10 +1260,10 @@ impl CmWorker {
                 let spawned = std::thread::Builder::new()
                     .name(format!("rdmalog-dial-{}", peer.0))
                     .spawn(move || {
-                        let _ = results.send(dialer.connect(peer, addr));
+                        results.send(dialer.connect(peer, addr));
                     });
                 if let Err(e) = spawned {
-                    let _ = self.results.send(CmResult::Failed(
+                    self.results.send(CmResult::Failed(
                         peer,
                         format!("cannot start a connect thread: {e}"),
                     ));
@@ -1268,8 +1317,7 @@ impl CmWorker {
                         tracing::warn!(%peer, addr = conn.peer(), "refused a connection from a node that is not a configured peer");
                         continue;
                     }
-                    let _ = self
-                        .results
+                    self.results
                         .send(CmResult::Up(peer, Box::new(conn), pool, false));
                 }
                 Err(verbs::Error::CmTimeout { .. }) if !posted => spare = Some(pool),

@@ -404,9 +404,39 @@ impl CompletionQueue {
         }
     }
 
+    /// Requests a channel event for the next completion (see [`crate::WaitSet`]).
+    pub(crate) fn arm(&self) -> Result<()> {
+        let _guard = self.event_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the CQ is live; arming is serialised by event_lock.
+        let rc = unsafe { sys::ibv_req_notify_cq(self.cq, 0) };
+        if rc != 0 {
+            return Err(Error::verbs(
+                "ibv_req_notify_cq",
+                self.ctx.name(),
+                0,
+                "-",
+                rc,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The completion channel's file descriptor (readable when an event is pending).
+    pub(crate) fn channel_fd(&self) -> libc::c_int {
+        // SAFETY: the channel is live while self lives.
+        unsafe { (*self.channel).fd }
+    }
+
+    /// Consumes and acknowledges every pending channel event.
+    pub(crate) fn take_events(&self) -> Result<()> {
+        let _guard = self.event_lock.lock().unwrap_or_else(|p| p.into_inner());
+        while self.take_event()? {}
+        Ok(())
+    }
+
     /// Consumes one pending channel event (if any) and acknowledges it at once, so destroy
     /// never waits on unacknowledged events.
-    fn take_event(&self) -> Result<()> {
+    fn take_event(&self) -> Result<bool> {
         let mut ev_cq: *mut sys::ibv_cq = std::ptr::null_mut();
         let mut ev_ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: the channel is live and non-blocking; the out-pointers are valid locals.
@@ -414,14 +444,14 @@ impl CompletionQueue {
         if rc != 0 {
             let e = sys::last_os_error();
             if e.kind() == std::io::ErrorKind::WouldBlock {
-                return Ok(());
+                return Ok(false);
             }
             return Err(Error::io("ibv_get_cq_event", self.ctx.name(), 0, "-", e));
         }
         // SAFETY: only our CQ is attached to this channel, so `ev_cq` is self.cq; one event
         // was taken, one is acknowledged.
         unsafe { sys::ibv_ack_cq_events(ev_cq, 1) };
-        Ok(())
+        Ok(true)
     }
 
     /// Destroys the CQ, reporting failure (for example EBUSY while a QP still uses it,

@@ -59,6 +59,7 @@ mod mr;
 mod qp;
 mod recv_pool;
 mod sys;
+mod wake;
 mod words;
 
 pub use cm::{
@@ -79,4 +80,5 @@ pub use events::{AsyncEvent, AsyncEvents};
 pub use mr::{AccessFlags, AnonMemory, MemoryRegion, ProtectionDomain, RegistrableMemory};
 pub use qp::{Mtu, QpConfig, QpState, QueuePair, RtrParams, SignalPolicy};
 pub use recv_pool::RecvPool;
+pub use wake::{WaitSet, Wakeup};
 pub use words::{SharedOpen, WordBuffer, WordRegion};

@@ -91,6 +91,26 @@ pub fn wait_readable(fd: libc::c_int, timeout: std::time::Duration) -> std::io::
     }
 }
 
+/// Waits up to `timeout` until any of `fds` is readable (restarting on `EINTR`); their
+/// `revents` say which. Returns whether any is.
+pub fn wait_any(fds: &mut [libc::pollfd], timeout: std::time::Duration) -> std::io::Result<bool> {
+    // Round up: a sub-millisecond timeout must still sleep, not spin.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    loop {
+        // SAFETY: `fds` is a valid, exclusively borrowed pollfd array of the given length
+        // that lives for the whole call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if rc < 0 {
+            let e = last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(rc > 0);
+    }
+}
+
 /// Reads a NUL-terminated C string owned by the library into a `String`.
 ///
 /// # Safety
