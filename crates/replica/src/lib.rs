@@ -99,6 +99,14 @@ pub struct ReplicaConfig {
     pub max_size_per_msg: u64,
     /// raft-rs `max_inflight_msgs`: appends in flight per follower.
     pub max_inflight_msgs: usize,
+    /// Whether the leader tells followers about every commit at once (raft-rs's default), with
+    /// a round of empty appends and their acknowledgements. Off (the default here), followers
+    /// learn the commit index with the next append or heartbeat (within `heartbeat_tick`
+    /// ticks): a commit then costs a third fewer messages (12 to 8 per commit of three
+    /// replicas in the simulator) and 38 % fewer instructions, and what the leader
+    /// acknowledges, and when, is unchanged. Only followers' readers (`subscribe`, `read`) see
+    /// new entries later when the log is idle. Membership changes are always broadcast.
+    pub broadcast_commit: bool,
     /// Ticks between reconnect attempts to a peer whose connection is down.
     pub reconnect_ticks: u64,
     /// Largest application state a checkpoint may carry, and a follower accepts in a
@@ -147,6 +155,7 @@ impl ReplicaConfig {
             ring_dir: PathBuf::from("/dev/shm"),
             max_size_per_msg: 48 << 10,
             max_inflight_msgs: 64,
+            broadcast_commit: false,
             reconnect_ticks: 5,
             max_snapshot_bytes: 64 << 20,
             mutation: Mutation::None,

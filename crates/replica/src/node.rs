@@ -447,6 +447,7 @@ impl<F: Fabric> Replica<F> {
             max_inflight_msgs: cfg.max_inflight_msgs,
             check_quorum: true,
             pre_vote: true,
+            skip_bcast_commit: !cfg.broadcast_commit,
             max_uncommitted_size: (cfg.ring_bytes / 2).max(1 << 20),
             ..Default::default()
         };

@@ -107,6 +107,13 @@ fn a_follower_behind_the_checkpoint_is_caught_up_by_a_snapshot() {
         fast >= 45,
         "only {fast} of 50 appends took the fast path to the follower"
     );
+    // Followers learn the commit index with the next append or heartbeat.
+    let commit = c.node(leader).status().commit;
+    assert!(
+        c.run_until(1_000_000_000, |c| c.node(down).status().commit >= commit)
+            .unwrap(),
+        "the follower never learned commit {commit}"
+    );
     let want = c.committed_log(leader).unwrap();
     let got = c.committed_log(down).unwrap();
     assert_eq!(

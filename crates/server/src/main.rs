@@ -130,6 +130,7 @@ fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     }
     rcfg.election_tick = f.raft.election_ticks;
     rcfg.heartbeat_tick = f.raft.heartbeat_ticks;
+    rcfg.broadcast_commit = f.raft.broadcast_commit;
     let opts = LogOptions {
         tick: Duration::from_millis(f.raft.tick_ms),
         poll: match f.poll.mode.as_deref() {
