@@ -7,8 +7,11 @@
 use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
 
+/// A node's committed log: (index, payload).
+type CommittedLog = Vec<(u64, Vec<u8>)>;
+
 /// Messages per commit, and the committed log of each node once idle.
-fn run(broadcast: bool) -> (f64, Vec<Vec<(u64, Vec<u8>)>>) {
+fn run(broadcast: bool) -> (f64, Vec<CommittedLog>) {
     let mut c = SimCluster::new(3, 77, SimConfig::default(), |cfg| {
         cfg.broadcast_commit = broadcast;
     })
