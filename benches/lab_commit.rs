@@ -21,7 +21,7 @@ fn main() {
         return;
     }
     let dir = std::env::temp_dir().join("rdmalog-lab-commit-bench");
-    let cluster = LabCluster::open(Durability::Memory, &dir, 7300, 0xbe77)
+    let cluster = LabCluster::open(Durability::Memory, &dir, 7300, 0xbe77, bench::lab::LAB_POLL)
         .expect("three replicas on rxe1..3");
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(2))

@@ -30,14 +30,35 @@ pub struct LabCluster {
     pub logs: Vec<Log<RdmaEndpoint>>,
 }
 
+/// The lab's default: three replicas and the rxe threads share 2 vCPUs, so spin briefly.
+pub const LAB_POLL: PollMode = PollMode::Adaptive {
+    spin: Duration::from_micros(50),
+};
+
+/// Parses `busy`, `event`, `adaptive` (50 µs) or `adaptive:<µs>`.
+pub fn parse_poll(s: &str) -> anyhow::Result<PollMode> {
+    Ok(match s {
+        "busy" => PollMode::Busy,
+        "event" => PollMode::Event,
+        "adaptive" => LAB_POLL,
+        _ => match s.strip_prefix("adaptive:").map(str::parse::<u64>) {
+            Some(Ok(us)) => PollMode::Adaptive {
+                spin: Duration::from_micros(us),
+            },
+            _ => bail!("unknown poll mode {s:?}: use busy, event, adaptive or adaptive:<µs>"),
+        },
+    })
+}
+
 impl LabCluster {
     /// Opens three replicas with durability `d`, data under `dir` (emptied first), RDMA ports
-    /// `port_base + i`, and waits for a leader.
+    /// `port_base + i`, drivers polling with `poll`, and waits for a leader.
     pub fn open(
         d: Durability,
         dir: &Path,
         port_base: u16,
         cluster: u64,
+        poll: PollMode,
     ) -> anyhow::Result<LabCluster> {
         let _ = std::fs::remove_dir_all(dir);
         let mut logs = Vec::new();
@@ -64,9 +85,7 @@ impl LabCluster {
             let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
             let opts = LogOptions {
                 tick: Duration::from_millis(20),
-                poll: PollMode::Adaptive {
-                    spin: Duration::from_micros(50),
-                },
+                poll,
                 pin_core: None,
             };
             logs.push(Log::open(cfg, ep, fs, opts)?);
@@ -97,5 +116,25 @@ impl LabCluster {
         for l in self.logs {
             let _ = l.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_modes_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_poll("busy").unwrap(), PollMode::Busy);
+        assert_eq!(parse_poll("event").unwrap(), PollMode::Event);
+        assert_eq!(parse_poll("adaptive").unwrap(), LAB_POLL);
+        assert_eq!(
+            parse_poll("adaptive:200").unwrap(),
+            PollMode::Adaptive {
+                spin: Duration::from_micros(200)
+            }
+        );
+        let e = parse_poll("adaptive:fast").unwrap_err().to_string();
+        assert!(e.contains("adaptive:fast") && e.contains("busy"), "{e}");
     }
 }

@@ -104,6 +104,9 @@ enum Cmd {
         /// Where the replicas keep their data.
         #[arg(long, default_value = "/tmp/rdmalog-bench")]
         dir: PathBuf,
+        /// How the drivers wait: busy, event, adaptive (spin 50 µs) or adaptive:<µs>.
+        #[arg(long, default_value = "adaptive")]
+        poll: String,
     },
     /// Put latency of an etcd cluster through its v3 JSON gateway.
     Etcd {
@@ -133,9 +136,14 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     match a.cmd {
-        Cmd::Embedded { c, durability, dir } => {
+        Cmd::Embedded {
+            c,
+            durability,
+            dir,
+            poll,
+        } => {
             let d = durability_of(&durability)?;
-            let cluster = Embedded::open(d, &dir, 7000, 0xbe01)?;
+            let cluster = Embedded::open(d, &dir, 7000, 0xbe01, bench::lab::parse_poll(&poll)?)?;
             let (s, extra) = cluster.measure(&c, &format!("rdmalog {durability} {} B", c.size))?;
             println!("{}", serde_json::to_string_pretty(&(s, extra))?);
         }
@@ -176,9 +184,15 @@ struct Extra {
 }
 
 impl Embedded {
-    fn open(d: Durability, dir: &Path, port_base: u16, cluster: u64) -> anyhow::Result<Embedded> {
+    fn open(
+        d: Durability,
+        dir: &Path,
+        port_base: u16,
+        cluster: u64,
+        poll: replica::PollMode,
+    ) -> anyhow::Result<Embedded> {
         Ok(Embedded(bench::lab::LabCluster::open(
-            d, dir, port_base, cluster,
+            d, dir, port_base, cluster, poll,
         )?))
     }
 
@@ -628,6 +642,7 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                 &dir.join(format!("{dname}-{k}")),
                 port_base,
                 0xbe00 + port_base as u64,
+                bench::lab::LAB_POLL,
             )?;
             for (size, a) in refs {
                 let name = format!("rdmalog commit {dname} {size} B");
