@@ -37,6 +37,12 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Opens an existing file for reading and writing.
     fn open(&self, path: &Path) -> io::Result<Arc<dyn WalFile>>;
+    /// Opens an existing file for reading only, so that tools can inspect files they may not
+    /// write (another user's, a read-only mount); writes through it fail. The default opens
+    /// with [`FileSystem::open`] (the in-memory file systems have no permissions).
+    fn open_read_only(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
+        self.open(path)
+    }
     /// Creates a new file (truncating any old one) for reading and writing.
     fn create(&self, path: &Path) -> io::Result<Arc<dyn WalFile>>;
     /// Renames a file, replacing any file at `to`.
@@ -95,6 +101,17 @@ impl FileSystem for StdFs {
         Ok(Arc::new(StdFile(
             OpenOptions::new().read(true).write(true).open(path)?,
         )))
+    }
+    fn open_read_only(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
+        let file = OpenOptions::new().read(true).open(path)?;
+        // O_RDONLY also opens a directory, which O_RDWR refuses: keep `open`'s meaning.
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a regular file", path.display()),
+            ));
+        }
+        Ok(Arc::new(StdFile(file)))
     }
     fn create(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
         let file = OpenOptions::new()

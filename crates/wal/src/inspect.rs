@@ -307,7 +307,7 @@ fn walk(
                     lsn: named_lsn,
                     source,
                 };
-                let file = fs.open(&path).map_err(read_error)?;
+                let file = fs.open_read_only(&path).map_err(read_error)?;
                 let size = file.size_bytes().map_err(read_error)?;
                 let mut bytes = [0u8; SEGMENT_HEADER_BYTES];
                 let have = size.min(SEGMENT_HEADER_BYTES as u64) as usize;
@@ -328,7 +328,7 @@ fn walk(
             }
             None => {
                 // Not part of the log; a subdirectory (lost+found) does not open as a file.
-                if let Ok(size) = fs.open(&path).and_then(|file| file.size_bytes()) {
+                if let Ok(size) = fs.open_read_only(&path).and_then(|file| file.size_bytes()) {
                     report.other_files.push((name, size));
                 }
             }

@@ -598,3 +598,67 @@ fn a_real_directory_is_checked_through_std_fs() {
         "nothing was written"
     );
 }
+
+/// A file system that lets through only what inspection may do: list and open read-only.
+#[derive(Debug)]
+struct ReadOnlyFs;
+
+impl FileSystem for ReadOnlyFs {
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        panic!("inspection created {}", dir.display())
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        StdFs.list(dir)
+    }
+    fn open(&self, path: &Path) -> std::io::Result<Arc<dyn wal::fs::WalFile>> {
+        panic!("inspection opened {} for writing", path.display())
+    }
+    fn open_read_only(&self, path: &Path) -> std::io::Result<Arc<dyn wal::fs::WalFile>> {
+        StdFs.open_read_only(path)
+    }
+    fn create(&self, path: &Path) -> std::io::Result<Arc<dyn wal::fs::WalFile>> {
+        panic!("inspection created {}", path.display())
+    }
+    fn rename(&self, from: &Path, _: &Path) -> std::io::Result<()> {
+        panic!("inspection renamed {}", from.display())
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        panic!("inspection removed {}", path.display())
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        panic!("inspection synced {}", dir.display())
+    }
+}
+
+/// `rdmalog check` and `dump` must work on files the operator may only read (another user's
+/// data dir, a read-only mount): every file is opened read-only, and such a handle cannot write.
+#[test]
+fn inspection_opens_every_file_read_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path: PathBuf = tmp.path().join("data");
+    let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+    let (wal, _) = Wal::open(fs, &path, small_config()).unwrap();
+    for i in 1..=30 {
+        wal.append_next(Term(term_of(i)), &payload(i, 0), Durability::Fsync)
+            .unwrap();
+    }
+    wal.close().unwrap();
+    drop(wal);
+    std::fs::write(path.join("raft-state"), [1u8; 10]).unwrap();
+
+    let report = inspect::check(&ReadOnlyFs, &path).unwrap();
+    assert_eq!(report.entries, 30);
+    assert_eq!(report.corruption, None);
+    let mut n = 0;
+    inspect::dump(&ReadOnlyFs, &path, |_, _, _, _| n += 1).unwrap();
+    assert_eq!(n, 30);
+
+    let segment = &report.segments[0].name;
+    let file = StdFs.open_read_only(&path.join(segment)).unwrap();
+    let err = file.write_all_at(b"x", 0).unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(9),
+        "a read-only handle refuses writes (EBADF): {err}"
+    );
+}
