@@ -553,6 +553,9 @@ fn a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot() {
     println!("{r}");
     let at = r.acks.iter().map(|a| a.index).max().unwrap();
     for i in (1..=3).filter(|&i| i != down) {
+        // A follower learns the commit index with the next append or heartbeat, and may only
+        // checkpoint what it applied.
+        c.wait_commit(i, at, Duration::from_secs(30)).unwrap();
         let answer = c
             .ask_within(i, &format!("CHECKPOINT {at}"), Duration::from_secs(30))
             .unwrap();
