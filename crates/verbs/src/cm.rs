@@ -997,28 +997,30 @@ impl Listener {
                 return Err(Error::BadPrivateData { peer, detail });
             }
         };
+        // Refuses the request with `reason`, so the dialer learns it at once.
+        let refuse = |reason: RejectReason| -> Error {
+            let rej = reason.encode();
+            // SAFETY: the id is live in connect-request state and its event was acked; `rej`
+            // lives for the call. The CmId wrapper destroys the id afterwards.
+            let rc = unsafe { sys::rdma_reject(id.id, rej.as_ptr().cast(), rej.len() as u8) };
+            if rc != 0 {
+                return Error::verbs("rdma_reject", self.ctx.name(), 0, &peer, rc);
+            }
+            Error::RefusedPeer {
+                peer: peer.clone(),
+                reason,
+            }
+        };
         let hello = match hello() {
             Ok(h) => h,
             Err(reason) => {
-                let rej = reason.encode();
-                // SAFETY: the id is live in connect-request state; `rej` lives for the call.
-                let rc = unsafe { sys::rdma_reject(id.id, rej.as_ptr().cast(), rej.len() as u8) };
-                if rc != 0 {
-                    return Err(Error::verbs("rdma_reject", self.ctx.name(), 0, &peer, rc));
-                }
                 tracing::debug!(peer, %reason, "refused a connect request");
-                return Err(Error::RefusedPeer { peer, reason });
+                return Err(refuse(reason));
             }
         };
         if let Err(reason) = hello.check_peer(&theirs) {
-            let rej = reason.encode();
-            // SAFETY: as above.
-            let rc = unsafe { sys::rdma_reject(id.id, rej.as_ptr().cast(), rej.len() as u8) };
-            if rc != 0 {
-                return Err(Error::verbs("rdma_reject", self.ctx.name(), 0, &peer, rc));
-            }
             tracing::warn!(peer, %reason, "rejected incoming connection");
-            return Err(Error::RefusedPeer { peer, reason });
+            return Err(refuse(reason));
         }
         let channel = EventChannel::new()?;
         // SAFETY: the id is live and its only event was acked; the channel is live.

@@ -375,17 +375,7 @@ impl CompletionQueue {
         loop {
             // Arm first, then poll: a completion that raced in before arming is caught by
             // the poll, one after it raises an event.
-            // SAFETY: the CQ is live; arming is serialised by event_lock.
-            let rc = unsafe { sys::ibv_req_notify_cq(self.cq, 0) };
-            if rc != 0 {
-                return Err(Error::verbs(
-                    "ibv_req_notify_cq",
-                    self.ctx.name(),
-                    0,
-                    "-",
-                    rc,
-                ));
-            }
+            self.arm_locked()?;
             let n = self.poll(out)?;
             if n > 0 {
                 return Ok(n);
@@ -407,7 +397,12 @@ impl CompletionQueue {
     /// Requests a channel event for the next completion (see [`crate::WaitSet`]).
     pub(crate) fn arm(&self) -> Result<()> {
         let _guard = self.event_lock.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the CQ is live; arming is serialised by event_lock.
+        self.arm_locked()
+    }
+
+    /// [`CompletionQueue::arm`] for a caller that holds `event_lock`.
+    fn arm_locked(&self) -> Result<()> {
+        // SAFETY: the CQ is live; the caller holds event_lock, which serialises arming.
         let rc = unsafe { sys::ibv_req_notify_cq(self.cq, 0) };
         if rc != 0 {
             return Err(Error::verbs(

@@ -70,25 +70,12 @@ pub fn set_nonblocking(fd: libc::c_int) -> std::io::Result<()> {
 
 /// Waits until `fd` is readable or `timeout` passes. Returns `Ok(true)` when readable.
 pub fn wait_readable(fd: libc::c_int, timeout: std::time::Duration) -> std::io::Result<bool> {
-    let mut pfd = libc::pollfd {
+    let mut pfd = [libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-    loop {
-        // SAFETY: `pfd` is a valid, exclusively borrowed pollfd array of length 1 that lives
-        // for the whole call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let e = last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        return Ok(rc > 0);
-    }
+    }];
+    wait_any(&mut pfd, timeout)
 }
 
 /// Waits up to `timeout` until any of `fds` is readable (restarting on `EINTR`); their

@@ -33,16 +33,7 @@ fn revoke_fences_the_writer_and_regrant_after_reset_works() {
     let src = MemoryRegion::register(&tx.pd, vec![0u8; 2 * LEN], AccessFlags::LOCAL_WRITE).unwrap();
     src.fill(0, LEN, 0xA1).unwrap();
     src.fill(LEN, LEN, 0xB2).unwrap();
-    let (rq, wq) = manual_pair(
-        &rx,
-        1,
-        rw_config(),
-        |_| Ok(()),
-        &tx,
-        2,
-        rw_config(),
-        |_| Ok(()),
-    );
+    let (rq, wq) = rdma_write_pair(&rx, &tx);
     let remote = region.remote();
     let t = Duration::from_secs(10);
 

@@ -36,16 +36,7 @@ fn all_polling_modes_deliver_the_same_completions() {
     let src =
         MemoryRegion::register(&tx.pd, vec![7u8; 64 * 1024], AccessFlags::LOCAL_WRITE).unwrap();
     let mut pool = RecvPool::new(&rx.pd, N as usize, 16).unwrap();
-    let (rq, wq) = manual_pair(
-        &rx,
-        1,
-        rw_config(),
-        |_| Ok(()),
-        &tx,
-        2,
-        rw_config(),
-        |_| Ok(()),
-    );
+    let (rq, wq) = rdma_write_pair(&rx, &tx);
     let remote = region.remote();
     let expected: Vec<(WcOpcode, Option<u32>, u32, WcStatus)> = (0..N)
         .map(|i| {
@@ -139,16 +130,7 @@ fn a_wait_set_sleeps_until_a_completion_or_a_ring() {
     let src =
         MemoryRegion::register(&tx.pd, vec![9u8; 64 * 1024], AccessFlags::LOCAL_WRITE).unwrap();
     let mut pool = RecvPool::new(&rx.pd, 64, 16).unwrap();
-    let (rq, wq) = manual_pair(
-        &rx,
-        1,
-        rw_config(),
-        |_| Ok(()),
-        &tx,
-        2,
-        rw_config(),
-        |_| Ok(()),
-    );
+    let (rq, wq) = rdma_write_pair(&rx, &tx);
     pool.post_all(&rq).unwrap();
     let remote = region.remote();
     let set = WaitSet::new(

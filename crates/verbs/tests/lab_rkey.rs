@@ -31,16 +31,7 @@ fn stale_or_guessed_rkey_is_refused_and_memory_untouched() {
         k
     };
     let src = MemoryRegion::register(&tx.pd, vec![0x5Au8; LEN], AccessFlags::LOCAL_WRITE).unwrap();
-    let (rq, wq) = manual_pair(
-        &rx,
-        1,
-        rw_config(),
-        |_| Ok(()),
-        &tx,
-        2,
-        rw_config(),
-        |_| Ok(()),
-    );
+    let (rq, wq) = rdma_write_pair(&rx, &tx);
     let live = region.remote();
     let cases = [
         ("stale", stale_rkey),

@@ -199,6 +199,21 @@ pub fn manual_pair(
     (qa, qb)
 }
 
+/// The usual pair of the one-sided tests: a receiver QP on host 1 (`rx`) and a writer QP on
+/// host 2 (`tx`), both with remote write allowed, nothing posted in INIT.
+pub fn rdma_write_pair(rx: &Node, tx: &Node) -> (QueuePair, QueuePair) {
+    manual_pair(
+        rx,
+        1,
+        rw_config(),
+        |_| Ok(()),
+        tx,
+        2,
+        rw_config(),
+        |_| Ok(()),
+    )
+}
+
 /// Drives two RESET QPs to RTS towards each other.
 #[allow(clippy::too_many_arguments)] // reason: test helper mirroring both sides
 pub fn bring_up_pair(
