@@ -307,6 +307,12 @@ pub trait Fabric {
         len_bytes: u64,
     ) -> Result<(Arc<dyn Memory>, bool), FabricError>;
 
+    /// Removes the shared-memory file `path` from [`Fabric::alloc_persistent`], for an owner
+    /// that closed cleanly and keeps nothing there that is not durable elsewhere. The memory
+    /// stays valid while this process maps it; the next allocation of `path` is new and
+    /// zeroed. A file already gone is not an error.
+    fn free_persistent(&mut self, path: &std::path::Path) -> Result<(), FabricError>;
+
     /// Registers memory from [`Fabric::alloc`] once, at start-up.
     fn register(
         &mut self,

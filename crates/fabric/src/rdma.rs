@@ -989,6 +989,16 @@ impl Fabric for RdmaEndpoint {
         ))
     }
 
+    fn free_persistent(&mut self, path: &std::path::Path) -> Result<(), FabricError> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FabricError::Register {
+                len_bytes: 0,
+                reason: format!("cannot remove {}: {e}", path.display()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn register(
         &mut self,
         memory: Arc<dyn Memory>,

@@ -637,6 +637,16 @@ impl SimNet {
         }
     }
 
+    /// The shared-memory paths node `node` holds (from `alloc_persistent`), for tests.
+    pub fn shm_paths(&self, node: NodeId) -> Vec<std::path::PathBuf> {
+        self.net
+            .lock_net()
+            .nodes
+            .get(&node)
+            .map(|s| s.shm.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Virtual time now, in ns.
     pub fn now(&self) -> u64 {
         self.net.lock_net().now
@@ -868,6 +878,14 @@ impl Fabric for SimEndpoint {
             });
         }
         Ok(Arc::new(crate::VecMemory::new(len_bytes)))
+    }
+
+    fn free_persistent(&mut self, path: &std::path::Path) -> Result<(), FabricError> {
+        let mut n = self.net.lock_net();
+        self.check_up(&n)?;
+        let state = n.nodes.get_mut(&self.node).expect("checked up");
+        state.shm.remove(path);
+        Ok(())
     }
 
     fn alloc_persistent(

@@ -306,7 +306,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// Stops the driver, fails pending waits with [`ReplicaError::Closed`], and closes the wal.
     pub fn close(mut self) -> Result<(), ReplicaError> {
         self.stop_driver();
-        let r = self.shared.lock();
+        let mut r = self.shared.lock();
         r.flush()
     }
 

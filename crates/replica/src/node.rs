@@ -252,6 +252,8 @@ pub struct Replica<F: Fabric> {
     snapshot_rx: Option<SnapshotRx>,
     persisted_hs: HardState,
     memory: Arc<dyn RingMemory>,
+    /// Under `Durability::Memory`: the ring's shared-memory file and its tail file.
+    ring_files: Option<(std::path::PathBuf, std::path::PathBuf)>,
     producer: Producer,
     consumer: Consumer,
     ring_local: LocalRegion,
@@ -431,6 +433,11 @@ impl<F: Fabric> Replica<F> {
             (ring, memory, producer, consumer)
         };
         let (ring_local, remote) = fabric.register(fabric_memory)?;
+        let ring_files = persistent.then(|| {
+            let ring = cfg.ring_file();
+            let tail = ring.with_extension("tail");
+            (ring, tail)
+        });
         fabric.advertise(remote);
 
         let first = wal.first_index().0.max(1);
@@ -489,6 +496,7 @@ impl<F: Fabric> Replica<F> {
             snapshot_rx: None,
             persisted_hs: hs,
             memory,
+            ring_files,
             producer,
             consumer,
             ring_local,
@@ -847,7 +855,7 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// Flushes and closes the log.
-    pub fn close(self) -> Result<(), ReplicaError> {
+    pub fn close(mut self) -> Result<(), ReplicaError> {
         self.flush()
     }
 
@@ -857,9 +865,32 @@ impl<F: Fabric> Replica<F> {
         self.wal.abandon();
     }
 
-    /// Makes everything appended durable and closes the wal for writing.
-    pub fn flush(&self) -> Result<(), ReplicaError> {
+    /// Makes everything appended durable and closes the wal for writing. Under
+    /// `Durability::Memory` it then removes the ring's shared-memory files, once the segment
+    /// files hold everything the ring does: a clean close leaves nothing to recover, frees the
+    /// memory, and lets the next start use another ring size.
+    pub fn flush(&mut self) -> Result<(), ReplicaError> {
         self.wal.close()?;
+        if let Some((ring, tail)) = self.ring_files.take() {
+            let ring_end = self.producer.position().lsn;
+            let durable = self.wal.durable_lsn();
+            if ring_end > durable {
+                // Not expected after a successful close; keep what recovery would need.
+                tracing::warn!(
+                    node = self.cfg.id,
+                    ring_end = ring_end.0,
+                    durable = durable.0,
+                    ring = %ring.display(),
+                    "the ring holds entries past the durable end of the log; keeping its files"
+                );
+            } else {
+                for path in [&tail, &ring] {
+                    if let Err(e) = self.fabric.free_persistent(path) {
+                        tracing::warn!(node = self.cfg.id, error = %e, "cannot remove a shared-memory ring file");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

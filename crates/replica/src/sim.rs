@@ -225,6 +225,19 @@ impl SimCluster {
         }
     }
 
+    /// Stops node `id` cleanly, as `Log::close` does: flushes its log (under
+    /// `Durability::Memory` removing its ring's shared memory), then its process exits.
+    /// Restart it with [`SimCluster::restart_killed`].
+    pub fn stop(&mut self, id: u64) -> Result<(), ReplicaError> {
+        self.paused.remove(&id);
+        let closed = match self.nodes.insert(id, None).flatten() {
+            Some(r) => r.close(),
+            None => Ok(()),
+        };
+        self.net.kill_process(NodeId(id));
+        closed
+    }
+
     /// Kills node `id`'s process (kill -9) while its machine stays up: its memory is gone,
     /// except shared memory (the `Durability::Memory` ring); its disk keeps every byte written
     /// (the page cache survives), synced or not.

@@ -5,8 +5,10 @@
 //! The checks: every process of the cluster killed at once, and one follower killed under
 //! load, lose no acknowledged entry; with the ring in private memory (the test-only
 //! `Mutation::PrivateRing`) the same kill does lose acknowledged entries, so the test can
-//! tell.
+//! tell. A clean stop of every node removes the rings' shared memory (the segment files then
+//! hold everything) and loses nothing either.
 
+use fabric::NodeId;
 use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
 use replica::{Durability, Mutation, ReplicaConfig};
@@ -136,4 +138,34 @@ fn without_the_shared_ring_the_same_kill_loses_acknowledged_entries() {
          {last}, highest surviving {highest}); if this fails the kill no longer models \
          kill -9 and the test above proves nothing"
     );
+}
+
+#[test]
+fn a_clean_stop_removes_the_shared_ring_and_loses_nothing() {
+    let mut c = memory_cluster(13, Mutation::None);
+    let acked = append_acked(&mut c, 300);
+    for id in 1..=3 {
+        let files = c.net.shm_paths(NodeId(id));
+        assert_eq!(files.len(), 2, "node {id}: ring and tail file: {files:?}");
+        let ring = c.configs[&id].ring_file();
+        assert!(files.contains(&ring), "node {id}: {files:?} lacks {ring:?}");
+    }
+    for id in 1..=3 {
+        c.stop(id).unwrap();
+        assert_eq!(
+            c.net.shm_paths(NodeId(id)),
+            Vec::<std::path::PathBuf>::new(),
+            "node {id}: a clean stop leaves its ring's shared memory behind"
+        );
+    }
+    // Nothing to recover from memory: the segment files hold every acknowledged entry.
+    let recovered = restart_and_verify(&mut c, &acked);
+    assert_eq!(recovered, vec![0, 0, 0]);
+    for id in 1..=3 {
+        assert_eq!(
+            c.net.shm_paths(NodeId(id)).len(),
+            2,
+            "node {id}: a fresh ring"
+        );
+    }
 }
