@@ -61,6 +61,17 @@ impl LabCluster {
         poll: PollMode,
     ) -> anyhow::Result<LabCluster> {
         let _ = std::fs::remove_dir_all(dir);
+        Self::reopen(d, dir, port_base, cluster, poll)
+    }
+
+    /// Like [`LabCluster::open`], but keeps what `dir` holds: the replicas recover their logs.
+    pub fn reopen(
+        d: Durability,
+        dir: &Path,
+        port_base: u16,
+        cluster: u64,
+        poll: PollMode,
+    ) -> anyhow::Result<LabCluster> {
         let mut logs = Vec::new();
         for id in 1..=3u64 {
             let peers: BTreeMap<NodeId, SocketAddr> = (1..=3u64)
