@@ -402,10 +402,13 @@ impl RdmaEndpoint {
             recv_credits: cfg.recv_slots as u32,
         }));
         let listener = Listener::bind(&ctx, cfg.listen, 16).map_err(verr)?;
-        let wait = Arc::new(WaitSet::new(
-            vec![send_cq.clone(), recv_cq.clone()],
-            Wakeup::new().map_err(verr)?,
-        ));
+        let wait = Arc::new(
+            WaitSet::new(
+                vec![send_cq.clone(), recv_cq.clone()],
+                Wakeup::new().map_err(verr)?,
+            )
+            .map_err(verr)?,
+        );
         let (req_tx, req_rx) = mpsc::channel();
         let (res_tx, res_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));

@@ -80,5 +80,5 @@ pub use events::{AsyncEvent, AsyncEvents};
 pub use mr::{AccessFlags, AnonMemory, MemoryRegion, ProtectionDomain, RegistrableMemory};
 pub use qp::{Mtu, QpConfig, QpState, QueuePair, RtrParams, SignalPolicy};
 pub use recv_pool::RecvPool;
-pub use wake::{WaitSet, Wakeup};
+pub use wake::{MAX_WAIT_CQS, WaitSet, Wakeup};
 pub use words::{SharedOpen, WordBuffer, WordRegion};

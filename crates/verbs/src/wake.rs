@@ -72,6 +72,10 @@ impl Wakeup {
     }
 }
 
+/// Most CQs one [`WaitSet`] watches: a wait builds its `poll(2)` set on the stack, so that
+/// sleeping and waking on the data path never allocates.
+pub const MAX_WAIT_CQS: usize = 4;
+
 /// Completion queues and a [`Wakeup`] that one thread sleeps on together.
 #[derive(Debug, Clone)]
 pub struct WaitSet {
@@ -80,9 +84,16 @@ pub struct WaitSet {
 }
 
 impl WaitSet {
-    /// Waits on `cqs` (each with its own completion channel) and `wake`.
-    pub fn new(cqs: Vec<Arc<CompletionQueue>>, wake: Arc<Wakeup>) -> WaitSet {
-        WaitSet { cqs, wake }
+    /// Waits on `cqs` (each with its own completion channel; at most [`MAX_WAIT_CQS`]) and
+    /// `wake`.
+    pub fn new(cqs: Vec<Arc<CompletionQueue>>, wake: Arc<Wakeup>) -> Result<WaitSet> {
+        if cqs.len() > MAX_WAIT_CQS {
+            return Err(Error::InvalidConfig(format!(
+                "a wait set watches at most {MAX_WAIT_CQS} completion queues, not {}",
+                cqs.len()
+            )));
+        }
+        Ok(WaitSet { cqs, wake })
     }
 
     /// The wake-up other threads ring.
@@ -99,28 +110,79 @@ impl WaitSet {
     /// Sleeps until a channel event of an armed CQ, a ring, or `timeout`; consumes what it
     /// found. Returns whether anything woke it (false: the timeout passed).
     pub fn wait(&self, timeout: Duration) -> Result<bool> {
-        let mut fds: Vec<libc::pollfd> = self
-            .cqs
-            .iter()
-            .map(|cq| cq.channel_fd())
-            .chain(std::iter::once(self.wake.fd.as_raw_fd()))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        let woke = sys::wait_any(&mut fds, timeout)
-            .map_err(|e| Error::io("poll(wait set)", "-", 0, "-", e))?;
+        let idle = libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        };
+        let mut all = [idle; MAX_WAIT_CQS + 1];
+        let n = self.cqs.len() + 1;
+        let fds = &mut all[..n];
+        for (pfd, fd) in fds.iter_mut().zip(
+            self.cqs
+                .iter()
+                .map(|cq| cq.channel_fd())
+                .chain(std::iter::once(self.wake.fd.as_raw_fd())),
+        ) {
+            pfd.fd = fd;
+            pfd.events = libc::POLLIN;
+        }
+        let woke =
+            sys::wait_any(fds, timeout).map_err(|e| Error::io("poll(wait set)", "-", 0, "-", e))?;
         if !woke {
             return Ok(false);
         }
-        for (cq, pfd) in self.cqs.iter().zip(&fds) {
+        for (cq, pfd) in self.cqs.iter().zip(fds.iter()) {
             if pfd.revents != 0 {
                 cq.take_events()?;
             }
         }
         self.wake.clear();
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_ring_ends_one_wait_and_rings_coalesce() {
+        let set = WaitSet::new(Vec::new(), Wakeup::new().unwrap()).unwrap();
+        let t = Instant::now();
+        assert!(
+            !set.wait(Duration::from_millis(30)).unwrap(),
+            "nothing rang"
+        );
+        assert!(
+            t.elapsed() >= Duration::from_millis(25),
+            "{:?}",
+            t.elapsed()
+        );
+
+        set.wakeup().ring();
+        set.wakeup().ring();
+        assert!(
+            set.wait(Duration::from_secs(10)).unwrap(),
+            "rung before the wait"
+        );
+        assert!(
+            !set.wait(Duration::from_millis(10)).unwrap(),
+            "two rings end one wait, not two"
+        );
+
+        let wake = set.wakeup().clone();
+        let ringer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            wake.ring();
+        });
+        let t = Instant::now();
+        assert!(
+            set.wait(Duration::from_secs(10)).unwrap(),
+            "rung from another thread"
+        );
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        ringer.join().unwrap();
     }
 }

@@ -136,7 +136,8 @@ fn a_wait_set_sleeps_until_a_completion_or_a_ring() {
     let set = WaitSet::new(
         vec![rx.send_cq.clone(), rx.recv_cq.clone()],
         Wakeup::new().unwrap(),
-    );
+    )
+    .unwrap();
     let mut out = [Completion::EMPTY; 8];
 
     // Idle: the wait sleeps its whole timeout and says nothing woke it.
