@@ -134,15 +134,18 @@ impl<F: Fabric> Shared<F> {
             .wait_timeout(g, left.min(Duration::from_millis(10)));
     }
 
+    /// Wakes the driver: through the fabric's waiter when there is one (one `write(2)` per
+    /// append), else through the kick condvar. A driver that fell back to timed sleeps after a
+    /// waiter error still polls within 1 ms.
     fn kick(&self) {
+        if let Some(w) = &self.waiter {
+            return w.wake();
+        }
         *self
             .kick_lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
         self.kick.notify_one();
-        if let Some(w) = &self.waiter {
-            w.wake();
-        }
     }
 }
 
