@@ -250,6 +250,14 @@ pub enum FabricError {
         /// The peer.
         peer: NodeId,
     },
+    /// A shared-memory file of [`Fabric::alloc_persistent`] could not be removed.
+    #[error("shared memory {path}: {reason}")]
+    SharedMemory {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// Sleeping for events failed (the device's event channel or `poll(2)` failed).
     #[error("waiting for fabric events failed: {reason}")]
     Wait {

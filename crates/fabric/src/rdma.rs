@@ -311,17 +311,20 @@ pub struct RdmaEndpoint {
     wait: Arc<WaitSet>,
 }
 
+/// A failure of the event wait (its channels, eventfd or `poll(2)`).
+fn wait_err(e: verbs::Error) -> FabricError {
+    FabricError::Wait {
+        reason: e.to_string(),
+    }
+}
+
 impl Waiter for WaitSet {
     fn arm(&self) -> Result<(), FabricError> {
-        WaitSet::arm(self).map_err(|e| FabricError::Wait {
-            reason: e.to_string(),
-        })
+        WaitSet::arm(self).map_err(wait_err)
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool, FabricError> {
-        WaitSet::wait(self, timeout).map_err(|e| FabricError::Wait {
-            reason: e.to_string(),
-        })
+        WaitSet::wait(self, timeout).map_err(wait_err)
     }
 
     fn wake(&self) {
@@ -405,9 +408,9 @@ impl RdmaEndpoint {
         let wait = Arc::new(
             WaitSet::new(
                 vec![send_cq.clone(), recv_cq.clone()],
-                Wakeup::new().map_err(verr)?,
+                Wakeup::new().map_err(wait_err)?,
             )
-            .map_err(verr)?,
+            .map_err(wait_err)?,
         );
         let (req_tx, req_rx) = mpsc::channel();
         let (res_tx, res_rx) = mpsc::channel();
@@ -994,9 +997,9 @@ impl Fabric for RdmaEndpoint {
 
     fn free_persistent(&mut self, path: &std::path::Path) -> Result<(), FabricError> {
         match std::fs::remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FabricError::Register {
-                len_bytes: 0,
-                reason: format!("cannot remove {}: {e}", path.display()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FabricError::SharedMemory {
+                path: path.to_owned(),
+                reason: format!("cannot remove it: {e}"),
             }),
             _ => Ok(()),
         }
