@@ -298,6 +298,15 @@ fn voters_after(cc: &ConfChange) -> Option<Vec<u64>> {
     )
 }
 
+/// Every node of a configuration: voters, then learners.
+fn members_of(cs: &ConfState) -> Vec<u64> {
+    cs.voters
+        .iter()
+        .chain(cs.learners.iter())
+        .copied()
+        .collect()
+}
+
 fn poison_msg(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
@@ -464,9 +473,9 @@ impl<F: Fabric> Replica<F> {
         }
         rc.validate()?;
         let mut peers = BTreeMap::new();
-        for id in cs.voters.iter().chain(cs.learners.iter()) {
-            if *id != cfg.id {
-                peers.insert(*id, Peer::default());
+        for id in members_of(&cs) {
+            if id != cfg.id {
+                peers.insert(id, Peer::default());
             }
         }
         // raft-rs refuses to start when the persisted commit index lies outside the log it
@@ -1431,13 +1440,7 @@ impl<F: Fabric> Replica<F> {
         store.set_hard_state(hs);
         store.set_snapshot(snap.clone());
         self.applied = meta.index;
-        let members: Vec<u64> = cs
-            .voters
-            .iter()
-            .chain(cs.learners.iter())
-            .copied()
-            .collect();
-        self.sync_peers(&members);
+        self.sync_peers(&members_of(&cs));
         self.stats.snapshots_installed += 1;
         tracing::info!(
             node = self.cfg.id,
@@ -1668,12 +1671,7 @@ impl<F: Fabric> Replica<F> {
 
     fn apply_conf_change(&mut self, cc: &impl raft_proto::ConfChangeI) -> Result<(), ReplicaError> {
         let cs = self.raw.apply_conf_change(cc)?;
-        let members: Vec<u64> = cs
-            .voters
-            .iter()
-            .chain(cs.learners.iter())
-            .copied()
-            .collect();
+        let members = members_of(&cs);
         self.raw.mut_store().set_conf_state(cs);
         self.sync_peers(&members);
         Ok(())
