@@ -143,18 +143,21 @@ impl Drop for Servers {
     }
 }
 
+/// `rdmalog` pointed at the three servers (plaintext, this cluster).
+fn cli_command() -> Command {
+    let mut c = Command::new(cli_bin());
+    c.args([
+        "--servers",
+        &servers_arg(),
+        "--cluster-id",
+        CLUSTER,
+        "--plaintext",
+    ]);
+    c
+}
+
 fn cli(args: &[&str]) -> Output {
-    let out = Command::new(cli_bin())
-        .args([
-            "--servers",
-            &servers_arg(),
-            "--cluster-id",
-            CLUSTER,
-            "--plaintext",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
+    let out = cli_command().args(args).output().unwrap();
     println!(
         "$ rdmalog {}\n{}{}",
         args.join(" "),
@@ -219,14 +222,7 @@ fn three_servers_serve_the_cli_through_a_leader_crash() {
 
     assert!(cli(&["append", "one", "two", "three"]).status.success());
     // A follower of the log as a user would run it: tail -f, in the background.
-    let mut tail = Command::new(cli_bin())
-        .args([
-            "--servers",
-            &servers_arg(),
-            "--cluster-id",
-            CLUSTER,
-            "--plaintext",
-        ])
+    let mut tail = cli_command()
         .args(["tail", "-f", "--from", "1"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

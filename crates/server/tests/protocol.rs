@@ -293,30 +293,21 @@ fn roles_tokens_and_the_connection_limit() {
     });
     let l = c.leader();
     let addr = c.server(l).client_addr();
-    let (s, r) = Client::hello(tcp(addr), None);
-    assert!(
-        matches!(
-            r,
-            Response::Error {
-                code: ErrorCode::Unauthorized,
-                ..
-            }
-        ),
-        "{r:?}"
-    );
-    drop(s);
-    let (s, r) = Client::hello(tcp(addr), Some("guessed"));
-    assert!(
-        matches!(
-            r,
-            Response::Error {
-                code: ErrorCode::Unauthorized,
-                ..
-            }
-        ),
-        "{r:?}"
-    );
-    drop(s);
+    // No token, and a guessed one: both unauthorized.
+    for token in [None, Some("guessed")] {
+        let (s, r) = Client::hello(tcp(addr), token);
+        assert!(
+            matches!(
+                r,
+                Response::Error {
+                    code: ErrorCode::Unauthorized,
+                    ..
+                }
+            ),
+            "{token:?}: {r:?}"
+        );
+        drop(s);
+    }
     let mut reader = connect(addr, Some("reader-token-0123456789"));
     let r = append(&mut reader, b"nope");
     assert!(
