@@ -50,6 +50,7 @@ pub mod log;
 pub mod logging;
 mod mutation;
 pub mod node;
+pub mod recovering;
 pub mod sim;
 pub mod storage;
 pub mod wire;
@@ -134,6 +135,9 @@ pub enum Mutation {
     /// Under `Durability::Memory`, keep the ring in anonymous memory, as if there were no
     /// shared-memory ring: a process crash loses what the segment files lack.
     PrivateRing,
+    /// Under `Durability::Memory`, come back from a start that lost the shared-memory ring as
+    /// a normal voter (no recovering guard): the node may vote away entries it acknowledged.
+    NoRecoveringGuard,
 }
 
 impl ReplicaConfig {
@@ -293,6 +297,10 @@ pub enum ReplicaError {
     /// A membership change was refused.
     #[error("membership change refused: {0}")]
     Membership(String),
+    /// This node is recovering from a start that lost entries it may have acknowledged, and
+    /// refuses what would make it vote or campaign; the reason says what it waits for.
+    #[error("{0}")]
+    Recovering(String),
     /// A checkpoint cannot be taken as asked; the reason says what to do.
     #[error("checkpoint refused: {0}")]
     Checkpoint(String),

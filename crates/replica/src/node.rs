@@ -21,9 +21,10 @@ use raft::{RawNode, SnapshotStatus, StateRole};
 use wal::fs::FileSystem;
 use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term, Wal, WalConfig};
 
+use crate::recovering::Recovering;
 use crate::storage::{
-    ConfHistory, SnapshotFile, StateFile, TAG_NORMAL, WalStorage, entry_from_payload, payload_of,
-    snapshot_lsn,
+    ConfHistory, Guard, SnapshotFile, StateFile, StoredState, TAG_NORMAL, WalStorage,
+    entry_from_payload, payload_of, snapshot_lsn,
 };
 use crate::wire::{self, Body, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{Durability, ReplicaConfig, ReplicaError};
@@ -121,6 +122,15 @@ pub struct ReplicaStats {
     pub grants: u64,
     /// Revocations of remote write on our ring.
     pub revokes: u64,
+    /// Vote, pre-vote and timeout-now requests dropped while recovering (see
+    /// [`Status::recovering`]).
+    pub refused_while_recovering: u64,
+    /// Heartbeats whose commit index lay beyond this node's log (it lost entries the leader
+    /// counted): stepped with the commit index clamped to the log.
+    pub clamped_heartbeats: u64,
+    /// Leader: followers found holding fewer entries than raft counted as theirs (they lost
+    /// entries); probed again from what they hold.
+    pub followers_rewound: u64,
     /// Entries recovered at open from the shared-memory ring a crashed process left
     /// (`Durability::Memory`): accepted, possibly acknowledged, not yet in the segment files.
     pub recovered_from_ring: u64,
@@ -180,6 +190,9 @@ pub struct Status {
     pub stats: ReplicaStats,
     /// One entry per peer: its connection and whether the fast path is open to it.
     pub peers: Vec<PeerStatus>,
+    /// `Some(why)` while this node is recovering from a start that lost entries it may have
+    /// acknowledged: it does not vote or campaign, and the sentence says what it waits for.
+    pub recovering: Option<String>,
 }
 
 /// What a replica knows about one peer's connection.
@@ -271,6 +284,8 @@ pub struct Replica<F: Fabric> {
     events: Vec<Event>,
     /// The (term, leader?) the peers' fast-path state belongs to.
     fast_epoch: (u64, bool),
+    /// `Some` while recovering from lost acknowledgements (see [`crate::recovering`]).
+    recovering: Option<Recovering>,
     work: u64,
     encode_buf: Vec<u8>,
     scratch: Vec<u8>,
@@ -296,6 +311,19 @@ fn voters_after(cc: &ConfChange) -> Option<Vec<u64>> {
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect(),
     )
+}
+
+/// Whether an append's entries are consecutive from the index after `m.index`, with terms
+/// that never fall and never exceed the message's.
+fn entries_follow(m: &Message) -> bool {
+    let mut prev = (m.index, m.log_term);
+    for e in m.entries.iter() {
+        if e.index != prev.0 + 1 || e.term < prev.1 || e.term > m.term {
+            return false;
+        }
+        prev = (e.index, e.term);
+    }
+    true
 }
 
 /// Every node of a configuration: voters, then learners.
@@ -325,11 +353,13 @@ impl<F: Fabric> Replica<F> {
                 field: "data_dir",
                 reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
             })?;
-        let state_file = StateFile::new(fs.clone(), &cfg.data_dir);
+        let mut state_file = StateFile::new(fs.clone(), &cfg.data_dir);
         let loaded = state_file.load().map_err(ReplicaError::Poisoned)?;
         let existed = loaded.is_some();
         let (hs, cs, conf_history) = match loaded {
-            Some(s) => s,
+            Some(StoredState {
+                hs, cs, history, ..
+            }) => (hs, cs, history),
             None => {
                 let hs = HardState::default();
                 let mut cs = ConfState::default();
@@ -395,10 +425,12 @@ impl<F: Fabric> Replica<F> {
         let persistent =
             cfg.durability == Durability::Memory && cfg.mutation != crate::Mutation::PrivateRing;
         let mut recovered = 0;
+        let mut recovered_ring_found = false;
         let (fabric_memory, memory, producer, consumer) = if persistent {
             let path = cfg.ring_file();
             let (ring, ring_found) = fabric.alloc_persistent(&path, cfg.ring_bytes)?;
             let (tail, tail_found) = fabric.alloc_persistent(&path.with_extension("tail"), 4096)?;
+            recovered_ring_found = ring_found && tail_found;
             let memory: Arc<dyn RingMemory> = Arc::new(FabricRing {
                 ring: ring.clone(),
                 tail: Some(tail),
@@ -413,7 +445,7 @@ impl<F: Fabric> Replica<F> {
                 let (end, n) = producer
                     .recover_published(published, Term(hs.term))
                     .map_err(|e| ReplicaError::Poisoned(format!(
-                        "the shared-memory ring {} holds entries this node accepted before a crash, and one of them is corrupt ({e}); move the file aside to start without them (the other replicas hold every committed entry)",
+                        "the shared-memory ring {} holds entries this node accepted before a crash, and one of them is corrupt ({e}); move the file aside to start without them: the node then comes back recovering (it does not vote until it caught up from a leader)",
                         path.display()
                     )))?;
                 if n > 0 {
@@ -441,6 +473,17 @@ impl<F: Fabric> Replica<F> {
             let (producer, consumer) = wal::ring(memory.clone(), ring_cfg, wal.position())?;
             (ring, memory, producer, consumer)
         };
+        let ring_lost =
+            existed && state_file.guard().ring_in_use && !(persistent && recovered_ring_found);
+        let (hs, recovering) = Self::guard_amnesia(
+            &cfg,
+            &mut state_file,
+            hs,
+            &cs,
+            &conf_history,
+            ring_lost,
+            persistent,
+        )?;
         let (ring_local, remote) = fabric.register(fabric_memory)?;
         let ring_files = persistent.then(|| {
             let ring = cfg.ring_file();
@@ -524,6 +567,7 @@ impl<F: Fabric> Replica<F> {
             poisoned: None,
             events: vec![dummy; POLL_BATCH],
             fast_epoch: (0, false),
+            recovering,
             work: 0,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             scratch: Vec::new(),
@@ -532,20 +576,107 @@ impl<F: Fabric> Replica<F> {
         Ok(r)
     }
 
+    /// The amnesia guard at open (see [`crate::recovering`]). `ring_lost`: the node used a
+    /// shared-memory ring before and does not have it now, so it may have lost entries it
+    /// acknowledged. Then it comes back recovering, above the term it had, with its own term
+    /// moved past it; either way the `ring_in_use` mark is durable before the ring is used.
+    /// Returns the HardState raft starts from and the recovery state.
+    fn guard_amnesia(
+        cfg: &ReplicaConfig,
+        state_file: &mut StateFile,
+        mut hs: HardState,
+        cs: &ConfState,
+        history: &ConfHistory,
+        ring_lost: bool,
+        persistent: bool,
+    ) -> Result<(HardState, Option<Recovering>), ReplicaError> {
+        let before = state_file.guard();
+        let mut guard = Guard {
+            ring_in_use: persistent,
+            ..before
+        };
+        let guarded = ring_lost && cfg.mutation != crate::Mutation::NoRecoveringGuard;
+        if guarded {
+            let lost_term = hs.term.max(before.recovering_above_term.unwrap_or(0));
+            guard.recovering_above_term = Some(lost_term);
+            hs.term = lost_term + 1;
+            hs.vote = 0;
+            tracing::warn!(
+                node = cfg.id,
+                lost_term,
+                ring = %cfg.ring_file().display(),
+                "this node used a shared-memory ring that is gone (a machine crash, or the file was moved aside): it may have lost entries it acknowledged, so it comes back recovering and does not vote or campaign until it has caught up from a leader"
+            );
+        }
+        if guarded || guard != before {
+            state_file
+                .store_guard(guard, &hs, cs, history)
+                .map_err(|e| {
+                    ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e))
+                })?;
+        }
+        Ok((
+            hs,
+            guard
+                .recovering_above_term
+                .map(|lost_term| Recovering { lost_term }),
+        ))
+    }
+
+    /// Leaves recovery once the commit index covers an entry of a term above the lost one
+    /// (see [`crate::recovering`]), durably.
+    fn leave_recovery_if_caught_up(&mut self) -> Result<(), ReplicaError> {
+        let Some(r) = self.recovering else {
+            return Ok(());
+        };
+        let log = &self.raw.raft.raft_log;
+        let commit = log.committed;
+        let commit_term = log.term(commit).unwrap_or(0);
+        if !r.caught_up(commit_term) {
+            return Ok(());
+        }
+        let guard = Guard {
+            recovering_above_term: None,
+            ..self.state_file.guard()
+        };
+        let hs = self.raw.store().hard_state().clone();
+        let cs = self.raw.store().conf_state().clone();
+        self.state_file
+            .store_guard(guard, &hs, &cs, &self.conf_history)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e)))?;
+        self.recovering = None;
+        tracing::info!(
+            node = self.cfg.id,
+            commit,
+            commit_term,
+            lost_term = r.lost_term,
+            "caught up after lost acknowledgements: this node votes again"
+        );
+        Ok(())
+    }
+
     /// This node's id.
     pub fn id(&self) -> u64 {
         self.cfg.id
     }
 
-    /// Advances raft's logical clock by one tick and retries broken connections.
+    /// Advances raft's logical clock by one tick and retries broken connections. A recovering
+    /// node's election timer does not run: it must not campaign.
     pub fn tick(&mut self) {
         self.ticks += 1;
-        self.raw.tick();
+        if self.recovering.is_none() {
+            self.raw.tick();
+        }
         self.maintain_connections();
     }
 
-    /// Starts an election now (tests and operators).
+    /// Starts an election now (tests and operators); refused while recovering.
     pub fn campaign(&mut self) -> Result<(), ReplicaError> {
+        if let Some(r) = self.recovering {
+            return Err(ReplicaError::Recovering(
+                r.reason(self.leader(), self.commit_index()),
+            ));
+        }
         self.raw.campaign()?;
         Ok(())
     }
@@ -850,6 +981,9 @@ impl<F: Fabric> Replica<F> {
                     matched: self.raw.raft.prs().get(id).map_or(0, |pr| pr.matched),
                 })
                 .collect(),
+            recovering: self
+                .recovering
+                .map(|rec| rec.reason(self.leader(), r.raft_log.committed)),
         }
     }
 
@@ -893,10 +1027,26 @@ impl<F: Fabric> Replica<F> {
                     "the ring holds entries past the durable end of the log; keeping its files"
                 );
             } else {
+                let mut removed = true;
                 for path in [&tail, &ring] {
                     if let Err(e) = self.fabric.free_persistent(path) {
+                        removed = false;
                         tracing::warn!(node = self.cfg.id, error = %e, "cannot remove a shared-memory ring file");
                     }
+                }
+                // The segment files hold everything: the next start has nothing to lose.
+                if removed {
+                    let guard = Guard {
+                        ring_in_use: false,
+                        ..self.state_file.guard()
+                    };
+                    let hs = self.raw.store().hard_state().clone();
+                    let cs = self.raw.store().conf_state().clone();
+                    self.state_file
+                        .store_guard(guard, &hs, &cs, &self.conf_history)
+                        .map_err(|e| {
+                            ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e))
+                        })?;
                 }
             }
         }
@@ -952,7 +1102,10 @@ impl<F: Fabric> Replica<F> {
             let ready = self.raw.has_ready();
             if ready {
                 self.work += 1;
-                if let Err(e) = self.handle_ready() {
+                if let Err(e) = self
+                    .handle_ready()
+                    .and_then(|()| self.leave_recovery_if_caught_up())
+                {
                     if self.poisoned.is_none() {
                         self.poisoned = Some(e.to_string());
                     }
@@ -1244,7 +1397,30 @@ impl<F: Fabric> Replica<F> {
         }
     }
 
-    fn step(&mut self, m: Message) {
+    fn step(&mut self, mut m: Message) {
+        let t = m.get_msg_type();
+        if self.recovering.is_some() && Recovering::refuses(t) {
+            self.stats.refused_while_recovering += 1;
+            return;
+        }
+        let log = &self.raw.raft.raft_log;
+        match t {
+            // A leader counts what this node acknowledged; if this node lost some of it (a
+            // record cut at recovery, a lost ring), the leader's heartbeat carries a commit
+            // index beyond the log, on which raft-rs panics. What the log holds is a prefix of
+            // what was acknowledged, so committing up to its end is what the leader meant.
+            MessageType::MsgHeartbeat if m.commit > log.last_index() => {
+                m.commit = log.last_index();
+                self.stats.clamped_heartbeats += 1;
+            }
+            // raft-rs trusts an append's entries to follow its index; entries that do not
+            // could conflict with committed ones, on which it panics.
+            MessageType::MsgAppend if !entries_follow(&m) => {
+                self.stats.bad_frames += 1;
+                return;
+            }
+            _ => {}
+        }
         // raft-rs rejects messages from unknown peers or stale terms; both are normal during
         // membership changes and elections, so they are not errors of ours.
         let _ = self.raw.step(m);
@@ -1258,7 +1434,23 @@ impl<F: Fabric> Replica<F> {
             return;
         };
         p.ring_head = r.ring_head;
-        if m.get_msg_type() != MessageType::MsgAppendResponse || m.term != self.raw.raft.term {
+        if m.term != self.raw.raft.term {
+            return;
+        }
+        // raft-rs never lowers what it counts as a follower's: one that lost entries (a
+        // record cut at recovery, a lost ring) would never be sent them again. Count only
+        // what it holds, and probe it from there.
+        if let Some(pr) = self.raw.raft.mut_prs().get_mut(peer) {
+            if r.last_index < pr.matched {
+                pr.matched = r.last_index;
+                pr.become_probe();
+                self.stats.followers_rewound += 1;
+                p.fast_end = None;
+                self.raw.raft.send_append(peer);
+                return;
+            }
+        }
+        if m.get_msg_type() != MessageType::MsgAppendResponse {
             return;
         }
         if m.reject {

@@ -57,8 +57,9 @@ pub fn payload_of<'a>(e: &'a Entry, scratch: &'a mut Vec<u8>) -> &'a [u8] {
 }
 
 const STATE_MAGIC: &[u8; 4] = b"RLRS";
-/// Version 2 added the membership history; version 1 files (no history) are still read.
-const STATE_VERSION: u32 = 2;
+/// Version 2 added the membership history; version 3 the amnesia guard ([`Guard`]). Version
+/// 1 and 2 files are still read, with the guard's safe default (ring in use, not recovering).
+const STATE_VERSION: u32 = 3;
 /// Most membership changes the history keeps; older ones fold into its base.
 pub const MAX_CONF_HISTORY: usize = 256;
 
@@ -129,11 +130,52 @@ impl ConfHistory {
 /// Bound on voters plus learners in the state file, far above any real cluster.
 const MAX_MEMBERS: usize = 1024;
 
-/// The durable raft state: HardState and ConfState.
+/// The amnesia guard of `Durability::Memory` (ARCHITECTURE.md, "Recovering after a machine
+/// crash"), kept in the raft-state file beside the HardState.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Guard {
+    /// Written `true` (durably) before a process uses a shared-memory ring, `false` only by a
+    /// clean close once the segment files hold everything the ring did. A start that finds it
+    /// `true` and no ring has lost entries it may have acknowledged.
+    pub ring_in_use: bool,
+    /// `Some(t)` while this node is recovering from such a loss: every acknowledgement it may
+    /// have lost was given in a term at or below `t`. It does not vote or campaign until its
+    /// committed log holds an entry of a term above `t`.
+    pub recovering_above_term: Option<u64>,
+}
+
+impl Default for Guard {
+    /// What a file written before the guard existed implies: the ring may be in use (so a
+    /// missing ring is treated as lost), and the node is not recovering.
+    fn default() -> Self {
+        Guard {
+            ring_in_use: true,
+            recovering_above_term: None,
+        }
+    }
+}
+
+/// What the raft-state file holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoredState {
+    /// Term, vote, commit.
+    pub hs: HardState,
+    /// The current membership.
+    pub cs: ConfState,
+    /// The membership as of each index since the latest checkpoint.
+    pub history: ConfHistory,
+    /// The amnesia guard.
+    pub guard: Guard,
+}
+
+/// The durable raft state: HardState, ConfState, the membership history and the amnesia
+/// guard. The guard changes rarely, so the file keeps the latest one and every store writes
+/// it again.
 #[derive(Debug)]
 pub struct StateFile {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
+    guard: Guard,
 }
 
 impl StateFile {
@@ -142,15 +184,40 @@ impl StateFile {
         StateFile {
             fs,
             dir: dir.to_path_buf(),
+            guard: Guard {
+                ring_in_use: false,
+                recovering_above_term: None,
+            },
         }
+    }
+
+    /// The guard the file holds (as loaded, or as last stored).
+    pub fn guard(&self) -> Guard {
+        self.guard
+    }
+
+    /// Stores the state with a new guard.
+    pub fn store_guard(
+        &mut self,
+        guard: Guard,
+        hs: &HardState,
+        cs: &ConfState,
+        history: &ConfHistory,
+    ) -> Result<(), String> {
+        let old = std::mem::replace(&mut self.guard, guard);
+        let r = self.store(hs, cs, history);
+        if r.is_err() {
+            self.guard = old;
+        }
+        r
     }
 
     fn path(&self) -> PathBuf {
         self.dir.join("raft-state")
     }
 
-    /// Reads the state, `None` when there is none yet.
-    pub fn load(&self) -> Result<Option<(HardState, ConfState, ConfHistory)>, String> {
+    /// Reads the state, `None` when there is none yet; later stores keep the guard it read.
+    pub fn load(&mut self) -> Result<Option<StoredState>, String> {
         let names = self
             .fs
             .list(&self.dir)
@@ -163,7 +230,7 @@ impl StateFile {
             .open(&self.path())
             .map_err(|e| format!("cannot open raft-state: {e}"))?;
         let len = f.size_bytes().map_err(|e| e.to_string())? as usize;
-        if !(12..=12 + 64 + 16 * MAX_MEMBERS * (2 + MAX_CONF_HISTORY) + 16 * MAX_CONF_HISTORY)
+        if !(12..=12 + 64 + 16 + 16 * MAX_MEMBERS * (2 + MAX_CONF_HISTORY) + 16 * MAX_CONF_HISTORY)
             .contains(&len)
         {
             return Err(format!(
@@ -177,7 +244,7 @@ impl StateFile {
             return Err("raft-state has a bad magic".into());
         }
         let version = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
-        if version != STATE_VERSION && version != 1 {
+        if !(1..=STATE_VERSION).contains(&version) {
             return Err(format!(
                 "raft-state has version {version}, expected {STATE_VERSION}"
             ));
@@ -209,7 +276,26 @@ impl StateFile {
             }
             h
         };
-        Ok(Some((hs, cs, history)))
+        let guard = if version >= 3 {
+            let flags = r.u64()?;
+            let term = r.u64()?;
+            if flags & !3 != 0 {
+                return Err(format!("raft-state has unknown guard flags {flags:#x}"));
+            }
+            Guard {
+                ring_in_use: flags & 1 != 0,
+                recovering_above_term: (flags & 2 != 0).then_some(term),
+            }
+        } else {
+            Guard::default()
+        };
+        self.guard = guard;
+        Ok(Some(StoredState {
+            hs,
+            cs,
+            history,
+            guard,
+        }))
     }
 
     /// Writes the state durably: a new file, fdatasync, rename over the old one, directory
@@ -232,6 +318,10 @@ impl StateFile {
             body.extend_from_slice(&index.to_le_bytes());
             encode_conf(cs, &mut body);
         }
+        let g = self.guard;
+        let flags = u64::from(g.ring_in_use) | (u64::from(g.recovering_above_term.is_some()) << 1);
+        body.extend_from_slice(&flags.to_le_bytes());
+        body.extend_from_slice(&g.recovering_above_term.unwrap_or(0).to_le_bytes());
         let mut buf = Vec::with_capacity(body.len() + 12);
         buf.extend_from_slice(STATE_MAGIC);
         buf.extend_from_slice(&STATE_VERSION.to_le_bytes());
@@ -585,7 +675,7 @@ mod tests {
         let fs = Arc::new(FaultFs::new());
         let dir = Path::new("/d");
         fs.create_dir_all(dir).unwrap();
-        let sf = StateFile::new(fs.clone(), dir);
+        let mut sf = StateFile::new(fs.clone(), dir);
         assert_eq!(sf.load().unwrap(), None);
         let mut hs = HardState::default();
         hs.term = 4;
@@ -598,11 +688,25 @@ mod tests {
         four.voters.push(4);
         history.record(10, four.clone());
         history.record(5, cs.clone()); // a replayed older change rewrites nothing
-        sf.store(&hs, &four, &history).unwrap();
+        let guard = Guard {
+            ring_in_use: true,
+            recovering_above_term: Some(3),
+        };
+        sf.store_guard(guard, &hs, &four, &history).unwrap();
+        let mut fresh = StateFile::new(fs.clone(), dir);
         assert_eq!(
-            sf.load().unwrap(),
-            Some((hs.clone(), four.clone(), history.clone()))
+            fresh.load().unwrap(),
+            Some(StoredState {
+                hs: hs.clone(),
+                cs: four.clone(),
+                history: history.clone(),
+                guard,
+            })
         );
+        assert_eq!(fresh.guard(), guard);
+        // A later store without a new guard keeps it.
+        fresh.store(&hs, &four, &history).unwrap();
+        assert_eq!(sf.load().unwrap().unwrap().guard, guard);
         assert_eq!(history.at(9), Some(&cs));
         assert_eq!(history.at(10), Some(&four));
         history.compact(12);
