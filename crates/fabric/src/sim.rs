@@ -647,6 +647,25 @@ impl SimNet {
             .unwrap_or_default()
     }
 
+    /// Overwrites node `node`'s shared-memory file `path` with `byte` from `offset` on, for
+    /// `len` bytes (tests: a ring whose records rot while its process is down). Returns
+    /// whether the file exists.
+    pub fn corrupt_shm(
+        &self,
+        node: NodeId,
+        path: &std::path::Path,
+        offset: u64,
+        len: usize,
+        byte: u8,
+    ) -> bool {
+        let net = self.net.lock_net();
+        let Some(m) = net.nodes.get(&node).and_then(|s| s.shm.get(path)) else {
+            return false;
+        };
+        crate::write_bytes(m.as_ref(), offset, &vec![byte; len]);
+        true
+    }
+
     /// Virtual time now, in ns.
     pub fn now(&self) -> u64 {
         self.net.lock_net().now

@@ -251,6 +251,27 @@ impl RingMemory for FabricRing {
     }
 }
 
+/// The ring as `Replica::open` sets it up.
+struct OpenRing {
+    fabric_memory: Arc<dyn fabric::Memory>,
+    memory: Arc<dyn RingMemory>,
+    producer: Producer,
+    consumer: Consumer,
+}
+
+/// What `Replica::open` found of the ring a previous process of its data dir used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeftRing {
+    /// No ring (a first start, a clean close, a machine crash), or a private ring.
+    Missing,
+    /// A ring that must not be taken over (a new data dir, a snapshot install to finish).
+    Ignored,
+    /// Taken over, with this many entries the segment files lacked.
+    Recovered(u64),
+    /// A ring whose records past the segment files fail their checks.
+    Corrupt,
+}
+
 /// One replica of the log.
 pub struct Replica<F: Fabric> {
     cfg: ReplicaConfig,
@@ -418,63 +439,33 @@ impl<F: Fabric> Replica<F> {
                 installed = true;
             }
         }
-        let ring_cfg = RingConfig {
-            capacity_bytes: cfg.ring_bytes,
-            block_bytes: cfg.block_bytes,
-        };
         let persistent =
             cfg.durability == Durability::Memory && cfg.mutation != crate::Mutation::PrivateRing;
-        let mut recovered = 0;
-        let mut recovered_ring_found = false;
-        let (fabric_memory, memory, producer, consumer) = if persistent {
-            let path = cfg.ring_file();
-            let (ring, ring_found) = fabric.alloc_persistent(&path, cfg.ring_bytes)?;
-            let (tail, tail_found) = fabric.alloc_persistent(&path.with_extension("tail"), 4096)?;
-            recovered_ring_found = ring_found && tail_found;
-            let memory: Arc<dyn RingMemory> = Arc::new(FabricRing {
-                ring: ring.clone(),
-                tail: Some(tail),
-            });
-            // A ring left by a crashed process of this data dir holds the entries it accepted
-            // (and may have acknowledged) past what reached the segment files. A new data dir
-            // never takes a stale ring's records: building the ring publishes its start.
-            let (producer, consumer) = if existed && ring_found && tail_found && !installed {
-                let published = wal::published_tail(memory.as_ref()).unwrap_or_default();
-                let (mut producer, consumer) =
-                    wal::ring_recovering(memory.clone(), ring_cfg, wal.position())?;
-                let (end, n) = producer
-                    .recover_published(published, Term(hs.term))
-                    .map_err(|e| ReplicaError::Poisoned(format!(
-                        "the shared-memory ring {} holds entries this node accepted before a crash, and one of them is corrupt ({e}); move the file aside to start without them: the node then comes back recovering (it does not vote until it caught up from a leader)",
-                        path.display()
-                    )))?;
-                if n > 0 {
-                    wal.persist_from(&consumer, end.lsn, Durability::Fsync)?;
-                    tracing::info!(
-                        node = cfg.id,
-                        entries = n,
-                        last_index = end.last_index.0,
-                        ring = %path.display(),
-                        "recovered entries from the shared-memory ring after a crash"
-                    );
-                }
-                recovered = n;
-                (producer, consumer)
-            } else {
-                wal::ring(memory.clone(), ring_cfg, wal.position())?
-            };
-            (ring, memory, producer, consumer)
-        } else {
-            let ring = fabric.alloc(cfg.ring_bytes)?;
-            let memory: Arc<dyn RingMemory> = Arc::new(FabricRing {
-                ring: ring.clone(),
-                tail: None,
-            });
-            let (producer, consumer) = wal::ring(memory.clone(), ring_cfg, wal.position())?;
-            (ring, memory, producer, consumer)
+        // A ring left by a crashed process of this data dir holds the entries it accepted (and
+        // may have acknowledged) past what reached the segment files. A new data dir never
+        // takes a stale ring's records, nor does a node finishing a snapshot install.
+        let take_left = existed && !installed;
+        let (ring, left) = Self::open_ring(
+            &cfg,
+            &mut fabric,
+            &wal,
+            persistent,
+            take_left,
+            Term(hs.term),
+        )?;
+        let recovered = match left {
+            LeftRing::Recovered(n) => n,
+            _ => 0,
         };
-        let ring_lost =
-            existed && state_file.guard().ring_in_use && !(persistent && recovered_ring_found);
+        let ring_lost = existed
+            && state_file.guard().ring_in_use
+            && matches!(left, LeftRing::Missing | LeftRing::Corrupt);
+        let OpenRing {
+            fabric_memory,
+            memory,
+            producer,
+            consumer,
+        } = ring;
         let (hs, recovering) = Self::guard_amnesia(
             &cfg,
             &mut state_file,
@@ -574,6 +565,93 @@ impl<F: Fabric> Replica<F> {
         };
         r.maintain_connections();
         Ok(r)
+    }
+
+    /// Allocates and registers-to-be the ring: shared memory under `Durability::Memory`
+    /// (taking over the records a crashed process left there when `take_left`), anonymous
+    /// memory otherwise. Says what became of a ring left behind.
+    fn open_ring(
+        cfg: &ReplicaConfig,
+        fabric: &mut F,
+        wal: &Wal,
+        persistent: bool,
+        take_left: bool,
+        max_term: Term,
+    ) -> Result<(OpenRing, LeftRing), ReplicaError> {
+        let ring_cfg = RingConfig {
+            capacity_bytes: cfg.ring_bytes,
+            block_bytes: cfg.block_bytes,
+        };
+        if !persistent {
+            let ring = fabric.alloc(cfg.ring_bytes)?;
+            let memory: Arc<dyn RingMemory> = Arc::new(FabricRing {
+                ring: ring.clone(),
+                tail: None,
+            });
+            let (producer, consumer) = wal::ring(memory.clone(), ring_cfg, wal.position())?;
+            let opened = OpenRing {
+                fabric_memory: ring,
+                memory,
+                producer,
+                consumer,
+            };
+            return Ok((opened, LeftRing::Missing));
+        }
+        let path = cfg.ring_file();
+        let (ring, ring_found) = fabric.alloc_persistent(&path, cfg.ring_bytes)?;
+        let (tail, tail_found) = fabric.alloc_persistent(&path.with_extension("tail"), 4096)?;
+        let memory: Arc<dyn RingMemory> = Arc::new(FabricRing {
+            ring: ring.clone(),
+            tail: Some(tail),
+        });
+        let fresh =
+            |memory: &Arc<dyn RingMemory>| wal::ring(memory.clone(), ring_cfg, wal.position());
+        let (producer, consumer, left) = if !(ring_found && tail_found) {
+            let (p, c) = fresh(&memory)?;
+            (p, c, LeftRing::Missing)
+        } else if !take_left {
+            let (p, c) = fresh(&memory)?;
+            (p, c, LeftRing::Ignored)
+        } else {
+            let published = wal::published_tail(memory.as_ref()).unwrap_or_default();
+            let (mut producer, consumer) =
+                wal::ring_recovering(memory.clone(), ring_cfg, wal.position())?;
+            match producer.recover_published(published, max_term) {
+                Ok((end, n)) => {
+                    if n > 0 {
+                        wal.persist_from(&consumer, end.lsn, Durability::Fsync)?;
+                        tracing::info!(
+                            node = cfg.id,
+                            entries = n,
+                            last_index = end.last_index.0,
+                            ring = %path.display(),
+                            "recovered entries from the shared-memory ring after a crash"
+                        );
+                    }
+                    (producer, consumer, LeftRing::Recovered(n))
+                }
+                Err(e) => {
+                    // The entries past the segment files cannot be trusted: start without them,
+                    // as a node that lost them (recovering), on a fresh ring.
+                    tracing::error!(
+                        node = cfg.id,
+                        ring = %path.display(),
+                        error = %e,
+                        "the shared-memory ring holds entries this node accepted before a crash, and one of them is corrupt: starting without them, recovering"
+                    );
+                    drop((producer, consumer));
+                    let (p, c) = fresh(&memory)?;
+                    (p, c, LeftRing::Corrupt)
+                }
+            }
+        };
+        let opened = OpenRing {
+            fabric_memory: ring,
+            memory,
+            producer,
+            consumer,
+        };
+        Ok((opened, left))
     }
 
     /// The amnesia guard at open (see [`crate::recovering`]). `ring_lost`: the node used a

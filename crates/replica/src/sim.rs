@@ -34,7 +34,8 @@ pub struct SimCluster {
     /// placing and acking one-sided writes, like a process under SIGSTOP or a long GC.
     pub paused: std::collections::BTreeSet<u64>,
     /// Fail-stop mode (the simulator's): a node whose `process` fails (a poisoned log after an
-    /// fsync error or ENOSPC) is crashed, as its process would exit, and recorded in
+    /// fsync error or ENOSPC) is killed ([`SimCluster::kill`]), as its process would exit
+    /// while its machine stays up, and recorded in
     /// [`SimCluster::failed`] instead of failing the whole run.
     pub fail_stop: bool,
     /// Nodes that failed in fail-stop mode, with the error, since the driver last took them.
@@ -116,7 +117,7 @@ impl SimCluster {
             }
         }
         for (id, why) in dead {
-            self.crash(id);
+            self.kill(id);
             self.failed.insert(id, why);
         }
         Ok(())
@@ -282,15 +283,12 @@ impl SimCluster {
             .next()
             .expect("a cluster has nodes")
             .clone();
-        let mut cfg = ReplicaConfig::new(
-            id,
-            Vec::new(),
-            template.cluster_id,
-            PathBuf::from(format!("/node{id}")),
-        );
-        cfg.ring_bytes = template.ring_bytes;
-        cfg.segment_bytes = template.segment_bytes;
-        cfg.durability = template.durability;
+        // Every setting of the others (block size, durability, limits, the mutation under
+        // test): a log's replicas must agree on them.
+        let mut cfg = template;
+        cfg.id = id;
+        cfg.voters = Vec::new();
+        cfg.data_dir = PathBuf::from(format!("/node{id}"));
         let top = self
             .configs
             .values()

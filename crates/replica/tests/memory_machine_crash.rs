@@ -15,7 +15,10 @@
 //! - with the guard removed (`Mutation::NoRecoveringGuard`) the first case loses
 //!   acknowledged entries, so the test can tell;
 //! - a machine crash of a majority (A and B): the cluster stalls, visibly, and never serves a
-//!   log without the entries.
+//!   log without the entries;
+//! - a ring that rots while its process is down (killed, not crashed) is unrecoverable: the
+//!   node starts without it, recovering, instead of refusing to start;
+//! - a clean stop, and a kill that keeps the ring, do not make a node recovering.
 
 use fabric::NodeId;
 use fabric::sim::SimConfig;
@@ -246,5 +249,33 @@ fn a_process_crash_keeps_the_ring_and_does_not_recover() {
         assert_eq!(c.node(id).status().recovering, None, "node {id}");
     }
     c.elect().unwrap();
+    assert_all_hold(&mut c, &acked);
+}
+
+#[test]
+fn a_ring_that_rots_while_its_process_is_down_makes_the_node_recovering() {
+    let mut c = cluster(26, Mutation::None);
+    let leader = c.elect().unwrap();
+    let mut acked = append(&mut c, 0, 40);
+    let b = (1..=3).find(|&id| id != leader).unwrap();
+    c.kill(b);
+    let ring = c.configs[&b].ring_file();
+    let bytes = c.configs[&b].ring_bytes as usize;
+    assert!(c.net.corrupt_shm(NodeId(b), &ring, 0, bytes, 0xA5));
+    c.restart_killed(b).unwrap();
+    let s = c.node(b).status();
+    assert_eq!(s.stats.recovered_from_ring, 0);
+    assert!(
+        s.recovering.is_some(),
+        "a corrupt ring must make the node recovering (if its segment files held \
+         everything, this test proves nothing): {s:?}"
+    );
+    let ok = c
+        .run_until(20 * SECOND_NS, |c| {
+            c.leader().is_some() && c.node(b).status().recovering.is_none()
+        })
+        .unwrap();
+    assert!(ok, "B did not rejoin: {:?}", c.node(b).status());
+    acked.extend(append(&mut c, 40, 5));
     assert_all_hold(&mut c, &acked);
 }

@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use fabric::NodeId;
 use fabric::sim::{SimConfig, SplitMix64};
 use replica::sim::SimCluster;
-use replica::{Mutation, ReplicaError, Role};
+use replica::{Durability, Mutation, ReplicaError, Role};
 
 pub use check::{Attempt, Checker, Outcome, Violation};
 pub use rates::FaultRates;
@@ -64,6 +64,8 @@ pub struct Options {
     pub rates: Option<FaultRates>,
     /// The test-only rule to break.
     pub mutation: Mutation,
+    /// Force the durability mode; `None` draws it from the seed (half the seeds each).
+    pub durability: Option<Durability>,
 }
 
 impl Default for Options {
@@ -74,6 +76,7 @@ impl Default for Options {
             nodes: None,
             rates: None,
             mutation: Mutation::None,
+            durability: None,
         }
     }
 }
@@ -81,8 +84,13 @@ impl Default for Options {
 /// Fault kinds, for the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
-    /// A node crashed.
+    /// A node's machine crashed: process memory and shared memory (the `Memory` ring) lost,
+    /// the disk keeps only durable bytes.
     Crash,
+    /// A node's process was killed (kill -9): shared memory and the page cache survive.
+    ProcessKill,
+    /// A node restarted after a kill, from the disk and shared memory its process left.
+    RestartKilled,
     /// Every node lost power at once.
     PowerLossAll,
     /// A crash tore the node's in-flight RDMA writes.
@@ -124,6 +132,8 @@ pub struct Summary {
     pub seed: u64,
     /// Nodes at the start.
     pub nodes: u64,
+    /// The durability mode the seed ran.
+    pub durability: Durability,
     /// Faults injected, per kind.
     pub faults: BTreeMap<Fault, u64>,
     /// Client attempts made.
@@ -149,6 +159,8 @@ pub struct Failure {
     pub seed: u64,
     /// The fault rates it ran with.
     pub rates: FaultRates,
+    /// The durability mode it ran.
+    pub durability: Durability,
     /// What went wrong.
     pub violation: Violation,
     /// Virtual time of the failure.
@@ -166,6 +178,7 @@ impl std::fmt::Display for Failure {
             self.at_ns / 1_000_000,
             self.violation
         )?;
+        writeln!(f, "durability: {:?}", self.durability)?;
         writeln!(f, "fault rates: {}", self.rates)?;
         writeln!(f, "last events:")?;
         for line in &self.trace_tail {
@@ -198,6 +211,9 @@ struct Run {
     retired: BTreeSet<u64>,
     /// Crashed nodes waiting for a restart.
     down: BTreeSet<u64>,
+    /// The nodes of `down` whose process was killed (or fail-stopped) while their machine
+    /// stayed up: they restart from what the process left, shared memory included.
+    killed: BTreeSet<u64>,
     /// Disks with a space limit on.
     full_disks: BTreeSet<u64>,
     next_node: u64,
@@ -297,13 +313,59 @@ impl Run {
         self.c.crash(id);
         self.checker.node_restarted(id);
         self.down.insert(id);
+        self.killed.remove(&id);
         *self.incarnations.entry(id).or_default() += 1;
-        self.fault(Fault::Crash, format!("node {id} crashes"));
+        self.fault(Fault::Crash, format!("node {id}'s machine crashes"));
+    }
+
+    /// Kills node `id`'s process; its machine (page cache, shared memory) stays up.
+    fn kill(&mut self, id: u64) {
+        self.c.kill(id);
+        self.checker.node_restarted(id);
+        self.down.insert(id);
+        self.killed.insert(id);
+        *self.incarnations.entry(id).or_default() += 1;
+        self.fault(Fault::ProcessKill, format!("node {id}'s process is killed"));
+    }
+
+    /// Nodes that lost entries they may have acknowledged and have not caught up yet: like
+    /// crashed ones, they count against the minority that may be down at once.
+    fn recovering(&self) -> usize {
+        self.c
+            .nodes
+            .values()
+            .flatten()
+            .filter(|r| r.status().recovering.is_some())
+            .count()
     }
 
     fn restart(&mut self, id: u64) -> Result<(), Violation> {
         if self.full_disks.remove(&id) {
             self.c.disks[&id].set_space_limit(None);
+        }
+        if self.killed.contains(&id) {
+            match self.c.restart_killed(id) {
+                Ok(()) => {}
+                // A storage fault armed before the kill hits the new process's first
+                // fdatasync: it fails to start, as a real one would, and tries again later.
+                Err(e @ (ReplicaError::Wal(_) | ReplicaError::Poisoned(_))) => {
+                    self.fault(
+                        Fault::FailStop,
+                        format!("node {id} fails to start after a kill: {e}"),
+                    );
+                    return Ok(());
+                }
+                Err(e) => return Err(format!("node {id} cannot restart after a kill: {e}")),
+            }
+            self.killed.remove(&id);
+            self.down.remove(&id);
+            self.checker.node_restarted(id);
+            *self.incarnations.entry(id).or_default() += 1;
+            self.fault(
+                Fault::RestartKilled,
+                format!("node {id} restarts after a kill"),
+            );
+            return Ok(());
         }
         let tear = self.rng.next_u64();
         self.c
@@ -328,10 +390,39 @@ impl Run {
                 .flat_map(|&x| a.iter().filter(move |&&y| y != x).map(move |&y| (x, y)))
                 .collect()
         };
+        // Never take down more than a minority at once, or nothing can happen until restarts.
+        // Under Memory a machine crash makes a node recovering until it caught up: a majority
+        // of those is the documented stall (acknowledged entries may be gone), not a fault the
+        // cluster survives, so recovering nodes count as down for machine crashes.
+        let max_down = ((members.len() as u64 - 1) / 2).max(1);
+        let memory =
+            self.c.configs.values().next().map(|c| c.durability) == Some(Durability::Memory);
+        let (unavailable, max_unavailable) = if memory {
+            // The smallest configuration any live node holds (a node added but never made a
+            // voter is a member to the driver, not to the quorum).
+            let voters = self
+                .c
+                .nodes
+                .values()
+                .flatten()
+                .map(|r| r.status().voters.len() as u64)
+                .filter(|&n| n > 0)
+                .min()
+                .unwrap_or(members.len() as u64);
+            (
+                self.down.len() as u64 + self.recovering() as u64,
+                ((voters.min(members.len() as u64) - 1) / 2).max(1),
+            )
+        } else {
+            (self.down.len() as u64, max_down)
+        };
+        if self.chance(r.kill_ppm) && (self.down.len() as u64) < max_down {
+            if let Some(id) = self.pick(&live) {
+                self.kill(id);
+            }
+        }
         if self.chance(r.crash_ppm) {
-            // Never take down more than a minority at once, or nothing can happen until restarts.
-            let max_down = (members.len() as u64 - 1) / 2;
-            if (self.down.len() as u64) < max_down.max(1) {
+            if unavailable < max_unavailable {
                 let tear = self.chance(r.torn_write_ppm);
                 // A torn write needs writes in flight: crash the leader right after it
                 // proposed and posted its writes, before they land.
@@ -345,7 +436,7 @@ impl Run {
                         self.start_op_on(l);
                         let failed = self.c.node(l).process().is_err();
                         if failed {
-                            self.c.crash(l);
+                            self.c.kill(l);
                             self.c
                                 .failed
                                 .insert(l, "failed while posting writes".into());
@@ -354,6 +445,7 @@ impl Run {
                         }
                     }
                     None => {
+                        let live = self.live();
                         if let Some(id) = self.pick(&live) {
                             self.crash(id, tear);
                         }
@@ -543,7 +635,7 @@ impl Run {
             self.start_op_on(id);
             let r = self.c.node(id);
             if let Err(e) = r.process_ready_only() {
-                self.c.crash(id);
+                self.c.kill(id);
                 self.c.failed.insert(id, e.to_string());
             }
             self.fault(
@@ -583,6 +675,15 @@ impl Run {
                 Err(e) => self.event(format!("leader {l} cannot add node {id}: {e}")),
             }
         } else {
+            // Under Memory a node that lost its ring does not vote until it caught up; a
+            // removal while one is down or recovering can leave them a majority of the
+            // smaller configuration, the documented stall. Fsync nodes restart with their
+            // state and vote at once.
+            let memory =
+                self.c.configs.values().next().map(|c| c.durability) == Some(Durability::Memory);
+            if memory && (!self.down.is_empty() || self.recovering() > 0) {
+                return Ok(());
+            }
             let others: Vec<u64> = voters.into_iter().filter(|&v| v != l).collect();
             if let Some(gone) = self.pick(&others) {
                 match self.c.node(l).change_membership(gone, false) {
@@ -736,6 +837,7 @@ impl Run {
             *self.incarnations.entry(id).or_default() += 1;
             if !self.retired.contains(&id) {
                 self.down.insert(id);
+                self.killed.insert(id);
             }
             self.fault(Fault::FailStop, format!("node {id} fail-stops: {why}"));
         }
@@ -816,10 +918,24 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         r
     });
     let mutation = options.mutation;
+    // Drawn after everything older seeds drew, so they keep their rates and size.
+    let drawn_durability = if rng.below(2) == 0 {
+        Durability::Fsync
+    } else {
+        Durability::Memory
+    };
+    let durability = options.durability.unwrap_or(drawn_durability);
+    let mut rates = rates;
+    if durability == Durability::Memory && options.rates.is_none() {
+        // Every machine losing power at once takes every Memory ring: the documented loss
+        // (and stall), not a fault this mode survives. Process kills of every node are.
+        rates.power_loss_ppm = 0;
+    }
     let fail = |v: Violation, at_ns: u64, trace: Vec<String>| {
         Box::new(Failure {
             seed,
             rates,
+            durability,
             violation: v,
             at_ns,
             trace_tail: trace,
@@ -833,6 +949,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         cfg.segment_bytes = 512 << 10;
         cfg.max_entry_bytes = 8 << 10;
         cfg.mutation = mutation;
+        cfg.durability = durability;
     })
     .map_err(|e| fail(format!("cannot build the cluster: {e}"), 0, Vec::new()))?;
     c.fail_stop = true;
@@ -847,10 +964,12 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         summary: Summary {
             seed,
             nodes,
+            durability,
             ..Summary::default()
         },
         retired: BTreeSet::new(),
         down: BTreeSet::new(),
+        killed: BTreeSet::new(),
         full_disks: BTreeSet::new(),
         next_node: nodes + 1,
         trace: Default::default(),

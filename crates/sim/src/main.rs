@@ -39,7 +39,8 @@ struct Args {
     /// Client appends per seed.
     #[arg(long, default_value_t = 100)]
     appends: u64,
-    /// Break a protocol rule on purpose (test-only): ack-without-fsync or skip-revoke.
+    /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
+    /// private-ring or no-recovering-guard.
     #[arg(long)]
     mutation: Option<String>,
     /// Print every event of the run (useful with --seed).
@@ -53,6 +54,8 @@ fn main() -> anyhow::Result<()> {
         None => replica::Mutation::None,
         Some("ack-without-fsync") => replica::Mutation::AckWithoutFsync,
         Some("skip-revoke") => replica::Mutation::SkipRevoke,
+        Some("private-ring") => replica::Mutation::PrivateRing,
+        Some("no-recovering-guard") => replica::Mutation::NoRecoveringGuard,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {
@@ -81,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(if deadline.is_some() { u64::MAX } else { 1_000 });
     let started = Instant::now();
     let mut faults: BTreeMap<sim::Fault, u64> = BTreeMap::new();
+    let mut modes: BTreeMap<String, u64> = BTreeMap::new();
     let (mut done, mut acked, mut attempts, mut refused, mut torn) = (0u64, 0, 0, 0, 0);
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
@@ -89,6 +93,7 @@ fn main() -> anyhow::Result<()> {
         }
         match sim::run(seed, options, args.verbose) {
             Ok(s) => {
+                *modes.entry(format!("{:?}", s.durability)).or_default() += 1;
                 for (k, v) in s.faults {
                     *faults.entry(k).or_default() += v;
                 }
@@ -115,6 +120,7 @@ fn main() -> anyhow::Result<()> {
          {refused} writes fenced or refused, {torn} writes torn",
         started.elapsed().as_secs_f64()
     );
+    println!("seeds per durability mode: {modes:?}");
     println!("faults exercised:");
     for (k, v) in faults {
         println!("  {k:?}: {v}");

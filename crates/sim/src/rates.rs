@@ -12,6 +12,8 @@ pub struct FaultRates {
     pub crash_ppm: u64,
     /// Every node loses power at once (a correlated outage) and reboots.
     pub power_loss_ppm: u64,
+    /// A node's process is killed (kill -9): shared memory and the page cache survive.
+    pub kill_ppm: u64,
     /// A crashed node restarts (its unsynced tail is torn at random).
     pub restart_ppm: u64,
     /// A crash tears the node's in-flight RDMA writes (a random subset of words lands).
@@ -48,6 +50,7 @@ impl FaultRates {
             crash_ppm: r(0, 20_000),
             // Drawn last, by `draw_late`, so that adding it kept every older seed's rates.
             power_loss_ppm: 0,
+            kill_ppm: 0,
             restart_ppm: r(20_000, 200_000),
             torn_write_ppm: r(0, 1_000_000),
             partition_ppm: r(0, 20_000),
@@ -68,6 +71,7 @@ impl FaultRates {
     /// seeds keep their other rates and size.
     pub fn draw_late(&mut self, rng: &mut SplitMix64) {
         self.power_loss_ppm = rng.below(1_501);
+        self.kill_ppm = rng.below(15_001);
     }
 
     /// No faults at all, only client load (tests of the harness itself).
@@ -75,6 +79,7 @@ impl FaultRates {
         FaultRates {
             crash_ppm: 0,
             power_loss_ppm: 0,
+            kill_ppm: 0,
             restart_ppm: 0,
             torn_write_ppm: 0,
             partition_ppm: 0,
@@ -96,10 +101,11 @@ impl std::fmt::Display for FaultRates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "ppm/step: crash {} power-loss {} restart {} torn-write {} partition {} heal {} break {} delay {} \
+            "ppm/step: crash {} power-loss {} kill {} restart {} torn-write {} partition {} heal {} break {} delay {} \
              pause {} resume {} eio {} enospc {} transfer {} membership {} append {}",
             self.crash_ppm,
             self.power_loss_ppm,
+            self.kill_ppm,
             self.restart_ppm,
             self.torn_write_ppm,
             self.partition_ppm,

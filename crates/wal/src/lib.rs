@@ -83,7 +83,7 @@ pub struct Position {
 
 /// What an append has achieved when it returns. Each variant is a promise; none is weaker
 /// than documented.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Durability {
     /// The entry is in this process's memory (the ring or the log's write buffer) and has an
@@ -95,5 +95,7 @@ pub enum Durability {
     /// The entry, every entry before it, and the directory entry of its segment file have
     /// been made durable with fdatasync/fsync, which returned success. It survives a process
     /// crash and a power loss, assuming the disk honours cache flushes (see docs/FORMAT.md).
+    /// The default: the strongest promise.
+    #[default]
     Fsync,
 }
