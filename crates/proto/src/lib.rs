@@ -179,7 +179,8 @@ pub struct Entry {
 pub struct NodeStatus {
     /// Node id.
     pub id: u64,
-    /// leader, follower or candidate (as this node sees itself; peers: as known).
+    /// leader, follower, candidate, or recovering (a follower that lost entries it may have
+    /// acknowledged and does not vote until it caught up; the server's `/status` says why).
     pub role: String,
     /// Current term.
     pub term: u64,

@@ -31,8 +31,9 @@
 //! file mirroring its published end, and ring space is released only once the segment files
 //! are fdatasynced: a crash of the process (of every node's at once, even) loses nothing,
 //! because [`Replica::open`] recovers the ring's published records that the segment files lack
-//! (`docs/FORMAT.md` section 9). A machine crash loses tmpfs; the other replicas hold the
-//! entries unless a majority of machines crash together.
+//! (`docs/FORMAT.md` section 9). A machine crash loses tmpfs: the node comes back recovering
+//! ([`recovering`]) and does not vote until it has caught up, so the others hold the entries
+//! unless a majority of machines crash together (then the cluster stalls).
 //!
 //! # Checkpoints
 //!

@@ -46,7 +46,7 @@ fn cut(c: &mut SimCluster, id: u64, on: bool) {
 }
 
 /// Appends `n` entries one at a time on the leader; returns the acknowledged (index, data).
-fn append(c: &mut SimCluster, from: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
+fn append(c: &mut SimCluster, from: u64, n: u64) -> Acked {
     (from..from + n)
         .map(|i| {
             let data = format!("entry-{i}").into_bytes();
@@ -57,7 +57,10 @@ fn append(c: &mut SimCluster, from: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
 
 /// A (leader) and B commit entries that C, cut off, does not have; then B's machine crashes
 /// and restarts. Returns (a, b, c) and the acknowledged entries.
-fn lose_b_ring(c: &mut SimCluster) -> ((u64, u64, u64), Vec<(u64, Vec<u8>)>) {
+/// Acknowledged entries: (index, payload).
+type Acked = Vec<(u64, Vec<u8>)>;
+
+fn lose_b_ring(c: &mut SimCluster) -> ((u64, u64, u64), Acked) {
     let a = c.elect().unwrap();
     let mut acked = append(c, 0, 20);
     let b = (1..=3).find(|&id| id != a).unwrap();

@@ -654,7 +654,13 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             id,
             node: NodeStatus {
                 id: s.id,
-                role: role_name(s.role).into(),
+                // A recovering node says so where clients look for the role (the protocol's
+                // status has no field for the reason; `/status` carries it).
+                role: if s.recovering.is_some() {
+                    "recovering".into()
+                } else {
+                    role_name(s.role).into()
+                },
                 term: s.term,
                 commit: s.commit,
                 applied: s.applied,

@@ -124,6 +124,12 @@ pub fn render<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
         u64::from(s.role == replica::Role::Leader),
     );
     gauge(
+        "rdmalog_recovering",
+        "1 while this node recovers from a start that lost entries it may have acknowledged (it does not vote).",
+        "gauge",
+        u64::from(s.recovering.is_some()),
+    );
+    gauge(
         "rdmalog_ring_used_bytes",
         "Bytes in use in the ring.",
         "gauge",
@@ -261,6 +267,7 @@ pub fn status_json<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
         "ring_used_bytes": s.ring_used_bytes,
         "ring_bytes": s.ring_capacity_bytes,
         "fenced_writes": s.stats.fenced_writes,
+        "recovering": s.recovering,
         "cpu_seconds": process_cpu().map(|(u, k)| u + k),
         "peers": peers,
         "members": members,

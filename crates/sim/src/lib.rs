@@ -421,34 +421,32 @@ impl Run {
                 self.kill(id);
             }
         }
-        if self.chance(r.crash_ppm) {
-            if unavailable < max_unavailable {
-                let tear = self.chance(r.torn_write_ppm);
-                // A torn write needs writes in flight: crash the leader right after it
-                // proposed and posted its writes, before they land.
-                let target = if tear {
-                    self.leader().filter(|_| self.rng.below(4) != 0)
-                } else {
-                    None
-                };
-                match target {
-                    Some(l) => {
-                        self.start_op_on(l);
-                        let failed = self.c.node(l).process().is_err();
-                        if failed {
-                            self.c.kill(l);
-                            self.c
-                                .failed
-                                .insert(l, "failed while posting writes".into());
-                        } else {
-                            self.crash(l, true);
-                        }
+        if self.chance(r.crash_ppm) && unavailable < max_unavailable {
+            let tear = self.chance(r.torn_write_ppm);
+            // A torn write needs writes in flight: crash the leader right after it
+            // proposed and posted its writes, before they land.
+            let target = if tear {
+                self.leader().filter(|_| self.rng.below(4) != 0)
+            } else {
+                None
+            };
+            match target {
+                Some(l) => {
+                    self.start_op_on(l);
+                    let failed = self.c.node(l).process().is_err();
+                    if failed {
+                        self.c.kill(l);
+                        self.c
+                            .failed
+                            .insert(l, "failed while posting writes".into());
+                    } else {
+                        self.crash(l, true);
                     }
-                    None => {
-                        let live = self.live();
-                        if let Some(id) = self.pick(&live) {
-                            self.crash(id, tear);
-                        }
+                }
+                None => {
+                    let live = self.live();
+                    if let Some(id) = self.pick(&live) {
+                        self.crash(id, tear);
                     }
                 }
             }
