@@ -268,6 +268,15 @@ pub enum ReplicaError {
     /// raft-rs dropped the proposal (leadership change, uncommitted limit); retry.
     #[error("the proposal was dropped by raft ({0}); retry it")]
     Dropped(String),
+    /// The entry at the proposal's index was compacted (checkpointed) after a change of leader,
+    /// so whether it was this proposal or another leader's cannot be told; it may be in the log.
+    #[error(
+        "index {index} was checkpointed after a change of leader: whether it holds this proposal cannot be told; it may be in the log"
+    )]
+    OutcomeUnknown {
+        /// The index it had.
+        index: u64,
+    },
     /// The entry at the proposal's index was replaced by another leader's; it is not in the log.
     #[error("the proposal at index {index} was superseded by a new leader; retry it")]
     Superseded {

@@ -215,22 +215,20 @@ impl<F: Fabric + Send + 'static> Log<F> {
         })
     }
 
-    /// Proposes several entries in order, under one lock.
+    /// Proposes several entries in order, as one raft proposal: they get consecutive indexes,
+    /// or (on an error) none of them is in the log. Once proposed, each handle resolves on its
+    /// own: a change of leader may keep a prefix of the batch and replace the rest.
     pub fn append_batch(&self, items: &[&[u8]]) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
         self.shared.check()?;
-        let mut out = Vec::with_capacity(items.len());
-        {
-            let mut r = self.shared.lock();
-            for data in items {
-                let ticket = r.propose(data)?;
-                out.push(AppendHandle {
-                    shared: self.shared.clone(),
-                    ticket,
-                });
-            }
-        }
+        let tickets = self.shared.lock().propose_batch(items)?;
         self.shared.kick();
-        Ok(out)
+        Ok(tickets
+            .into_iter()
+            .map(|ticket| AppendHandle {
+                shared: self.shared.clone(),
+                ticket,
+            })
+            .collect())
     }
 
     /// The application payload at committed `index`; `None` if not committed, held, or not an

@@ -794,14 +794,87 @@ impl<F: Fabric> Replica<F> {
         })
     }
 
+    /// Proposes `items` as one raft proposal: they get consecutive indexes, or none of them
+    /// is in the log and the error says why (an entry over the size limit, not the leader,
+    /// raft's uncommitted limit). Returns one ticket per item, in order.
+    pub fn propose_batch(&mut self, items: &[&[u8]]) -> Result<Vec<Ticket>, ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        if let Some(data) = items.iter().find(|d| d.len() > self.cfg.max_entry_bytes) {
+            return Err(ReplicaError::TooLarge {
+                len: data.len(),
+                max: self.cfg.max_entry_bytes,
+            });
+        }
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(ReplicaError::NotLeader {
+                leader_hint: self.leader(),
+            });
+        }
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let entries: Vec<Entry> = items
+            .iter()
+            .map(|data| {
+                let mut v = Vec::with_capacity(data.len() + 1);
+                v.push(TAG_NORMAL);
+                v.extend_from_slice(data);
+                let mut e = Entry::default();
+                e.data = v.into();
+                e
+            })
+            .collect();
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgPropose);
+        m.from = self.cfg.id;
+        m.set_entries(entries.into());
+        let before = self.raw.raft.raft_log.last_index();
+        // raft-rs appends a proposal's entries together or not at all (its uncommitted-size
+        // check covers the whole message).
+        self.raw
+            .raft
+            .step(m)
+            .map_err(|e| ReplicaError::Dropped(e.to_string()))?;
+        let after = self.raw.raft.raft_log.last_index();
+        let n = items.len() as u64;
+        assert!(
+            after == before || after == before + n,
+            "raft appended part of a proposal: {before} -> {after} for {n} entries"
+        );
+        if after == before {
+            return Err(ReplicaError::Dropped(
+                "raft did not append the proposal".into(),
+            ));
+        }
+        let term = self.raw.raft.term;
+        Ok((before + 1..=after)
+            .map(|index| Ticket { index, term })
+            .collect())
+    }
+
     /// `None` while pending; `Some(Ok(index))` once committed; `Some(Err(..))` if another
-    /// leader's entry took its place.
+    /// leader's entry took its place, or (rarely) when the entry was compacted after a change
+    /// of term and whether it was this one cannot be told any more.
     pub fn ticket_status(&self, t: Ticket) -> Option<Result<u64, ReplicaError>> {
         let log = &self.raw.raft.raft_log;
+        let (last_compacted, prefix_term) = self.raw.store().prefix();
+        if t.index <= last_compacted {
+            // Compacted: committed, but raft-rs reports term 0 below its first index, so
+            // decide by the term of the last compacted entry. Terms never fall
+            // along the log, and a log holding term `t` at `first - 1` holds the term-`t`
+            // leader's entries (ours) before it; above `t` is unknown.
+            return Some(match prefix_term.cmp(&t.term) {
+                std::cmp::Ordering::Equal => Ok(t.index),
+                std::cmp::Ordering::Less => Err(ReplicaError::Superseded { index: t.index }),
+                std::cmp::Ordering::Greater => Err(ReplicaError::OutcomeUnknown { index: t.index }),
+            });
+        }
         match log.term(t.index) {
             Ok(term) if term == t.term => (log.committed >= t.index).then_some(Ok(t.index)),
             Ok(_) => Some(Err(ReplicaError::Superseded { index: t.index })),
-            // Not in the log any more: truncated away after a conflict, or compacted.
+            // Not in the log any more: truncated away after a conflict.
             Err(_) if t.index > log.last_index() => {
                 Some(Err(ReplicaError::Superseded { index: t.index }))
             }

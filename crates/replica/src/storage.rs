@@ -569,6 +569,11 @@ impl WalStorage {
         self.prefix = (first - 1, term);
     }
 
+    /// Index and term of the entry just before the first one held ((0, 0) for a full log).
+    pub fn prefix(&self) -> (u64, u64) {
+        self.prefix
+    }
+
     fn first(&self) -> u64 {
         self.wal.first_index().0.max(self.prefix.0 + 1)
     }
