@@ -86,6 +86,8 @@ struct Shared<F: Fabric> {
     /// and a wake-up instead of a timer, and [`Shared::kick`] rings it.
     waiter: Option<Arc<dyn Waiter>>,
     failure: Mutex<Option<String>>,
+    /// Test-only: makes the driver panic at its next pass (see [`Log::inject_driver_panic`]).
+    panic_for_test: AtomicBool,
 }
 
 impl<F: Fabric> Shared<F> {
@@ -108,6 +110,24 @@ impl<F: Fabric> Shared<F> {
             return Err(ReplicaError::Closed);
         }
         Ok(())
+    }
+
+    /// Fail-stop: records why the driver stopped, stops it, and wakes every waiter, which then
+    /// gets [`ReplicaError::Poisoned`] with the cause.
+    fn fail(&self, why: String) {
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert(why);
+        self.stop.store(true, Ordering::Release);
+        self.wake_all();
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn wake_all(&self) {
@@ -189,6 +209,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
             kick_lock: Mutex::new(false),
             waiter,
             failure: Mutex::new(None),
+            panic_for_test: AtomicBool::new(false),
         });
         let s = shared.clone();
         let driver = std::thread::Builder::new()
@@ -268,9 +289,13 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.lock().latest_checkpoint()
     }
 
-    /// The replica's state.
+    /// The replica's state; `failure` says why the log stopped, once it did.
     pub fn status(&self) -> Status {
-        self.shared.lock().status()
+        let mut s = self.shared.lock().status();
+        if let Some(f) = self.shared.failure() {
+            s.failure = Some(f);
+        }
+        s
     }
 
     /// The leader this node knows of.
@@ -305,10 +330,30 @@ impl<F: Fabric + Send + 'static> Log<F> {
     }
 
     /// Stops the driver, fails pending waits with [`ReplicaError::Closed`], and closes the wal.
+    /// After a failure of the driver (see [`Log::failure`]) it only stops: the replica's
+    /// state is not trusted to flush, and under `Durability::Memory` its ring files stay for
+    /// the next start to recover from; the error names the failure.
     pub fn close(mut self) -> Result<(), ReplicaError> {
         self.stop_driver();
+        if let Some(f) = self.shared.failure() {
+            return Err(ReplicaError::Poisoned(f));
+        }
         let mut r = self.shared.lock();
         r.flush()
+    }
+
+    /// Why the log stopped working, once its driver failed (a storage error poisoned the
+    /// replica, or the driver thread panicked): every pending and later call fails with this
+    /// cause. A server should exit non-zero so that its supervisor restarts it.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure()
+    }
+
+    /// Test-only: makes the driver thread panic at its next pass, to check the fail-stop.
+    #[doc(hidden)]
+    pub fn inject_driver_panic(&self) {
+        self.shared.panic_for_test.store(true, Ordering::Release);
+        self.shared.kick();
     }
 
     fn stop_driver(&mut self) {
@@ -330,18 +375,32 @@ impl<F: Fabric + Send + 'static> Drop for Log<F> {
     }
 }
 
+/// The driver thread: [`drive_loop`], failing stop if it panics. A panic leaves the replica
+/// in an unknown state, so nothing may go on using it: pending handles and subscriptions get
+/// the cause, and the server exits.
 fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive_loop(&s, o)));
+    if let Err(panic) = r {
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|m| (*m).to_owned()))
+            .unwrap_or_else(|| "a panic without a message".into());
+        let id = s.lock().id();
+        tracing::error!(node = id, panic = %what, "the driver thread panicked: the log stopped (fail-stop)");
+        s.fail(format!(
+            "the driver thread panicked ({what}); the log stopped and must be restarted"
+        ));
+    }
+}
+
+fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
     if let Some(core) = o.pin_core {
         let pinned = core_affinity::get_core_ids()
             .and_then(|ids| ids.into_iter().find(|c| c.id == core))
             .is_some_and(core_affinity::set_for_current);
         if !pinned {
-            *s.failure
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(format!("cannot pin the driver to core {core}"));
-            s.stop.store(true, Ordering::Release);
-            s.wake_all();
+            s.fail(format!("cannot pin the driver to core {core}"));
             return;
         }
     }
@@ -354,6 +413,9 @@ fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
     while !s.stop.load(Ordering::Acquire) {
         let (result, commit, busy) = {
             let mut r = s.lock();
+            if s.panic_for_test.swap(false, Ordering::AcqRel) {
+                panic!("a panic injected by a test");
+            }
             let now = Instant::now();
             if now >= next_tick {
                 r.tick();
@@ -366,11 +428,7 @@ fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
             (result, r.commit_index(), r.work_counter() != before)
         };
         if let Err(e) = result {
-            *s.failure
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.to_string());
-            s.stop.store(true, Ordering::Release);
-            s.wake_all();
+            s.fail(e.to_string());
             return;
         }
         if commit != last_commit {

@@ -193,6 +193,9 @@ pub struct Status {
     /// `Some(why)` while this node is recovering from a start that lost entries it may have
     /// acknowledged: it does not vote or campaign, and the sentence says what it waits for.
     pub recovering: Option<String>,
+    /// `Some(why)` once the replica stopped working (a storage error poisoned it, or its
+    /// driver thread panicked): it refuses all further work and should be restarted.
+    pub failure: Option<String>,
 }
 
 /// What a replica knows about one peer's connection.
@@ -1135,6 +1138,7 @@ impl<F: Fabric> Replica<F> {
             recovering: self
                 .recovering
                 .map(|rec| rec.reason(self.leader(), r.raft_log.committed)),
+            failure: self.poisoned.clone(),
         }
     }
 

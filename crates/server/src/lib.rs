@@ -231,6 +231,20 @@ impl<F: Fabric + Send + 'static> ServerHandle<F> {
         self.shared.connections.load(Ordering::Acquire)
     }
 
+    /// Blocks until `stop` is set (a signal) or the log fails; returns the failure. A log
+    /// whose driver failed (a storage error, a panic) serves nothing any more, so the binary
+    /// then exits non-zero for its supervisor to restart it.
+    pub fn run_until(&self, stop: &AtomicBool) -> Option<String> {
+        while !stop.load(Ordering::Acquire) {
+            if let Some(why) = self.shared.log.failure() {
+                tracing::error!(cause = %why, "the log failed; stopping so that the supervisor restarts this server");
+                return Some(why);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// Stops accepting, lets pending appends resolve for up to `grace`, then answers what is
     /// left with `ShuttingDown` and closes every connection. The log itself stays open: the
     /// caller closes it (which flushes it) after this returns.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -191,8 +191,11 @@ fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(100));
+    // A log whose driver failed (a storage error, a panic) serves nothing any more: exit
+    // non-zero so the supervisor restarts the server, which recovers from the data dir.
+    if let Some(why) = handle.run_until(&stop) {
+        handle.shutdown(Duration::ZERO);
+        anyhow::bail!("the log failed and the server stopped: {why}");
     }
     tracing::info!("shutting down: no new clients; pending appends get 5 s");
     handle.shutdown(Duration::from_secs(5));
