@@ -923,6 +923,22 @@ impl<F: Fabric> Replica<F> {
         Ok(Some(e.term.0))
     }
 
+    /// Reads entry `index` of the log as persisted, like [`Replica::read_persisted`], and
+    /// returns its term and the Lsn its record starts at. The simulator checks that an entry
+    /// has the same Lsn on every replica (the fast path writes at the leader's Lsns).
+    pub fn read_persisted_at(
+        &self,
+        index: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<(u64, u64)>, ReplicaError> {
+        if index == 0 || index < self.wal.first_index().0 || index > self.wal.last_index().0 {
+            return Ok(None);
+        }
+        out.clear();
+        let e = self.wal.read(Index(index), out)?;
+        Ok(Some((e.term.0, e.lsn.0)))
+    }
+
     /// The term of entry `index` as persisted, if the log holds it.
     pub fn persisted_term(&self, index: u64) -> Option<u64> {
         self.wal.term(Index(index)).map(|t| t.0)
@@ -1881,7 +1897,6 @@ impl<F: Fabric> Replica<F> {
     /// Removes entries from `index` on (a raft conflict), in the ring and durably in the wal.
     fn truncate_from(&mut self, index: u64) -> Result<(), ReplicaError> {
         let prev = self.ring_entry(index - 1).map(|(_, r)| r);
-        let this = self.ring_entry(index).map(|(_, r)| r);
         if index <= self.wal.last_index().0 {
             self.wal.truncate_suffix(Index(index))?;
         }
@@ -1889,10 +1904,19 @@ impl<F: Fabric> Replica<F> {
             .map(|p| p.term)
             .or_else(|| self.wal.term(Index(index - 1)).map(|t| t.0))
             .unwrap_or(0);
-        let target = match (prev, this) {
-            (Some(p), _) => Some(p.end),
-            (None, Some(t)) if t.start >= self.consumer.head().0 => Some(t.start),
-            _ => None,
+        // The log goes on right after entry `index - 1`: the end of its ring record, or, once
+        // the ring released it, the wal's end after the truncation above. Never the start of
+        // the cut record: padding may lie between the two, and the leader places the next
+        // entry right after `index - 1`, so a follower rewound past the padding would hold
+        // every later entry at other Lsns than the leader's (and refuse every fast append).
+        let target = match prev {
+            Some(p) => Some(p.end),
+            None => {
+                let end = self.wal.position();
+                debug_assert_eq!(end.last_index.0, index - 1);
+                (end.last_index.0 == index - 1 && end.lsn.0 >= self.consumer.head().0)
+                    .then_some(end.lsn.0)
+            }
         };
         match target {
             Some(lsn) => self.producer.rewind(Position {

@@ -4,7 +4,8 @@
 //! Safety:
 //! - **Election safety:** at most one node is ever leader of a given term.
 //! - **Log matching:** two persisted entries with the same index and term have the same bytes,
-//!   on every node and at every time. This is also the fencing check: a deposed leader's write
+//!   on every node and at every time, and start at the same Lsn (the fast path writes at the
+//!   leader's Lsns). This is also the fencing check: a deposed leader's write
 //!   that changed a follower's accepted log, or a torn write that was accepted, shows up as an
 //!   `(index, term)` with two different payloads.
 //! - **State machine safety:** the committed prefixes of all nodes agree byte for byte, and an
@@ -75,8 +76,10 @@ pub struct Checker {
     leaders: BTreeMap<u64, u64>,
     /// The committed log: index → (term, raw payload with raft's tag byte).
     committed: BTreeMap<u64, (u64, Vec<u8>)>,
-    /// Log matching: (index, term) → crc32c of the raw payload and its length.
-    accepted: BTreeMap<(u64, u64), (u32, usize)>,
+    /// Log matching: (index, term) → crc32c of the raw payload, its length, and the Lsn its
+    /// record starts at (the same on every replica: the fast path writes at the leader's
+    /// Lsns, so a follower whose Lsns drifted would take garbage for entries).
+    accepted: BTreeMap<(u64, u64), (u32, usize, u64, u64)>,
     views: BTreeMap<u64, NodeView>,
     buf: Vec<u8>,
 }
@@ -152,17 +155,24 @@ impl Checker {
             v.terms.resize(first as usize - 1, 0);
         }
         for i in v.terms.len() as u64 + 1..=last {
-            let term = r
-                .read_persisted(i, &mut self.buf)
+            let (term, lsn) = r
+                .read_persisted_at(i, &mut self.buf)
                 .map_err(|e| format!("node {id} cannot read its persisted entry {i}: {e}"))?
                 .ok_or_else(|| format!("node {id} lost persisted entry {i} below {last}"))?;
-            let crc = (crc32c::crc32c(&self.buf), self.buf.len());
+            let crc = (crc32c::crc32c(&self.buf), self.buf.len(), lsn, id);
             match self.accepted.get(&(i, term)) {
-                Some(&seen) if seen != crc => {
+                Some(&seen) if (seen.0, seen.1) != (crc.0, crc.1) => {
                     return Err(format!(
                         "log matching: node {id} holds a different entry at index {i} term \
                          {term} than another node did (crc {:#x}/{} bytes vs {:#x}/{} bytes)",
                         crc.0, crc.1, seen.0, seen.1
+                    ));
+                }
+                Some(&seen) if seen.2 != lsn => {
+                    return Err(format!(
+                        "lsn agreement: node {id} holds entry {i} (term {term}) at lsn {lsn}, \
+                         node {} held it at lsn {}",
+                        seen.3, seen.2
                     ));
                 }
                 Some(_) => {}

@@ -82,3 +82,15 @@ fn seed_444_recovering_nodes_became_a_majority() {
         }
     }
 }
+
+/// Lsn agreement (issue 13, defect 6): a follower cut a conflicting suffix whose previous entry
+/// the ring had already released, and rewound to the start of the cut record instead of the
+/// end of the previous entry; padding lay between the two, so it then held entry 61 at Lsn
+/// 65536 where the leader had it at 63440, and every later entry at other Lsns than the
+/// leader's. Found by the Lsn checker; fixed in `Replica::truncate_from`.
+#[test]
+fn seed_76_truncation_rewound_past_padding() {
+    if let Err(f) = sim::run(76, sim::Options::default(), false) {
+        panic!("\n{f}\n");
+    }
+}
