@@ -39,6 +39,39 @@ const _: () = assert!(SEGMENT_HEADER_BYTES as u64 <= SEGMENT_DATA_OFFSET);
 const _: () = assert!(MIN_BLOCK_BYTES >= 2 * HEADER_BYTES as u64);
 const _: () = assert!(MAX_BLOCK_BYTES.is_power_of_two() && MIN_BLOCK_BYTES.is_power_of_two());
 
+/// Byte offsets of the record header's fields (docs/FORMAT.md, section 2). Only
+/// [`EntryHeader::encode`], [`RawHeader::read`] and the checksum writer use them.
+const RECORD_CRC_OFFSET: usize = 0;
+const RECORD_PAYLOAD_LEN_OFFSET: usize = 4;
+const RECORD_INDEX_OFFSET: usize = 8;
+const RECORD_TERM_OFFSET: usize = 16;
+const RECORD_LSN_LOW_OFFSET: usize = 24;
+const RECORD_VERSION_OFFSET: usize = 28;
+const RECORD_KIND_OFFSET: usize = 29;
+const RECORD_RESERVED_OFFSET: usize = 30;
+const _: () = assert!(RECORD_RESERVED_OFFSET + 2 == HEADER_BYTES);
+
+/// Byte offsets of the segment header's fields (docs/FORMAT.md, section 3). Public so that
+/// `inspect` can point at the field that is wrong.
+pub const SEGMENT_VERSION_OFFSET: usize = 8;
+/// See [`SEGMENT_VERSION_OFFSET`].
+pub const SEGMENT_BLOCK_BYTES_OFFSET: usize = 12;
+/// See [`SEGMENT_VERSION_OFFSET`].
+pub const SEGMENT_CLUSTER_ID_OFFSET: usize = 16;
+/// See [`SEGMENT_VERSION_OFFSET`].
+pub const SEGMENT_FIRST_INDEX_OFFSET: usize = 24;
+/// See [`SEGMENT_VERSION_OFFSET`].
+pub const SEGMENT_FIRST_LSN_OFFSET: usize = 32;
+/// See [`SEGMENT_VERSION_OFFSET`].
+pub const SEGMENT_PREV_TERM_OFFSET: usize = 40;
+/// See [`SEGMENT_VERSION_OFFSET`].
+pub const SEGMENT_DATA_BYTES_OFFSET: usize = 48;
+/// See [`SEGMENT_VERSION_OFFSET`].
+pub const SEGMENT_WINDOW_BYTES_OFFSET: usize = 56;
+/// See [`SEGMENT_VERSION_OFFSET`]; the crc covers every byte before it.
+pub const SEGMENT_CRC_OFFSET: usize = 60;
+const _: () = assert!(SEGMENT_CRC_OFFSET + 4 == SEGMENT_HEADER_BYTES);
+
 /// What a record holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -71,6 +104,68 @@ pub struct EntryHeader {
     pub lsn_low: u32,
     /// Record kind.
     pub kind: RecordKind,
+}
+
+/// A record header's fields as its bytes hold them, before any check: the one reader of
+/// record header bytes. A reader that copies a record out of memory someone else writes (a
+/// ring) reads the header first, to learn how many payload bytes it claims or whether it is
+/// padding to skip, and only then copies and decodes the record with [`decode_record`]. Every
+/// field is unchecked: bound `claimed_len` before using it. [`EntryHeader::decode`] checks a
+/// `RawHeader`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawHeader {
+    /// The stored crc32c.
+    pub crc: u32,
+    /// The payload length the header claims.
+    pub claimed_len: u32,
+    /// The raft index field.
+    pub index: Index,
+    /// The raft term field.
+    pub term: Term,
+    /// The low 32 bits of the Lsn the record claims to sit at.
+    pub lsn_low: u32,
+    /// The version byte.
+    pub version: u8,
+    /// The kind byte; [`RawHeader::kind`] names it.
+    pub kind_byte: u8,
+    /// The reserved bytes, zero in a valid header.
+    pub reserved: [u8; 2],
+}
+
+impl RawHeader {
+    /// Reads the fields of `bytes`; never fails.
+    pub fn read(bytes: &[u8; HEADER_BYTES]) -> Self {
+        Self {
+            crc: u32_at(bytes, RECORD_CRC_OFFSET),
+            claimed_len: u32_at(bytes, RECORD_PAYLOAD_LEN_OFFSET),
+            index: Index(u64_at(bytes, RECORD_INDEX_OFFSET)),
+            term: Term(u64_at(bytes, RECORD_TERM_OFFSET)),
+            lsn_low: u32_at(bytes, RECORD_LSN_LOW_OFFSET),
+            version: bytes[RECORD_VERSION_OFFSET],
+            kind_byte: bytes[RECORD_KIND_OFFSET],
+            reserved: [
+                bytes[RECORD_RESERVED_OFFSET],
+                bytes[RECORD_RESERVED_OFFSET + 1],
+            ],
+        }
+    }
+
+    /// The kind the kind byte names, if it names one.
+    pub fn kind(&self) -> Option<RecordKind> {
+        match self.kind_byte {
+            1 => Some(RecordKind::Entry),
+            2 => Some(RecordKind::Padding),
+            3 => Some(RecordKind::Start),
+            _ => None,
+        }
+    }
+
+    /// Bytes to copy for this record, header included, when `available` bytes remain (in the
+    /// block, or before the end of a range): the header plus the claimed payload, bounded by
+    /// `available`. A lying length therefore never makes a reader copy more than it has.
+    pub fn copy_len(&self, available: usize) -> usize {
+        (HEADER_BYTES + self.claimed_len as usize).min(available)
+    }
 }
 
 /// Why a byte range is not a valid record or segment header. Carried as the `#[source]` of a
@@ -203,14 +298,18 @@ impl EntryHeader {
     /// Encodes the header with `crc` as given.
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
-        out[0..4].copy_from_slice(&self.crc.to_le_bytes());
-        out[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
-        out[8..16].copy_from_slice(&self.index.0.to_le_bytes());
-        out[16..24].copy_from_slice(&self.term.0.to_le_bytes());
-        out[24..28].copy_from_slice(&self.lsn_low.to_le_bytes());
-        out[28] = RECORD_VERSION;
-        out[29] = self.kind as u8;
-        // 30..32 stay zero (reserved).
+        put(&mut out, RECORD_CRC_OFFSET, &self.crc.to_le_bytes());
+        put(
+            &mut out,
+            RECORD_PAYLOAD_LEN_OFFSET,
+            &self.payload_len.to_le_bytes(),
+        );
+        put(&mut out, RECORD_INDEX_OFFSET, &self.index.0.to_le_bytes());
+        put(&mut out, RECORD_TERM_OFFSET, &self.term.0.to_le_bytes());
+        put(&mut out, RECORD_LSN_LOW_OFFSET, &self.lsn_low.to_le_bytes());
+        out[RECORD_VERSION_OFFSET] = RECORD_VERSION;
+        out[RECORD_KIND_OFFSET] = self.kind as u8;
+        // The reserved bytes stay zero.
         out
     }
 
@@ -220,31 +319,28 @@ impl EntryHeader {
         if bytes.iter().all(|&b| b == 0) {
             return Err(DecodeError::Empty);
         }
-        if bytes[28] != RECORD_VERSION {
-            return Err(DecodeError::Version { found: bytes[28] });
+        let raw = RawHeader::read(bytes);
+        if raw.version != RECORD_VERSION {
+            return Err(DecodeError::Version { found: raw.version });
         }
-        let kind = match bytes[29] {
-            1 => RecordKind::Entry,
-            2 => RecordKind::Padding,
-            3 => RecordKind::Start,
-            found => return Err(DecodeError::Kind { found }),
-        };
-        if bytes[30] != 0 || bytes[31] != 0 {
+        let kind = raw.kind().ok_or(DecodeError::Kind {
+            found: raw.kind_byte,
+        })?;
+        if raw.reserved != [0, 0] {
             return Err(DecodeError::Reserved);
         }
-        let payload_len = u32_at(bytes, 4);
-        if u64::from(payload_len) > max_payload_len {
+        if u64::from(raw.claimed_len) > max_payload_len {
             return Err(DecodeError::Length {
-                len: payload_len.into(),
+                len: raw.claimed_len.into(),
                 limit: max_payload_len,
             });
         }
         Ok(Self {
-            crc: u32_at(bytes, 0),
-            payload_len,
-            index: Index(u64_at(bytes, 8)),
-            term: Term(u64_at(bytes, 16)),
-            lsn_low: u32_at(bytes, 24),
+            crc: raw.crc,
+            payload_len: raw.claimed_len,
+            index: raw.index,
+            term: raw.term,
+            lsn_low: raw.lsn_low,
             kind,
         })
     }
@@ -252,7 +348,8 @@ impl EntryHeader {
     /// The checksum this header and `payload` must carry: crc32c of header bytes 4..32, then
     /// (for an entry) the payload.
     pub fn checksum(header: &[u8; HEADER_BYTES], kind: RecordKind, payload: &[u8]) -> u32 {
-        let crc = crc32c::crc32c(&header[4..]);
+        // Everything after the crc field itself.
+        let crc = crc32c::crc32c(&header[RECORD_CRC_OFFSET + 4..]);
         match kind {
             RecordKind::Entry => crc32c::crc32c_append(crc, payload),
             RecordKind::Padding | RecordKind::Start => crc,
@@ -263,6 +360,10 @@ impl EntryHeader {
     pub fn record_len(&self) -> u64 {
         record_bytes(self.payload_len as usize) as u64
     }
+}
+
+fn put(out: &mut [u8], at: usize, bytes: &[u8]) {
+    out[at..at + bytes.len()].copy_from_slice(bytes);
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
@@ -290,7 +391,7 @@ pub fn entry_header(lsn: Lsn, index: Index, term: Term, payload: &[u8]) -> [u8; 
     };
     let mut bytes = header.encode();
     let crc = EntryHeader::checksum(&bytes, RecordKind::Entry, payload);
-    bytes[0..4].copy_from_slice(&crc.to_le_bytes());
+    put(&mut bytes, RECORD_CRC_OFFSET, &crc.to_le_bytes());
     bytes
 }
 
@@ -322,7 +423,7 @@ fn filler_header(
     };
     let mut bytes = header.encode();
     let crc = EntryHeader::checksum(&bytes, kind, &[]);
-    bytes[0..4].copy_from_slice(&crc.to_le_bytes());
+    put(&mut bytes, RECORD_CRC_OFFSET, &crc.to_le_bytes());
     bytes
 }
 
@@ -476,17 +577,49 @@ impl SegmentHeader {
     /// Encodes the header with its checksum.
     pub fn encode(&self) -> [u8; SEGMENT_HEADER_BYTES] {
         let mut out = [0u8; SEGMENT_HEADER_BYTES];
-        out[0..8].copy_from_slice(&SEGMENT_MAGIC);
-        out[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
-        out[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
-        out[16..24].copy_from_slice(&self.cluster_id.to_le_bytes());
-        out[24..32].copy_from_slice(&self.first_index.0.to_le_bytes());
-        out[32..40].copy_from_slice(&self.first_lsn.0.to_le_bytes());
-        out[40..48].copy_from_slice(&self.prev_term.0.to_le_bytes());
-        out[48..56].copy_from_slice(&self.data_bytes.to_le_bytes());
-        out[56..60].copy_from_slice(&self.window_bytes.to_le_bytes());
-        let crc = crc32c::crc32c(&out[..60]);
-        out[60..64].copy_from_slice(&crc.to_le_bytes());
+        put(&mut out, 0, &SEGMENT_MAGIC);
+        put(
+            &mut out,
+            SEGMENT_VERSION_OFFSET,
+            &SEGMENT_VERSION.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_BLOCK_BYTES_OFFSET,
+            &self.block_bytes.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_CLUSTER_ID_OFFSET,
+            &self.cluster_id.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_FIRST_INDEX_OFFSET,
+            &self.first_index.0.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_FIRST_LSN_OFFSET,
+            &self.first_lsn.0.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_PREV_TERM_OFFSET,
+            &self.prev_term.0.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_DATA_BYTES_OFFSET,
+            &self.data_bytes.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            SEGMENT_WINDOW_BYTES_OFFSET,
+            &self.window_bytes.to_le_bytes(),
+        );
+        let crc = crc32c::crc32c(&out[..SEGMENT_CRC_OFFSET]);
+        put(&mut out, SEGMENT_CRC_OFFSET, &crc.to_le_bytes());
         out
     }
 
@@ -498,26 +631,26 @@ impl SegmentHeader {
                 available: bytes.len() as u64,
             });
         }
-        if bytes[0..8] != SEGMENT_MAGIC {
+        if bytes[..SEGMENT_MAGIC.len()] != SEGMENT_MAGIC {
             return Err(DecodeError::Magic);
         }
-        let version = u32_at(bytes, 8);
+        let version = u32_at(bytes, SEGMENT_VERSION_OFFSET);
         if version != SEGMENT_VERSION {
             return Err(DecodeError::SegmentVersion { found: version });
         }
-        let computed = crc32c::crc32c(&bytes[..60]);
-        let found = u32_at(bytes, 60);
+        let computed = crc32c::crc32c(&bytes[..SEGMENT_CRC_OFFSET]);
+        let found = u32_at(bytes, SEGMENT_CRC_OFFSET);
         if computed != found {
             return Err(DecodeError::Checksum { found, computed });
         }
         let header = Self {
-            block_bytes: u32_at(bytes, 12),
-            cluster_id: u64_at(bytes, 16),
-            first_index: Index(u64_at(bytes, 24)),
-            first_lsn: Lsn(u64_at(bytes, 32)),
-            prev_term: Term(u64_at(bytes, 40)),
-            data_bytes: u64_at(bytes, 48),
-            window_bytes: u32_at(bytes, 56),
+            block_bytes: u32_at(bytes, SEGMENT_BLOCK_BYTES_OFFSET),
+            cluster_id: u64_at(bytes, SEGMENT_CLUSTER_ID_OFFSET),
+            first_index: Index(u64_at(bytes, SEGMENT_FIRST_INDEX_OFFSET)),
+            first_lsn: Lsn(u64_at(bytes, SEGMENT_FIRST_LSN_OFFSET)),
+            prev_term: Term(u64_at(bytes, SEGMENT_PREV_TERM_OFFSET)),
+            data_bytes: u64_at(bytes, SEGMENT_DATA_BYTES_OFFSET),
+            window_bytes: u32_at(bytes, SEGMENT_WINDOW_BYTES_OFFSET),
         };
         let block = u64::from(header.block_bytes);
         if !block.is_power_of_two() || !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&block) {
@@ -571,6 +704,30 @@ mod tests {
                 "bit {bit} flip went unnoticed"
             );
         }
+    }
+
+    #[test]
+    fn raw_header_reads_every_field_that_encode_writes() {
+        let payload = [5u8; 20];
+        let header = entry_header(Lsn(0x1_0000_0040), Index(9), Term(4), &payload);
+        let raw = RawHeader::read(&header);
+        assert_eq!(
+            (raw.claimed_len, raw.index, raw.term, raw.lsn_low),
+            (20, Index(9), Term(4), 0x40)
+        );
+        assert_eq!(
+            (raw.version, raw.kind(), raw.reserved),
+            (1, Some(RecordKind::Entry), [0, 0])
+        );
+        let decoded = EntryHeader::decode(&header, 100).expect("valid header");
+        assert_eq!(decoded.crc, raw.crc);
+        assert_eq!(raw.copy_len(1000), HEADER_BYTES + 20);
+        assert_eq!(raw.copy_len(40), 40, "never more than is available");
+        let padding = RawHeader::read(&padding_header(Lsn(64), 64, (Index(9), Term(4))));
+        assert_eq!(padding.kind(), Some(RecordKind::Padding));
+        let mut unknown = header;
+        unknown[RECORD_KIND_OFFSET] = 9;
+        assert_eq!(RawHeader::read(&unknown).kind(), None);
     }
 
     #[test]

@@ -39,14 +39,6 @@ use crate::fs::{FileSystem, WalFile};
 use crate::segment::{self, BROKEN_SUFFIX, TEMP_SUFFIX};
 use crate::{Index, Lsn, Term};
 
-/// Byte offsets of segment header fields (docs/FORMAT.md, section 3), used to point at the
-/// field that is wrong.
-const FIELD_BLOCK_BYTES: u64 = 12;
-const FIELD_CLUSTER_ID: u64 = 16;
-const FIELD_FIRST_INDEX: u64 = 24;
-const FIELD_FIRST_LSN: u64 = 32;
-const FIELD_PREV_TERM: u64 = 40;
-
 /// One segment file of the log, as found by [`check`] or [`dump`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentInfo {
@@ -344,7 +336,7 @@ fn walk(
         };
         l.problem = if header.first_lsn != l.named_lsn {
             Some((
-                FIELD_FIRST_LSN,
+                format::SEGMENT_FIRST_LSN_OFFSET as u64,
                 format!(
                     "the segment header's first lsn {} differs from the file name",
                     header.first_lsn.0
@@ -352,7 +344,7 @@ fn walk(
             ))
         } else if header.cluster_id != reference.cluster_id {
             Some((
-                FIELD_CLUSTER_ID,
+                format::SEGMENT_CLUSTER_ID_OFFSET as u64,
                 format!(
                     "the segment header's cluster id {} differs from the first segment's {}",
                     header.cluster_id, reference.cluster_id
@@ -360,7 +352,7 @@ fn walk(
             ))
         } else if header.block_bytes != reference.block_bytes {
             Some((
-                FIELD_BLOCK_BYTES,
+                format::SEGMENT_BLOCK_BYTES_OFFSET as u64,
                 format!(
                     "the segment header's block size {} differs from the first segment's {}",
                     header.block_bytes, reference.block_bytes
@@ -501,7 +493,7 @@ fn walk_records(
             if header.first_index.0 != expected {
                 return Ok(Some(Stop::Chain {
                     seg,
-                    offset: FIELD_FIRST_INDEX,
+                    offset: format::SEGMENT_FIRST_INDEX_OFFSET as u64,
                     what: format!(
                         "the segment header's first index {} does not continue the previous \
                          segment, whose last entry is index {}",
@@ -512,7 +504,7 @@ fn walk_records(
             if header.prev_term != chain.last_term {
                 return Ok(Some(Stop::Chain {
                     seg,
-                    offset: FIELD_PREV_TERM,
+                    offset: format::SEGMENT_PREV_TERM_OFFSET as u64,
                     what: format!(
                         "the segment header's previous term {} differs from the term {} of the \
                          previous segment's last entry",

@@ -39,7 +39,7 @@ use crossbeam_utils::CachePadded;
 use crate::error::WalError;
 use crate::format::{
     self, ChainCheck, DecodeError, Decoded, HEADER_BYTES, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES,
-    RecordKind,
+    RawHeader, RecordKind,
 };
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Index, Lsn, Position, Term};
@@ -440,10 +440,9 @@ impl Producer {
             let scratch = &mut self.scratch[..available];
             let head_len = HEADER_BYTES.min(available);
             self.shared.load(pos, &mut scratch[..head_len]);
-            if head_len == HEADER_BYTES {
-                let claimed =
-                    u32::from_le_bytes([scratch[4], scratch[5], scratch[6], scratch[7]]) as usize;
-                let want = (HEADER_BYTES + claimed).min(available);
+            // Only a whole header says how much payload follows.
+            if let Ok(header) = <&[u8; HEADER_BYTES]>::try_from(&scratch[..head_len]) {
+                let want = RawHeader::read(header).copy_len(available);
                 self.shared
                     .load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
             }
@@ -562,13 +561,12 @@ impl Consumer {
             let available = (tail - pos).min(rest) as usize;
             let mut header = [0u8; HEADER_BYTES];
             self.shared.load(pos, &mut header);
-            let kind = header[29];
-            if kind == RecordKind::Padding as u8 {
+            let header = RawHeader::read(&header);
+            if header.kind() == Some(RecordKind::Padding) {
                 pos += rest;
                 continue;
             }
-            let claimed = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
-            let want = (HEADER_BYTES + claimed).min(available);
+            let want = header.copy_len(available);
             self.shared.load(pos, &mut self.scratch[..want]);
             let decoded = format::decode_record(&self.scratch[..want], Lsn(pos), block).map_err(
                 |source| WalError::RemoteRange {

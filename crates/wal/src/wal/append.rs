@@ -1,0 +1,236 @@
+//! Appending: entries encoded into the write buffer, and records persisted from a ring.
+//!
+//! Both paths stage records into `State::buf` under the mutex, following the placement rule
+//! (padding up to a block end when a record does not fit), and then wait for the durability
+//! asked for through group commit. Neither allocates.
+
+use std::sync::MutexGuard;
+
+use crate::error::WalError;
+use crate::format::{self, ChainCheck, HEADER_BYTES, RawHeader, RecordKind};
+use crate::ring::Consumer;
+use crate::{Durability, Index, Lsn, Position, Term};
+
+use super::state::{Loc, State};
+use super::{Entry, Wal};
+
+impl Wal {
+    /// Appends an entry with the next index. See [`Wal::append`].
+    pub fn append_next(
+        &self,
+        term: Term,
+        payload: &[u8],
+        durability: Durability,
+    ) -> Result<Entry, WalError> {
+        self.append_inner(None, term, payload, durability)
+    }
+
+    /// Appends an entry; `index` must be the last index plus one and `term` not lower than
+    /// the last term. Returns when `durability` is reached. Does not allocate.
+    pub fn append(
+        &self,
+        index: Index,
+        term: Term,
+        payload: &[u8],
+        durability: Durability,
+    ) -> Result<Entry, WalError> {
+        self.append_inner(Some(index), term, payload, durability)
+    }
+
+    fn append_inner(
+        &self,
+        index: Option<Index>,
+        term: Term,
+        payload: &[u8],
+        durability: Durability,
+    ) -> Result<Entry, WalError> {
+        let max = format::max_payload(self.config.block_bytes);
+        if payload.len() > max {
+            return Err(WalError::EntryTooLarge {
+                len: payload.len(),
+                max,
+            });
+        }
+        let record = format::record_bytes(payload.len()) as u64;
+        let mut st = self.lock();
+        let generation = st.generation;
+        let entry = loop {
+            st.usable()?;
+            st.not_discarded_since(generation)?;
+            let last = st.last;
+            let index = index.unwrap_or(Index(last.last_index.0 + 1));
+            if index.0 != last.last_index.0 + 1 || term < last.last_term {
+                return Err(WalError::OutOfOrder {
+                    index,
+                    term,
+                    last_index: last.last_index,
+                    last_term: last.last_term,
+                });
+            }
+            let start = format::place(last.lsn.0, record, self.config.block_bytes);
+            let end = start + record;
+            if end - st.buf_start > st.buf.len() as u64 {
+                st = self.make_room(st)?;
+                continue;
+            }
+            let at = (last.lsn.0 - st.buf_start) as usize;
+            let from = (start - st.buf_start) as usize;
+            let state = &mut *st;
+            format::encode_padding(
+                &mut state.buf[at..from],
+                last.lsn,
+                (last.last_index, last.last_term),
+            );
+            format::encode_entry(
+                &mut state.buf[from..from + record as usize],
+                Lsn(start),
+                index,
+                term,
+                payload,
+            );
+            self.staged(state, start, record, index, term);
+            break Entry {
+                index,
+                term,
+                lsn: Lsn(start),
+            };
+        };
+        match durability {
+            Durability::Memory => Ok(entry),
+            _ => self
+                .wait_durable(st, entry.lsn.0 + record, generation)
+                .map(|_| entry),
+        }
+    }
+
+    /// Bookkeeping after a record was encoded into the buffer at `start`.
+    pub(super) fn staged(
+        &self,
+        state: &mut State,
+        start: u64,
+        record: u64,
+        index: Index,
+        term: Term,
+    ) {
+        let end = start + record;
+        state.buf_len = (end - state.buf_start) as usize;
+        state.locs.push_back(Loc {
+            lsn: start,
+            term,
+            record_len: record as u32,
+        });
+        state.last = Position {
+            lsn: Lsn(end),
+            last_index: index,
+            last_term: term,
+        };
+        if state.buf_len as u64 >= self.config.max_batch_bytes / 2 {
+            if let Some(gatherer) = &state.gatherer {
+                gatherer.unpark();
+            }
+        }
+    }
+
+    /// The buffer is full: wait for the running flush, or flush it ourselves.
+    pub(super) fn make_room<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+    ) -> Result<MutexGuard<'a, State>, WalError> {
+        if st.flushing {
+            // A gathering leader would otherwise wait out its pause with a full buffer.
+            let mut st = st;
+            if let Some(gatherer) = &st.gatherer {
+                gatherer.unpark();
+                st.buf_full = true;
+            }
+            Ok(self.wait(st))
+        } else {
+            self.flush(st, false)
+        }
+    }
+
+    /// Persists the records of `consumer`'s ring from the log's end up to `end` (a follower's
+    /// accepted range, or a leader's own appends), re-checking every record (bounds, crc32c,
+    /// Lsn tag, index chain) on the way, and returns when `durability` is reached.
+    pub fn persist_from(
+        &self,
+        consumer: &Consumer,
+        end: Lsn,
+        durability: Durability,
+    ) -> Result<Position, WalError> {
+        let block = self.config.block_bytes;
+        if consumer.block_bytes() != block {
+            return Err(WalError::Config {
+                reason: "the ring's block size differs from the log's",
+            });
+        }
+        let mut st = self.lock();
+        let generation = st.generation;
+        while st.last.lsn < end {
+            st.usable()?;
+            st.not_discarded_since(generation)?;
+            let last = st.last;
+            let mut pos = last.lsn.0;
+            // Skip padding and implicit gaps up to the next entry.
+            let mut header = [0u8; HEADER_BYTES];
+            loop {
+                let rest = format::block_rest(pos, block);
+                if rest >= HEADER_BYTES as u64 {
+                    if pos + HEADER_BYTES as u64 > end.0 {
+                        return Err(WalError::Range {
+                            start: Lsn(pos),
+                            end,
+                            held_start: consumer.head(),
+                            held_end: consumer.tail(),
+                        });
+                    }
+                    consumer.copy_range(Lsn(pos), &mut header)?;
+                    if RawHeader::read(&header).kind() != Some(RecordKind::Padding) {
+                        break;
+                    }
+                }
+                pos += rest;
+            }
+            let claimed = RawHeader::read(&header).claimed_len as usize;
+            let record = format::record_bytes(claimed.min(format::max_payload(block))) as u64;
+            let record_end = (pos + record)
+                .min(pos + format::block_rest(pos, block))
+                .min(end.0);
+            if record_end - st.buf_start > st.buf.len() as u64 {
+                st = self.make_room(st)?;
+                continue;
+            }
+            let at = (last.lsn.0 - st.buf_start) as usize;
+            let from = (pos - st.buf_start) as usize;
+            let to = (record_end - st.buf_start) as usize;
+            let state = &mut *st;
+            format::encode_padding(
+                &mut state.buf[at..from],
+                last.lsn,
+                (last.last_index, last.last_term),
+            );
+            consumer.copy_range(Lsn(pos), &mut state.buf[from..to])?;
+            let invalid = |source| WalError::RemoteRange {
+                lsn: Lsn(pos),
+                index: last.last_index,
+                source,
+            };
+            let decoded =
+                format::decode_record(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
+            let header = decoded.header;
+            let mut chain = ChainCheck {
+                last_index: last.last_index,
+                last_term: last.last_term,
+            };
+            chain.advance(&header).map_err(invalid)?;
+            self.staged(state, pos, decoded.record_len, header.index, header.term);
+        }
+        let position = st.last;
+        match durability {
+            Durability::Memory => Ok(position),
+            _ => self
+                .wait_durable(st, position.lsn.0, generation)
+                .map(|_| position),
+        }
+    }
+}

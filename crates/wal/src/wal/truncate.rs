@@ -1,0 +1,266 @@
+//! The exclusive operations: suffix truncation (a raft conflict), restart (a snapshot
+//! install) and prefix truncation (a checkpoint). Each waits until no flush runs, flushes the
+//! buffer, does its I/O with the log marked busy, and wakes every waiter when it ends.
+
+use std::io;
+use std::sync::{Arc, MutexGuard};
+
+use crate::error::WalError;
+use crate::format::{self, SegmentHeader};
+use crate::segment::{self, Segment};
+use crate::{Index, Lsn, Position};
+
+use super::Wal;
+use super::group_commit::zero_range;
+use super::state::{Failure, State};
+
+impl Wal {
+    /// Waits until no flush runs, then marks the log busy for exclusive I/O.
+    fn exclusive(&self) -> Result<MutexGuard<'_, State>, WalError> {
+        let mut st = self.lock();
+        loop {
+            st.usable()?;
+            if !st.flushing {
+                if st.buf_len > 0 {
+                    st = self.flush(st, false)?;
+                    continue;
+                }
+                st.flushing = true;
+                return Ok(st);
+            }
+            st = self.wait(st);
+        }
+    }
+
+    fn end_exclusive(&self, mut st: MutexGuard<'_, State>) {
+        st.flushing = false;
+        Self::wake_all(&mut st);
+        self.changed.notify_all();
+    }
+
+    /// Removes every entry with index `from` or higher (a raft conflict). Returns once the cut
+    /// is durable, so no later append can be followed, after a crash, by the removed entries.
+    /// Segments past the cut are deleted last-first with a directory fsync each, then the cut
+    /// segment is zeroed from the end backwards one window at a time with an fdatasync each,
+    /// so every crash point leaves a prefix of the old log. A failure poisons the log.
+    pub fn truncate_suffix(&self, from: Index) -> Result<(), WalError> {
+        let st = self.exclusive()?;
+        if from > st.last_index() {
+            self.end_exclusive(st);
+            return Ok(());
+        }
+        if from < st.first_index {
+            let (first, last) = (st.first_index, st.last_index());
+            self.end_exclusive(st);
+            return Err(WalError::NotFound {
+                index: from,
+                first,
+                last,
+            });
+        }
+        let n = (from.0 - st.first_index.0) as usize;
+        let cut = if n == 0 {
+            st.start
+        } else {
+            let loc = st.locs[n - 1];
+            loc.lsn + u64::from(loc.record_len)
+        };
+        let old_end = st.last.lsn.0;
+        let segments: Vec<Arc<Segment>> = st.segments.iter().cloned().collect();
+        drop(st);
+
+        let result = self.cut_segments(&segments, cut, old_end, from);
+
+        let mut st = self.lock();
+        match result {
+            Ok(kept) => {
+                st.segments.truncate(kept);
+                st.locs.truncate(n);
+                st.cut_locs(cut);
+                debug_assert_eq!(st.last.lsn.0, cut);
+                st.durable = cut;
+                st.buf_start = cut;
+                st.buf_len = 0;
+                self.end_exclusive(st);
+                Ok(())
+            }
+            Err((segment, error)) => {
+                st.poisoned = Some(Failure::new(segment, Lsn(cut), &error));
+                self.end_exclusive(st);
+                Err(WalError::Truncate {
+                    index: from,
+                    segment,
+                    source: error,
+                })
+            }
+        }
+    }
+
+    fn cut_segments(
+        &self,
+        segments: &[Arc<Segment>],
+        cut: u64,
+        old_end: u64,
+        from: Index,
+    ) -> Result<usize, (Lsn, io::Error)> {
+        let _ = from;
+        // Keep the first segment always, and every segment that starts before the cut.
+        let kept = segments
+            .iter()
+            .skip(1)
+            .take_while(|s| s.first_lsn().0 < cut)
+            .count()
+            + 1;
+        for segment in segments[kept..].iter().rev() {
+            self.fs
+                .remove(&segment.path)
+                .map_err(|e| (segment.first_lsn(), e))?;
+            self.fs
+                .sync_dir(&self.dir)
+                .map_err(|e| (segment.first_lsn(), e))?;
+        }
+        let segment = &segments[kept - 1];
+        let stop = old_end.min(segment.end_lsn().0);
+        let mut hi = stop;
+        while hi > cut {
+            let lo = hi.saturating_sub(self.window_bytes).max(cut);
+            zero_range(segment, lo, hi).map_err(|e| (segment.first_lsn(), e))?;
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| (segment.first_lsn(), e))?;
+            hi = lo;
+        }
+        Ok(kept)
+    }
+
+    /// Discards the whole log and starts it again, empty, at `start`: the first entry appended
+    /// next is `start.last_index + 1` at `start.lsn`. A follower installing a snapshot that
+    /// covers more than its log holds uses it. Old segments are deleted (with a directory
+    /// fsync) before the new one is created, so a crash in between leaves an empty directory,
+    /// never a mix; the caller records the snapshot durably first and calls this again after
+    /// such a crash. A failure poisons the log.
+    pub fn restart_at(&self, start: Position) -> Result<(), WalError> {
+        if start.lsn.0 % 8 != 0 {
+            return Err(WalError::Config {
+                reason: "a log must start at an 8-aligned lsn",
+            });
+        }
+        let st = self.exclusive()?;
+        let doomed: Vec<Arc<Segment>> = st.segments.iter().cloned().collect();
+        drop(st);
+        let block = self.config.block_bytes;
+        let aligned = start.lsn.0 - start.lsn.0 % block;
+        let result = (|| {
+            for segment in doomed.iter().rev() {
+                self.fs
+                    .remove(&segment.path)
+                    .map_err(|e| (segment.first_lsn(), e))?;
+            }
+            self.fs.sync_dir(&self.dir).map_err(|e| (start.lsn, e))?;
+            let header = SegmentHeader {
+                block_bytes: self.config.block_bytes as u32,
+                cluster_id: self.config.cluster_id,
+                first_index: Index(start.last_index.0 + 1),
+                first_lsn: Lsn(aligned),
+                prev_term: start.last_term,
+                data_bytes: self.config.segment_data_bytes,
+                window_bytes: self.config.max_batch_bytes as u32,
+            };
+            // Segments start on a block boundary; a log that continues mid-block begins with
+            // a start record over the gap, written before the segment is renamed into place.
+            let gap = start.lsn.0 - aligned;
+            let lead_in = (gap > 0).then(|| {
+                format::start_header(Lsn(aligned), gap, (start.last_index, start.last_term))
+            });
+            segment::create_segment_with(
+                &*self.fs,
+                &self.dir,
+                header,
+                lead_in.as_ref().map(|h| &h[..]),
+            )
+            .map_err(|e| (start.lsn, e))
+        })();
+        let mut st = self.lock();
+        match result {
+            Ok(segment) => {
+                st.segments.clear();
+                st.segments.push_back(Arc::new(segment));
+                st.locs.clear();
+                st.start = start.lsn.0;
+                st.first_index = Index(start.last_index.0 + 1);
+                st.prev_term = start.last_term;
+                st.last = start;
+                st.durable = start.lsn.0;
+                st.buf_start = start.lsn.0;
+                st.buf_len = 0;
+                self.end_exclusive(st);
+                Ok(())
+            }
+            Err((segment, error)) => {
+                st.poisoned = Some(Failure::new(segment, start.lsn, &error));
+                self.end_exclusive(st);
+                Err(WalError::SegmentCreate {
+                    segment,
+                    source: error,
+                })
+            }
+        }
+    }
+
+    /// Deletes whole segments all of whose entries have an index below `checkpoint` (entries
+    /// covered by a snapshot). The segment holding `checkpoint` and the last segment stay.
+    /// Returns the new first index.
+    pub fn truncate_prefix(&self, checkpoint: Index) -> Result<Index, WalError> {
+        let st = self.exclusive()?;
+        let removable = st
+            .segments
+            .iter()
+            .zip(st.segments.iter().skip(1))
+            .take_while(|(_, next)| next.header.first_index <= checkpoint)
+            .count();
+        let doomed: Vec<Arc<Segment>> = st.segments.iter().take(removable).cloned().collect();
+        drop(st);
+        let mut removed = 0;
+        let mut failure = None;
+        for segment in &doomed {
+            if let Err(error) = self.fs.remove(&segment.path) {
+                failure = Some((segment.first_lsn(), error));
+                break;
+            }
+            removed += 1;
+        }
+        if failure.is_none() && removed > 0 {
+            if let Err(error) = self.fs.sync_dir(&self.dir) {
+                failure = Some((doomed[0].first_lsn(), error));
+            }
+        }
+        let mut st = self.lock();
+        // Segments removed from the directory are gone from the log whether or not the
+        // directory fsync worked (recovery drops segments before a gap anyway).
+        for _ in 0..removed {
+            st.segments.pop_front();
+        }
+        let first = st.segments[0].header;
+        let dropped = (first.first_index.0 - st.first_index.0) as usize;
+        let held = st.locs.len();
+        st.locs.drain(..dropped.min(held));
+        if removed > 0 {
+            st.start = first.first_lsn.0;
+        }
+        st.first_index = first.first_index;
+        st.prev_term = first.prev_term;
+        let first_index = st.first_index;
+        if let Some((segment, error)) = failure {
+            st.poisoned = Some(Failure::new(segment, segment, &error));
+            self.end_exclusive(st);
+            return Err(WalError::Truncate {
+                index: checkpoint,
+                segment,
+                source: error,
+            });
+        }
+        self.end_exclusive(st);
+        Ok(first_index)
+    }
+}
