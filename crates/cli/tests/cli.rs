@@ -190,6 +190,37 @@ fn append_tail_and_status_against_a_live_cluster() {
     assert!(err.contains("Unauthorized"), "{err}");
 }
 
+/// `seq N | rdmalog append` with `input` on standard input and the default batch size.
+fn append_stdin(c: &Cluster, input: &[u8]) -> String {
+    let mut child = c
+        .cmd()
+        .arg("append")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    ok(child.wait_with_output().unwrap())
+}
+
+/// Defect 12: `seq 300 | rdmalog append` (default `--batch 256`) and `rdmalog tail` over 300
+/// entries of 4 B were refused by the frame decoder's limit.
+#[test]
+fn many_small_entries_append_and_tail() {
+    let c = cluster();
+    let seq: String = (1..=300).map(|i| format!("{i}\n")).collect();
+    let out = append_stdin(&c, seq.as_bytes());
+    assert!(out.contains("total: 300 entries in 2 batches"), "{out}");
+    let four: String = (1..=300).map(|i| format!("{i:04}\n")).collect();
+    let out = append_stdin(&c, four.as_bytes());
+    assert!(out.contains("total: 300 entries in 2 batches"), "{out}");
+    let got = entries(&ok(c.cmd().arg("tail").output().unwrap()));
+    let payloads: Vec<&str> = got.iter().map(|(_, p)| p.as_str()).collect();
+    let want: Vec<String> = seq.lines().chain(four.lines()).map(String::from).collect();
+    assert_eq!(payloads, want);
+}
+
 #[test]
 fn bench_prints_a_latency_table() {
     let c = cluster();

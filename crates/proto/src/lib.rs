@@ -6,8 +6,10 @@
 //! Every message is one frame: a 4-byte little-endian body length, then the body, a bincode 2
 //! encoding (standard config, little-endian, variable-length integers) of a [`Request`] or a
 //! [`Response`]. The reader checks the length against its limit *before* allocating or
-//! reading the body ([`read_frame`]), and decodes with the same byte limit, so a hostile peer
-//! costs at most one bounded buffer.
+//! reading the body ([`read_frame`]), and decodes with a byte limit in proportion to the body's
+//! size, so a hostile peer costs at most one bounded buffer. An `Append` of more than
+//! [`MAX_BATCH_ENTRIES`] entries is refused from its first bytes
+//! ([`FrameError::BatchTooLong`]), before its entries are decoded.
 //!
 //! # Session
 //!
@@ -33,14 +35,45 @@ use bincode::{Decode, Encode};
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u16 = 1;
 
-/// Default largest frame body: 16 MiB (a batch of 256 maximum-size entries).
+/// Default largest frame body: 16 MiB, a round power of two. It holds an `Append` of 255
+/// entries of 64 KiB (the replica's default entry limit) or of any smaller ones, up to
+/// [`MAX_BATCH_ENTRIES`]; 256 such entries do not fit, as each costs a few bytes of length
+/// besides its payload (`tests/limits.rs` computes both).
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 16 << 20;
 
-/// Largest frame limit a server or client may configure: 64 MiB.
+/// Largest frame limit a server or client may configure: 64 MiB, four default frames.
 pub const MAX_FRAME_LIMIT: u32 = 64 << 20;
 
-/// Most entries in one `Append`.
+/// Most entries in one `Append`: 4096, a bound on the per-entry work (a ticket, a handle, a
+/// raft entry) one request can ask of the server; a larger batch is refused before its
+/// entries are decoded ([`FrameError::BatchTooLong`]).
 pub const MAX_BATCH_ENTRIES: usize = 4096;
+
+/// Most bytes an [`Entry`] adds to an encoded [`Response::Entries`] besides its payload: its
+/// index and its payload's length, each a bincode variable-length integer of at most 9 bytes
+/// (a marker byte, then 8).
+pub const ENTRY_OVERHEAD_BYTES: usize = 2 * 9;
+
+/// Most bytes of an encoded [`Response::Entries`] besides its entries: the variant (1 byte
+/// for the few variants there are), the request id, the commit index and the entry count
+/// (each at most 9 bytes), rounded up.
+pub const ENTRIES_HEADER_BYTES: usize = 32;
+
+/// How many bytes the decoder may charge against its limit per byte of a frame body.
+///
+/// bincode charges each value its in-memory size, not its encoded size: a `Vec<T>` of `n`
+/// elements reserves `n * size_of::<T>()` before it reads them, a `u64` 8 bytes. The most any
+/// message of this protocol is charged per byte of its encoding is 24: a `Vec<u8>` (24 bytes)
+/// inside a `Vec`, whose encoding can be one byte (an empty entry of an `Append`); the
+/// assertions below check each element type of a `Vec` in a message. 32 is that, rounded up to
+/// a power of two.
+const DECODE_BYTES_PER_BODY_BYTE: usize = 32;
+
+// Each element type a message holds a `Vec` of, against its smallest encoding.
+const _: () = assert!(size_of::<Vec<u8>>() <= DECODE_BYTES_PER_BODY_BYTE);
+const _: () = assert!(size_of::<Entry>() <= 2 * DECODE_BYTES_PER_BODY_BYTE);
+const _: () = assert!(size_of::<NodeInfo>() <= 2 * DECODE_BYTES_PER_BODY_BYTE);
+const _: () = assert!(size_of::<(u64, u64, String)>() <= 3 * DECODE_BYTES_PER_BODY_BYTE);
 
 /// What a client may do, from its token (or the server's anonymous role).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
@@ -283,6 +316,18 @@ pub enum FrameError {
         /// The limit.
         max: u32,
     },
+    /// The body is an `Append` of more than [`MAX_BATCH_ENTRIES`] entries; it was refused
+    /// from its first bytes, before its entries were decoded. The frame was read whole, so
+    /// the connection can go on.
+    #[error(
+        "request {id} is an Append of {entries} entries, over the {MAX_BATCH_ENTRIES}-entry batch limit: send at most {MAX_BATCH_ENTRIES} entries per Append"
+    )]
+    BatchTooLong {
+        /// The request's id.
+        id: u64,
+        /// How many entries it claims.
+        entries: u64,
+    },
     /// The body is not a valid message.
     #[error("malformed frame: {0}")]
     Malformed(String),
@@ -320,28 +365,82 @@ pub fn write_frame<T: Encode>(w: &mut impl Write, msg: &T) -> Result<(), FrameEr
     Ok(())
 }
 
+/// A message frames carry: a [`Request`] or a [`Response`].
+pub trait Message: Encode + Decode<()> + sealed::Sealed {
+    /// Refuses, from its first bytes, a body whose decoding would cost more than its limits
+    /// allow (an `Append` over [`MAX_BATCH_ENTRIES`]); anything else is left to the decoder.
+    fn check_body(body: &[u8]) -> Result<(), FrameError>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Request {}
+    impl Sealed for super::Response {}
+}
+
+/// `Request::Append`'s variant index: bincode numbers variants in declaration order.
+const APPEND_VARIANT: u32 = 1;
+
+impl Message for Request {
+    fn check_body(body: &[u8]) -> Result<(), FrameError> {
+        // The variant, the id and the entry count lead an Append's encoding. The limit only
+        // has to cover three integers.
+        let head = bincode::decode_from_slice::<(u32, u64, u64), _>(body, config::<64>());
+        match head {
+            Ok(((APPEND_VARIANT, id, entries), _)) if entries > MAX_BATCH_ENTRIES as u64 => {
+                Err(FrameError::BatchTooLong { id, entries })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Message for Response {
+    fn check_body(_body: &[u8]) -> Result<(), FrameError> {
+        Ok(())
+    }
+}
+
+/// Decodes `body` with a decoder limit of `LIMIT` bytes.
+fn decode_limited<T: Decode<()>, const LIMIT: usize>(
+    body: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    bincode::decode_from_slice(body, config::<LIMIT>())
+}
+
 /// Decodes one frame body of at most `max` bytes.
-pub fn decode_body<T: Decode<()>>(body: &[u8], max: u32) -> Result<T, FrameError> {
+pub fn decode_body<T: Message>(body: &[u8], max: u32) -> Result<T, FrameError> {
     if body.len() as u64 > u64::from(max) {
         return Err(FrameError::TooLarge {
             len: body.len() as u64,
             max,
         });
     }
+    T::check_body(body)?;
     // The decoder's byte limit bounds what a length field inside the body may make it
-    // allocate; it is a type parameter, so take the smallest tier that holds the body: a
-    // hostile length claim then costs at most 16 times the frame's own size.
+    // allocate. It counts in-memory bytes, up to DECODE_BYTES_PER_BODY_BYTE per body byte
+    // for a valid message, and it is a type parameter: so take the smallest tier (tiers grow
+    // fourfold) that holds this body, times that factor. A hostile length claim then costs at
+    // most 4 * DECODE_BYTES_PER_BODY_BYTE times the body's size (or 128 KiB for a body under
+    // 4 KiB), and only until the decoder finds the bytes missing.
+    const K: usize = DECODE_BYTES_PER_BODY_BYTE;
     let n = body.len();
     let decoded = if n <= 4 << 10 {
-        bincode::decode_from_slice(body, config::<{ 4 << 10 }>())
+        decode_limited::<T, { K * (4 << 10) }>(body)
+    } else if n <= 16 << 10 {
+        decode_limited::<T, { K * (16 << 10) }>(body)
     } else if n <= 64 << 10 {
-        bincode::decode_from_slice(body, config::<{ 64 << 10 }>())
+        decode_limited::<T, { K * (64 << 10) }>(body)
+    } else if n <= 256 << 10 {
+        decode_limited::<T, { K * (256 << 10) }>(body)
     } else if n <= 1 << 20 {
-        bincode::decode_from_slice(body, config::<{ 1 << 20 }>())
+        decode_limited::<T, { K * (1 << 20) }>(body)
+    } else if n <= 4 << 20 {
+        decode_limited::<T, { K * (4 << 20) }>(body)
     } else if n <= 16 << 20 {
-        bincode::decode_from_slice(body, config::<{ 16 << 20 }>())
+        decode_limited::<T, { K * (16 << 20) }>(body)
     } else {
-        bincode::decode_from_slice(body, config::<{ MAX_FRAME_LIMIT as usize }>())
+        decode_limited::<T, { K * MAX_FRAME_LIMIT as usize }>(body)
     };
     let (msg, used) = decoded.map_err(|e| FrameError::Malformed(e.to_string()))?;
     if used != body.len() {
@@ -354,7 +453,7 @@ pub fn decode_body<T: Decode<()>>(body: &[u8], max: u32) -> Result<T, FrameError
 }
 
 /// Decodes a whole frame (length prefix and body) from `bytes`, as [`read_frame`] would.
-pub fn decode_frame<T: Decode<()>>(bytes: &[u8], max: u32) -> Result<T, FrameError> {
+pub fn decode_frame<T: Message>(bytes: &[u8], max: u32) -> Result<T, FrameError> {
     let head: [u8; 4] = bytes
         .get(..4)
         .and_then(|h| h.try_into().ok())
@@ -374,7 +473,7 @@ pub fn decode_frame<T: Decode<()>>(bytes: &[u8], max: u32) -> Result<T, FrameErr
 
 /// Reads one frame of at most `max` body bytes. The length is checked before the body is
 /// allocated or read. A clean close before the first byte is [`FrameError::Closed`].
-pub fn read_frame<T: Decode<()>>(r: &mut impl Read, max: u32) -> Result<T, FrameError> {
+pub fn read_frame<T: Message>(r: &mut impl Read, max: u32) -> Result<T, FrameError> {
     let mut head = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -414,5 +513,26 @@ mod tests {
         }
         assert_eq!(Role::parse("root"), None);
         assert!(Role::ReadOnly < Role::ReadWrite && Role::ReadWrite < Role::Admin);
+    }
+
+    #[test]
+    fn the_batch_check_reads_the_append_variant_bincode_writes() {
+        let mut buf = Vec::new();
+        let req = Request::Append {
+            id: 3,
+            entries: vec![vec![9]],
+        };
+        encode_frame(&req, &mut buf).unwrap();
+        assert_eq!(buf[4..], [APPEND_VARIANT as u8, 3, 1, 1, 9]);
+        // A claim over the limit is refused from the head alone, bytes or no bytes.
+        let head = [APPEND_VARIANT as u8, 3, 0xFB, 0x01, 0x10];
+        assert!(matches!(
+            Request::check_body(&head),
+            Err(FrameError::BatchTooLong {
+                id: 3,
+                entries: 4097
+            })
+        ));
+        assert!(Request::check_body(&[2, 3, 0xFB, 0x01, 0x10]).is_ok());
     }
 }

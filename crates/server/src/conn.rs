@@ -111,6 +111,15 @@ struct Conn<'a, F: Fabric + Send + 'static, S: Stream> {
     tail: Option<(u64, Subscription<F>)>,
 }
 
+/// A frame that arrived whole.
+enum Incoming {
+    /// A request to handle.
+    Request(Request),
+    /// An `Append` over the batch limit, refused from its first bytes: answer it and go on
+    /// (the frame was read whole, so the stream is still in step).
+    BatchTooLong { id: u64, message: String },
+}
+
 /// Why a connection ends.
 enum End {
     /// The client closed it, or it broke.
@@ -188,7 +197,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
 
     /// Reads what is available and returns a frame once one is complete. Blocks only in
     /// blocking mode, up to the socket's read timeout.
-    fn poll_frame(&mut self) -> Result<Option<Request>, End> {
+    fn poll_frame(&mut self) -> Result<Option<Incoming>, End> {
         let max = self.shared.opts.max_frame_bytes;
         loop {
             if self.buf.len() >= 4 {
@@ -206,7 +215,13 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     self.frame_started = (!self.buf.is_empty()).then(Instant::now);
                     self.last_frame = Instant::now();
                     return match r {
-                        Ok(req) => Ok(Some(req)),
+                        Ok(req) => Ok(Some(Incoming::Request(req))),
+                        Err(e @ FrameError::BatchTooLong { id, .. }) => {
+                            Ok(Some(Incoming::BatchTooLong {
+                                id,
+                                message: e.to_string(),
+                            }))
+                        }
                         Err(e) => Err(End::Refuse(ErrorCode::Malformed, e.to_string())),
                     };
                 }
@@ -261,11 +276,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 ));
             }
         };
-        let Request::Hello {
+        let Incoming::Request(Request::Hello {
             version,
             cluster_id,
             token,
-        } = req
+        }) = req
         else {
             return Err(End::Refuse(
                 ErrorCode::Malformed,
@@ -329,8 +344,15 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             if self.pending.len() < self.shared.opts.max_in_flight {
                 self.set_nonblocking(busy);
                 match self.poll_frame() {
-                    Ok(Some(req)) => {
+                    Ok(Some(Incoming::Request(req))) => {
                         if let Err(e) = self.handle(req) {
+                            return e;
+                        }
+                        continue;
+                    }
+                    Ok(Some(Incoming::BatchTooLong { id, message })) => {
+                        self.refuse(id, ErrorCode::EntryTooLarge, message);
+                        if let Err(e) = self.answer_resolved() {
                             return e;
                         }
                         continue;

@@ -535,3 +535,110 @@ fn tls_with_and_without_client_certificates() {
     let m = get(c.server(l).metrics_addr().unwrap(), "/metrics");
     assert!(!m.contains("rdmalog_rejected_connections_total 0"), "{m}");
 }
+
+fn entries_of(r: Response) -> Vec<proto::Entry> {
+    match r {
+        Response::Entries { entries, .. } => entries,
+        other => panic!("expected entries, got {other:?}"),
+    }
+}
+
+/// Defect 12: batches of any size within the documented limits are accepted, one over a
+/// limit gets the error naming it (and the connection goes on), and the answers to reads
+/// and tails of many small entries decode on the client side.
+#[test]
+fn batches_at_the_limits_are_accepted_and_over_them_refused_by_name() {
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+    let mut client = connect(addr, None);
+    let mut firsts = Vec::new();
+    for (n, bytes) in [
+        (170, 1),
+        (200, 8),
+        (300, 4),
+        (3000, 8),
+        (proto::MAX_BATCH_ENTRIES, 8),
+        (64, 64 << 10),
+    ] {
+        let r = client.call(|id| Request::Append {
+            id,
+            entries: vec![vec![n as u8; bytes]; n],
+        });
+        match r {
+            Response::Appended { first, last, .. } => {
+                assert_eq!(last - first + 1, n as u64, "{n} entries of {bytes} B");
+                firsts.push((first, n, bytes));
+            }
+            other => panic!("{n} entries of {bytes} B: {other:?}"),
+        }
+    }
+    // Too many entries, and too large an entry: refused for the request, by name.
+    for (n, bytes) in [
+        (proto::MAX_BATCH_ENTRIES + 1, 8),
+        (5000, 8),
+        (1, (64 << 10) + 1),
+    ] {
+        let r = client.call(|id| Request::Append {
+            id,
+            entries: vec![vec![0; bytes]; n],
+        });
+        match r {
+            Response::Error {
+                id: Some(id),
+                code: ErrorCode::EntryTooLarge,
+                message,
+            } => {
+                assert_eq!(id, client.next);
+                assert!(message.contains("limit"), "{message}");
+            }
+            other => panic!("{n} entries of {bytes} B: {other:?}"),
+        }
+    }
+    // Reads of many small entries decode, whole batches at a time.
+    for &(first, n, bytes) in &firsts[..4] {
+        let got = entries_of(client.call(|id| Request::Read {
+            id,
+            from: first,
+            max_bytes: (n * bytes) as u32,
+        }));
+        assert!(
+            got.len() >= n,
+            "{n} entries of {bytes} B: read {}",
+            got.len()
+        );
+        assert!(got[..n].iter().all(|e| e.data == vec![n as u8; bytes]));
+    }
+    // So do tail chunks: 300 entries of 4 B (`rdmalog tail`'s case) and the rest.
+    let (first, ..) = firsts[2];
+    client.next += 1;
+    write_frame(
+        &mut client.s,
+        &Request::Tail {
+            id: 77,
+            from: first,
+        },
+    )
+    .unwrap();
+    let mut seen = 0;
+    while seen < 300 + 3000 + proto::MAX_BATCH_ENTRIES {
+        seen += entries_of(client.recv()).len();
+    }
+}
+
+/// `proto::DEFAULT_MAX_FRAME_BYTES` says it holds 255 entries of the replica's default entry
+/// limit; the proto crate checks it for 64 KiB, this that the replica's default is that.
+#[test]
+fn the_default_frame_holds_255_entries_of_the_replicas_default_limit() {
+    let max = replica::ReplicaConfig::new(1, vec![1], CLUSTER, "/n1".into()).max_entry_bytes;
+    assert_eq!(max, 64 << 10);
+    let mut buf = Vec::new();
+    let batch = |n| Request::Append {
+        id: u64::MAX,
+        entries: vec![vec![0; max]; n],
+    };
+    proto::encode_frame(&batch(255), &mut buf).unwrap();
+    assert!(buf.len() - 4 <= proto::DEFAULT_MAX_FRAME_BYTES as usize);
+    proto::encode_frame(&batch(256), &mut buf).unwrap();
+    assert!(buf.len() - 4 > proto::DEFAULT_MAX_FRAME_BYTES as usize);
+}
