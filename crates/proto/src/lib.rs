@@ -136,7 +136,8 @@ pub enum Request {
         entries: Vec<Vec<u8>>,
     },
     /// Reads committed entries from `from`, up to about `max_bytes` of payload (at least one
-    /// entry when one is committed).
+    /// entry when one is committed). The server clamps the budget to what one response frame
+    /// holds (the default frame limit, or its own if lower): read on from the last index.
     Read {
         /// Echoed in the response.
         id: u64,

@@ -18,8 +18,28 @@ use replica::{AppendHandle, ReplicaError, Subscription};
 
 use crate::Shared;
 
-/// Most payload bytes in one `Entries` frame of a tail.
+/// Most bytes of entries in one `Entries` frame of a tail: 1 MiB, large enough that a frame's
+/// fixed costs do not matter, small enough that a tail does not hold a connection thread for
+/// long between looks at its pending requests.
 const TAIL_BATCH_BYTES: usize = 1 << 20;
+
+/// Largest `Entries` frame body the server sends: the default frame limit, which every client
+/// accepts unless it was configured lower (such a client asks for less with `max_bytes`). A
+/// server configured with a lower limit sends no more than its own limit either.
+const RESPONSE_FRAME_BYTES: u32 = proto::DEFAULT_MAX_FRAME_BYTES;
+
+/// The budget for the entries of one `Entries` frame, each counted as its payload plus
+/// [`proto::ENTRY_OVERHEAD_BYTES`], so that the frame fits `max_frame_bytes` and
+/// [`RESPONSE_FRAME_BYTES`].
+fn entries_budget(max_frame_bytes: u32) -> usize {
+    let frame = max_frame_bytes.min(RESPONSE_FRAME_BYTES) as usize;
+    frame.saturating_sub(proto::ENTRIES_HEADER_BYTES)
+}
+
+/// What `entry` costs in an `Entries` frame, at most.
+fn entry_cost(data: &[u8]) -> usize {
+    data.len() + proto::ENTRY_OVERHEAD_BYTES
+}
 
 /// A byte stream with its TCP socket underneath (plain or TLS).
 trait Stream: Read + Write {
@@ -108,7 +128,16 @@ struct Conn<'a, F: Fabric + Send + 'static, S: Stream> {
     nonblocking: bool,
     role: Role,
     pending: VecDeque<Pending<F>>,
-    tail: Option<(u64, Subscription<F>)>,
+    tail: Option<Tail<F>>,
+}
+
+/// A streaming `Tail` request.
+struct Tail<F: Fabric + Send + 'static> {
+    /// The request id its frames carry.
+    id: u64,
+    sub: Subscription<F>,
+    /// An entry taken from the subscription that did not fit the last frame.
+    carry: Option<Entry>,
 }
 
 /// A frame that arrived whole.
@@ -594,7 +623,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                         let r = self.compacted(id, from);
                         self.pending.push_back(Pending::Ready(r));
                     } else {
-                        self.tail = Some((id, log.subscribe(from)));
+                        self.tail = Some(Tail {
+                            id,
+                            sub: log.subscribe(from),
+                            carry: None,
+                        });
                     }
                 }
             }
@@ -642,6 +675,8 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         }
     }
 
+    /// Committed entries from `from`: about `max_bytes` of payload, clamped to what one
+    /// frame holds ([`entries_budget`]), and at least one entry when one is committed.
     fn read(&self, id: u64, from: u64, max_bytes: usize) -> Response {
         let log = &self.shared.log;
         let s = log.status();
@@ -649,13 +684,18 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         if from < s.first_index && from <= s.commit {
             return self.compacted(id, from);
         }
+        let frame_budget = entries_budget(self.shared.opts.max_frame_bytes);
         let mut entries = Vec::new();
-        let mut bytes = 0;
+        let (mut payload, mut cost) = (0, 0);
         let mut index = from;
-        while index <= s.commit && (entries.is_empty() || bytes < max_bytes) {
+        while index <= s.commit && (entries.is_empty() || payload < max_bytes) {
             match log.read(index) {
                 Ok(Some(data)) => {
-                    bytes += data.len();
+                    if !entries.is_empty() && cost + entry_cost(&data) > frame_budget {
+                        break;
+                    }
+                    payload += data.len();
+                    cost += entry_cost(&data);
                     entries.push(Entry { index, data });
                 }
                 Ok(None) => {}
@@ -702,25 +742,32 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         }
     }
 
-    /// Sends what a tail has to send: committed entries, batched.
+    /// Sends what a tail has to send: committed entries, batched into frames of at most
+    /// [`TAIL_BATCH_BYTES`] of entries (and never more than one frame holds).
     fn pump_tail(&mut self) -> Result<(), End> {
-        let Some((id, sub)) = self.tail.as_mut() else {
+        let budget = entries_budget(self.shared.opts.max_frame_bytes).min(TAIL_BATCH_BYTES);
+        let Some(tail) = self.tail.as_mut() else {
             return Ok(());
         };
-        let id = *id;
-        let mut entries = Vec::new();
-        let mut bytes = 0;
-        let mut wait = if self.pending.is_empty() {
+        let id = tail.id;
+        let mut entries: Vec<Entry> = tail.carry.take().into_iter().collect();
+        let mut cost: usize = entries.iter().map(|e| entry_cost(&e.data)).sum();
+        let mut wait = if self.pending.is_empty() && entries.is_empty() {
             Duration::from_millis(1)
         } else {
             Duration::ZERO
         };
         let mut failure = None;
-        while bytes < TAIL_BATCH_BYTES {
-            match sub.next_timeout(wait) {
+        while cost < budget {
+            match tail.sub.next_timeout(wait) {
                 Ok(Some((index, data))) => {
-                    bytes += data.len();
-                    entries.push(Entry { index, data });
+                    let e = Entry { index, data };
+                    if !entries.is_empty() && cost + entry_cost(&e.data) > budget {
+                        tail.carry = Some(e);
+                        break;
+                    }
+                    cost += entry_cost(&e.data);
+                    entries.push(e);
                     wait = Duration::ZERO;
                 }
                 Ok(None) => break,

@@ -642,3 +642,59 @@ fn the_default_frame_holds_255_entries_of_the_replicas_default_limit() {
     proto::encode_frame(&batch(256), &mut buf).unwrap();
     assert!(buf.len() - 4 > proto::DEFAULT_MAX_FRAME_BYTES as usize);
 }
+/// Defect 3: a `Read` asking for 4 GiB gets at most one frame (here the server's 1 MiB
+/// limit, which the client shares), and still at least one entry; so does a tail's chunk.
+#[test]
+fn a_huge_read_budget_is_clamped_to_one_frame() {
+    const FRAME: u32 = 1 << 20;
+    let c = cluster(|o| o.max_frame_bytes = FRAME);
+    let l = c.leader();
+    let mut client = connect(c.server(l).client_addr(), None);
+    let mut first = None;
+    for i in 0..4u8 {
+        let r = client.call(|id| Request::Append {
+            id,
+            entries: vec![vec![i; 60 << 10]; 6],
+        });
+        let Response::Appended { first: f, .. } = r else {
+            panic!("{r:?}")
+        };
+        first.get_or_insert(f);
+    }
+    let first = first.unwrap();
+    let mut next = first;
+    let mut total = 0;
+    while total < 24 {
+        client.next += 1;
+        write_frame(
+            &mut client.s,
+            &Request::Read {
+                id: client.next,
+                from: next,
+                max_bytes: u32::MAX,
+            },
+        )
+        .unwrap();
+        let r: Response = read_frame(&mut client.s, FRAME).expect("a response within the frame");
+        let got = entries_of(r);
+        assert!(!got.is_empty(), "no progress at {next}");
+        total += got.iter().filter(|e| e.data.len() == 60 << 10).count();
+        next = got.last().unwrap().index + 1;
+    }
+    // A tail's chunks fit the frame too, and the entry that did not fit one starts the next.
+    write_frame(
+        &mut client.s,
+        &Request::Tail {
+            id: 78,
+            from: first,
+        },
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    while seen.iter().filter(|&&(_, len)| len == 60 << 10).count() < 24 {
+        let r: Response = read_frame(&mut client.s, FRAME).expect("a chunk within the frame");
+        seen.extend(entries_of(r).iter().map(|e| (e.index, e.data.len())));
+    }
+    assert!(seen.windows(2).all(|w| w[1].0 > w[0].0), "{seen:?}");
+    assert!(seen.len() >= 24 && seen[0].0 == first);
+}
