@@ -51,6 +51,14 @@ pub struct SimConfig {
     pub recv_slots: u32,
     /// Send queue depth per connection.
     pub max_outstanding: usize,
+    /// Whether a write's source bytes are read when the write is delivered (as a NIC that
+    /// DMA-reads the source while it transmits, late) instead of when it is posted. With it,
+    /// a sender that reuses a buffer a write still reads from delivers what it wrote since.
+    pub read_source_at_delivery: bool,
+    /// Whether revoking remote write tears the writes from that peer still on the wire: each
+    /// places a random subset of its words (the NIC was mid-DMA when access changed) and
+    /// completes `RemoteAccess` at its sender.
+    pub tear_writes_at_revoke: bool,
 }
 
 impl Default for SimConfig {
@@ -62,6 +70,8 @@ impl Default for SimConfig {
             retry_timeout_ns: 500_000_000,
             recv_slots: 32,
             max_outstanding: 256,
+            read_source_at_delivery: false,
+            tear_writes_at_revoke: false,
         }
     }
 }
@@ -157,6 +167,9 @@ enum Packet {
         addr: u64,
         data: Vec<u8>,
         op_seq: u64,
+        /// With `read_source_at_delivery`: the source memory and offset, read again when the
+        /// write is placed.
+        source: Option<(Arc<dyn Memory>, u64)>,
     },
     Send {
         data: Vec<u8>,
@@ -228,6 +241,75 @@ impl Net {
         self.seq += 1;
         self.queue.push(Reverse((at, self.seq)));
         self.actions.insert(self.seq, action);
+    }
+
+    /// Tears the writes from `src` to `dst` on connection `epoch` still on the wire, as
+    /// `dst` revokes `src`'s remote write: each places a random subset of its 8-byte words
+    /// and is answered `RemoteAccess` instead of placed whole.
+    fn tear_writes_at_revoke(&mut self, src: NodeId, dst: NodeId, epoch: u64) {
+        let in_flight: Vec<u64> = self
+            .actions
+            .iter()
+            .filter_map(|(seq, a)| match a {
+                Action::Deliver {
+                    src: s,
+                    dst: d,
+                    epoch: e,
+                    packet: Packet::Write { .. },
+                } if *s == src && *d == dst && *e == epoch => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        for seq in in_flight {
+            let Some(Action::Deliver {
+                packet:
+                    Packet::Write {
+                        rkey,
+                        addr,
+                        mut data,
+                        op_seq,
+                        source,
+                    },
+                ..
+            }) = self.actions.remove(&seq)
+            else {
+                continue;
+            };
+            if let Some((memory, offset)) = &source {
+                read_bytes(memory.as_ref(), *offset, &mut data);
+            }
+            let end = addr + data.len() as u64;
+            let region = self.nodes.get(&dst).and_then(|t| {
+                t.regions.iter().find(|r| {
+                    r.remote.rkey == rkey
+                        && addr >= r.remote.addr
+                        && end <= r.remote.addr + r.remote.len_bytes
+                })
+            });
+            if let Some(r) = region {
+                let memory = r.memory.clone();
+                let base = addr - r.remote.addr;
+                for (k, chunk) in data.chunks(8).enumerate() {
+                    if self.rng.below(2) == 1 {
+                        write_bytes(memory.as_ref(), base + 8 * k as u64, chunk);
+                    }
+                }
+                self.stats.writes_torn += 1;
+            }
+            // The answer takes the write's place on the wire, so per-wire order holds.
+            self.actions.insert(
+                seq,
+                Action::Deliver {
+                    src: dst,
+                    dst: src,
+                    epoch,
+                    packet: Packet::Nak {
+                        op_seq,
+                        status: WcStatus::RemoteAccess,
+                    },
+                },
+            );
+        }
     }
 
     fn send_packet(&mut self, src: NodeId, dst: NodeId, epoch: u64, packet: Packet) {
@@ -432,9 +514,13 @@ impl Net {
             Packet::Write {
                 rkey,
                 addr,
-                data,
+                mut data,
                 op_seq,
+                source,
             } => {
+                if let Some((memory, offset)) = &source {
+                    read_bytes(memory.as_ref(), *offset, &mut data);
+                }
                 let n = self.nodes.get(&dst).expect("dst exists");
                 let grant = n.conns.get(&src).is_some_and(|c| c.remote_write);
                 let end = addr + data.len() as u64;
@@ -1048,9 +1134,14 @@ impl Fabric for SimEndpoint {
                 offset: wr.local_offset,
                 end,
             })?;
-        // The NIC reads the source bytes when it transmits; the simulator reads them at post.
+        // The NIC reads the source bytes when it transmits: the simulator reads them at post,
+        // or, with `read_source_at_delivery`, again when the write is placed.
         let mut data = vec![0u8; wr.len_bytes as usize];
         read_bytes(region.memory.as_ref(), wr.local_offset, &mut data);
+        let source = n
+            .config
+            .read_source_at_delivery
+            .then(|| (region.memory.clone(), wr.local_offset));
         let epoch = c.epoch;
         n.seq += 1;
         let op_seq = n.seq;
@@ -1076,6 +1167,7 @@ impl Fabric for SimEndpoint {
                 addr,
                 data,
                 op_seq,
+                source,
             },
         );
         Ok(())
@@ -1188,7 +1280,12 @@ impl Fabric for SimEndpoint {
             .and_then(|m| m.conns.get_mut(&peer))
         {
             Some(c) if c.state == ConnState::Up => {
+                let revoked = c.remote_write && !allowed;
+                let epoch = c.epoch;
                 c.remote_write = allowed;
+                if revoked && n.config.tear_writes_at_revoke {
+                    n.tear_writes_at_revoke(peer, self.node, epoch);
+                }
                 Ok(())
             }
             _ if !allowed => Ok(()), // nothing to revoke

@@ -131,6 +131,9 @@ pub struct ReplicaStats {
     /// Leader: followers found holding fewer entries than raft counted as theirs (they lost
     /// entries); probed again from what they hold.
     pub followers_rewound: u64,
+    /// Appends that found the ring full: it was persisted and released, unpinning the RDMA
+    /// writes still reading from it.
+    pub ring_full: u64,
     /// Entries recovered at open from the shared-memory ring a crashed process left
     /// (`Durability::Memory`): accepted, possibly acknowledged, not yet in the segment files.
     pub recovered_from_ring: u64,
@@ -1850,6 +1853,7 @@ impl<F: Fabric> Replica<F> {
             let result = self.producer.append(Index(e.index), Term(e.term), payload);
             let result = match result {
                 Err(wal::WalError::RingFull { .. }) => {
+                    self.stats.ring_full += 1;
                     // Persist what the ring holds and release it, even bytes that RDMA writes
                     // still in flight read from: a write whose source is overwritten delivers
                     // garbage, which the follower's checksum rejects, and that follower falls

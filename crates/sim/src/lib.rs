@@ -146,6 +146,8 @@ pub struct Summary {
     pub writes_refused: u64,
     /// Writes the fabric tore.
     pub writes_torn: u64,
+    /// Appends that found a ring full (summed over the nodes alive at the end).
+    pub ring_full: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -161,6 +163,8 @@ pub struct Failure {
     pub rates: FaultRates,
     /// The durability mode it ran.
     pub durability: Durability,
+    /// The fabric's timing and NIC behaviours it ran with.
+    pub fabric: SimConfig,
     /// What went wrong.
     pub violation: Violation,
     /// Virtual time of the failure.
@@ -178,7 +182,11 @@ impl std::fmt::Display for Failure {
             self.at_ns / 1_000_000,
             self.violation
         )?;
-        writeln!(f, "durability: {:?}", self.durability)?;
+        writeln!(
+            f,
+            "durability: {:?}; NIC reads write sources at delivery: {}; tears writes at revoke: {}",
+            self.durability, self.fabric.read_source_at_delivery, self.fabric.tear_writes_at_revoke
+        )?;
         writeln!(f, "fault rates: {}", self.rates)?;
         writeln!(f, "last events:")?;
         for line in &self.trace_tail {
@@ -724,10 +732,10 @@ impl Run {
         }
     }
 
-    fn attempt(&mut self, op: usize, node: u64) {
-        let k = self.history.len();
+    /// The payload of op `op`'s next attempt: unique, of mixed sizes that move ring positions
+    /// around block and wrap boundaries.
+    fn payload_for(&mut self, op: usize) -> Vec<u8> {
         let mut payload = format!("op{op}.{}", self.ops[op].attempts.len()).into_bytes();
-        // Mixed sizes move ring positions around block and wrap boundaries.
         let pad = match self.rng.below(4) {
             0 => 0,
             1 => self.rng.below(200),
@@ -736,26 +744,45 @@ impl Run {
         };
         payload.push(b'/');
         payload.extend((0..pad).map(|i| b'a' + ((i + self.seed) % 26) as u8));
+        payload
+    }
+
+    fn attempt(&mut self, op: usize, node: u64) {
+        self.attempt_batch(&[op], node);
+    }
+
+    /// Attempts ops `ops` on `node` as one `propose_batch`: all of them get tickets, or all
+    /// fail. Each then resolves on its own (a new leader may keep a prefix of the batch).
+    fn attempt_batch(&mut self, ops: &[usize], node: u64) {
+        let payloads: Vec<Vec<u8>> = ops.iter().map(|&op| self.payload_for(op)).collect();
         let now = self.now();
-        let (ticket, outcome) = match self.c.nodes.get_mut(&node).and_then(Option::as_mut) {
-            Some(r) => match r.propose(&payload) {
-                Ok(t) => (Some(t), Outcome::Pending),
-                Err(_) => (None, Outcome::Failed),
-            },
-            None => (None, Outcome::Failed),
+        let result = match self.c.nodes.get_mut(&node).and_then(Option::as_mut) {
+            Some(r) if ops.len() == 1 => r.propose(&payloads[0]).map(|t| vec![t]),
+            Some(r) => {
+                let refs: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+                r.propose_batch(&refs)
+            }
+            None => Err(ReplicaError::Closed),
         };
         let incarnation = self.incarnations.get(&node).copied().unwrap_or(0);
-        self.history.push(Attempt {
-            payload,
-            node,
-            incarnation,
-            ticket,
-            invoked_ns: now,
-            outcome,
-        });
-        self.ops[op].attempts.push(k);
-        self.summary.attempts += 1;
-        self.ops[op].next_try_ns = now + STEP_NS * (1 + self.rng.below(20));
+        for (j, (&op, payload)) in ops.iter().zip(payloads).enumerate() {
+            let (ticket, outcome) = match &result {
+                Ok(tickets) => (Some(tickets[j]), Outcome::Pending),
+                Err(_) => (None, Outcome::Failed),
+            };
+            let k = self.history.len();
+            self.history.push(Attempt {
+                payload,
+                node,
+                incarnation,
+                ticket,
+                invoked_ns: now,
+                outcome,
+            });
+            self.ops[op].attempts.push(k);
+            self.summary.attempts += 1;
+            self.ops[op].next_try_ns = now + STEP_NS * (1 + self.rng.below(20));
+        }
     }
 
     fn drive_clients(&mut self, start_new: bool) {
@@ -765,11 +792,31 @@ impl Run {
             && self.ops.iter().filter(|o| !o.done).count() < MAX_IN_FLIGHT
             && self.chance(self.rates.append_ppm)
         {
-            self.ops.push(ClientOp {
-                attempts: Vec::new(),
-                done: false,
-                next_try_ns: now,
-            });
+            // A quarter of new appends come as a batch of 2 to 24 entries (`append_batch`),
+            // proposed together on the node the client takes for the leader; a burst of them
+            // fills a small ring.
+            let k = if self.rng.below(4) == 0 {
+                2 + self.rng.below(23) as usize
+            } else {
+                1
+            };
+            let first = self.ops.len();
+            for _ in 0..k {
+                self.ops.push(ClientOp {
+                    attempts: Vec::new(),
+                    done: false,
+                    next_try_ns: now,
+                });
+            }
+            if k > 1 {
+                let live = self.live();
+                if let Some(asked) = self.pick(&live) {
+                    let hint = self.c.node(asked).leader();
+                    let target = hint.filter(|h| live.contains(h)).unwrap_or(asked);
+                    let ops: Vec<usize> = (first..first + k).collect();
+                    self.attempt_batch(&ops, target);
+                }
+            }
         }
         for op in 0..self.ops.len() {
             if self.ops[op].done {
@@ -923,6 +970,14 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         Durability::Memory
     };
     let durability = options.durability.unwrap_or(drawn_durability);
+    // The NIC's behaviours, drawn after the durability: half the seeds read a write's source
+    // bytes when it lands (so a ring slot reused under an in-flight write sends what was
+    // written since), half tear the writes on the wire when a follower revokes their sender.
+    let fabric = SimConfig {
+        read_source_at_delivery: rng.below(2) == 0,
+        tear_writes_at_revoke: rng.below(2) == 0,
+        ..SimConfig::default()
+    };
     let mut rates = rates;
     if durability == Durability::Memory && options.rates.is_none() {
         // Every machine losing power at once takes every Memory ring: the documented loss
@@ -934,15 +989,18 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             seed,
             rates,
             durability,
+            fabric,
             violation: v,
             at_ns,
             trace_tail: trace,
         })
     };
-    let mut c = SimCluster::new(nodes, seed, SimConfig::default(), |cfg| {
-        // Small rings and segments: wrap-around, ring-full and segment rotation happen within
-        // a short run.
-        cfg.ring_bytes = 1 << 20;
+    // Small rings and segments: wrap-around, ring-full and segment rotation happen within a
+    // short run; a third of the seeds get a ring of two blocks, which a burst fills, so the
+    // ring-full path (persist, release, unpin in-flight writes) runs often.
+    let ring_bytes = [1 << 20, 256 << 10, 128 << 10][rng.below(3) as usize];
+    let mut c = SimCluster::new(nodes, seed, fabric, |cfg| {
+        cfg.ring_bytes = ring_bytes;
         cfg.block_bytes = 64 << 10;
         cfg.segment_bytes = 512 << 10;
         cfg.max_entry_bytes = 8 << 10;
@@ -991,6 +1049,13 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             let s = run.c.net.stats();
             run.summary.writes_refused = s.writes_refused;
             run.summary.writes_torn = s.writes_torn;
+            run.summary.ring_full = run
+                .c
+                .nodes
+                .values()
+                .flatten()
+                .map(|r| r.stats().ring_full)
+                .sum();
             run.summary.committed = run.checker.max_committed();
             run.summary.virtual_ns = at;
             Ok(run.summary)

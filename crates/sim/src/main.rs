@@ -86,6 +86,7 @@ fn main() -> anyhow::Result<()> {
     let mut faults: BTreeMap<sim::Fault, u64> = BTreeMap::new();
     let mut modes: BTreeMap<String, u64> = BTreeMap::new();
     let (mut done, mut acked, mut attempts, mut refused, mut torn) = (0u64, 0, 0, 0, 0);
+    let mut ring_full = 0u64;
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -101,6 +102,7 @@ fn main() -> anyhow::Result<()> {
                 attempts += s.attempts;
                 refused += s.writes_refused;
                 torn += s.writes_torn;
+                ring_full += s.ring_full;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -117,7 +119,8 @@ fn main() -> anyhow::Result<()> {
     eprintln!();
     println!(
         "{done} seeds passed in {:.1} s: {attempts} client attempts, {acked} acked, \
-         {refused} writes fenced or refused, {torn} writes torn",
+         {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
+         full ring",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");
