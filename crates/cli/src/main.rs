@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use client::{Client, ClientConfig, Entry, TlsConfig};
+use client::{Client, ClientConfig, ClientError, Entry, TlsConfig};
 
 /// Payload bytes in one `read` request of `tail`.
 const READ_BYTES: u32 = 1 << 20;
@@ -410,24 +410,38 @@ fn append(mut client: Client, a: AppendArgs, out: &mut impl Write) -> anyhow::Re
     let mut batch: Vec<Vec<u8>> = Vec::new();
     let mut bytes = 0;
     let (mut total, mut batches) = (0u64, 0u64);
+    // Sends `batch` until every entry of it committed once. When a change of leader keeps
+    // only a prefix of it, the rest (certainly not in the log) is sent again, alone.
     let mut send = |batch: &mut Vec<Vec<u8>>, out: &mut dyn Write| -> anyhow::Result<()> {
-        let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
-        let (first, last) = client.append(&refs).with_context(|| {
-            format!(
-                "append failed after {} had committed",
-                plural(total, "entry", "entries")
-            )
-        })?;
-        let n = batch.len() as u64;
-        writeln!(
-            out,
-            "committed {first}..={last} ({})",
-            plural(n, "entry", "entries")
-        )?;
-        out.flush()?;
-        total += n;
-        batches += 1;
-        batch.clear();
+        while !batch.is_empty() {
+            let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+            let (first, last, n) = match client.append(&refs) {
+                Ok((first, last)) => (first, last, batch.len()),
+                Err(ClientError::PartlyCommitted {
+                    first,
+                    last,
+                    committed,
+                    ..
+                }) => (first, last, committed),
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "append failed after {} had committed",
+                            plural(total, "entry", "entries")
+                        )
+                    });
+                }
+            };
+            writeln!(
+                out,
+                "committed {first}..={last} ({})",
+                plural(n as u64, "entry", "entries")
+            )?;
+            out.flush()?;
+            total += n as u64;
+            batches += 1;
+            batch.drain(..n);
+        }
         Ok(())
     };
     for entry in source {

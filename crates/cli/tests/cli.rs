@@ -221,6 +221,67 @@ fn many_small_entries_append_and_tail() {
     assert_eq!(payloads, want);
 }
 
+/// Defect 1: when a change of leader keeps only a prefix of a batch, `rdmalog append` sends
+/// the rest again, and only the rest. A scripted server on loopback answers the first append
+/// with `PartlyAppended` (a real cluster cannot be made to do that on purpose).
+#[test]
+fn append_resends_only_what_a_partly_committed_batch_left_out() {
+    use proto::{Request, Response, read_frame, write_frame};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let max = proto::DEFAULT_MAX_FRAME_BYTES;
+        let hello: Request = read_frame(&mut s, max).unwrap();
+        assert!(matches!(hello, Request::Hello { .. }), "{hello:?}");
+        let welcome = Response::Welcome {
+            node_id: 1,
+            leader: None,
+            role: proto::Role::ReadWrite,
+        };
+        write_frame(&mut s, &welcome).unwrap();
+        let mut batches = Vec::new();
+        for answer in 0..2 {
+            let Request::Append { id, entries } = read_frame(&mut s, max).unwrap() else {
+                panic!("expected an append")
+            };
+            let r = if answer == 0 {
+                Response::PartlyAppended {
+                    id,
+                    first: 10,
+                    last: 11,
+                }
+            } else {
+                Response::Appended {
+                    id,
+                    first: 13,
+                    last: 12 + entries.len() as u64,
+                }
+            };
+            batches.push(entries);
+            write_frame(&mut s, &r).unwrap();
+        }
+        batches
+    });
+    let out = ok(rdmalog()
+        .args(["--servers", &addr, "--cluster-id", "0xc1", "--plaintext"])
+        .args(["append", "a", "b", "c", "d"])
+        .output()
+        .unwrap());
+    assert_eq!(
+        out,
+        "committed 10..=11 (2 entries)\ncommitted 13..=14 (2 entries)\ntotal: 4 entries in 2 batches\n"
+    );
+    let batches = server.join().unwrap();
+    let text = |b: &[Vec<u8>]| {
+        b.iter()
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(text(&batches[0]), ["a", "b", "c", "d"]);
+    assert_eq!(text(&batches[1]), ["c", "d"]);
+}
+
 #[test]
 fn bench_prints_a_latency_table() {
     let c = cluster();

@@ -113,6 +113,7 @@ fn response_id(r: &Response) -> Option<u64> {
     match r {
         Response::Welcome { .. } => None,
         Response::Appended { id, .. }
+        | Response::PartlyAppended { id, .. }
         | Response::Entries { id, .. }
         | Response::Status { id, .. }
         | Response::MembershipChanged { id, .. }

@@ -32,9 +32,28 @@ pub enum ClientError {
         /// The server's explanation.
         message: String,
     },
+    /// A change of leader kept only the first `committed` of the `sent` entries of an append
+    /// batch, at `first..=last`, and replaced the others, which are certainly not in the log.
+    /// Nothing was resent: append `entries[committed..]` again (and only those) to have the
+    /// whole batch in the log once.
+    #[error(
+        "only the first {committed} of the batch's {sent} entries committed (at {first}..={last}); a new leader replaced the other {}, which are not in the log: append only those again",
+        sent - committed
+    )]
+    PartlyCommitted {
+        /// Index of the batch's first entry.
+        first: u64,
+        /// Index of the last entry that committed.
+        last: u64,
+        /// How many of the batch's entries committed: its first `committed`.
+        committed: usize,
+        /// How many entries the batch had.
+        sent: usize,
+    },
     /// The call did not complete in time: the deadline passed while the servers were busy or
     /// shutting down or while waiting for an answer, or the server reported that an append
-    /// did not commit within its own timeout. **An append that timed out may still commit.**
+    /// did not commit within its own timeout or that whether it is in the log cannot be told
+    /// (its entries were checkpointed after a change of leader). **An append that timed out may still commit.**
     #[error("timed out after {waited:?}: {last}")]
     Timeout {
         /// How long the call ran.
@@ -72,7 +91,8 @@ pub enum ClientError {
 
 impl ClientError {
     /// Whether calling again later may succeed: `Unreachable`, `Timeout`, `NoLeader` and `Io`
-    /// are transient; `Refused`, `Protocol`, `Tls` and `Config` are not.
+    /// are transient; `Refused`, `PartlyCommitted` (calling again would append the committed
+    /// entries twice), `Protocol`, `Tls` and `Config` are not.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,

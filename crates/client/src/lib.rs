@@ -25,7 +25,15 @@
 //! call began.
 //!
 //! A proposal that a new leader superseded or that raft dropped is not in the log; the server
-//! reports it as `Internal` asking for a retry, and the client retries it the same way.
+//! reports it as `NotCommitted`, and the client resends it the same way. When a change of
+//! leader kept only the first entries of a batch, the server says which
+//! (`PartlyAppended`), and the client resends nothing: [`Client::append`] returns
+//! [`ClientError::PartlyCommitted`], which names the committed prefix, so that the caller
+//! appends only the rest. An append whose outcome cannot be told (`Timeout`) is not resent
+//! either.
+//!
+//! The client speaks protocol version 2 ([`proto::PROTOCOL_VERSION`]); servers of an older
+//! build, which speak only version 1, refuse it with `WrongVersion`: upgrade servers first.
 //!
 //! It never retries what retrying cannot fix: `Unauthorized`, `WrongCluster`, `WrongVersion`,
 //! `EntryTooLarge`, `Malformed` (and `TooLarge`, `Compacted`, any other `Internal`) come back at
@@ -413,6 +421,9 @@ impl Client {
     ///
     /// **At least once**: if the connection breaks (or the server shuts down) before the
     /// answer, the batch is sent again, and may then be in the log twice. See the crate docs.
+    ///
+    /// If a change of leader kept only a prefix of the batch, nothing is resent and the call
+    /// returns [`ClientError::PartlyCommitted`]: append the entries after that prefix again.
     pub fn append(&mut self, entries: &[&[u8]]) -> Result<(u64, u64), ClientError> {
         if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
             return Err(ClientError::Refused {
@@ -445,6 +456,9 @@ impl Client {
             set_id(&mut req, id);
             match conn.call(&req, id, deadline)? {
                 Response::Appended { first, last, .. } => Ok((first, last)),
+                Response::PartlyAppended { first, last, .. } => {
+                    Err(partly_committed(conn, first, last, entries.len()))
+                }
                 other => Err(unexpected(conn, "Append", &other)),
             }
         })
@@ -613,6 +627,30 @@ impl Client {
             let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
             c.append(&refs)
         })
+    }
+}
+
+/// A `PartlyAppended` answer to a batch of `sent` entries, as a fatal step (resending would
+/// append the committed prefix twice), or a protocol error if it cannot describe a prefix.
+fn partly_committed(conn: &Conn, first: u64, last: u64, sent: usize) -> Step {
+    let committed = last
+        .checked_sub(first)
+        .and_then(|d| usize::try_from(d + 1).ok());
+    let err = match committed {
+        Some(committed) if committed < sent => ClientError::PartlyCommitted {
+            first,
+            last,
+            committed,
+            sent,
+        },
+        _ => ClientError::Protocol(format!(
+            "{} answered an append of {sent} entries with PartlyAppended {first}..={last}, which is not a prefix of it",
+            conn.addr
+        )),
+    };
+    Step::Fatal {
+        err,
+        keep_conn: true,
     }
 }
 

@@ -16,10 +16,14 @@
 //! 1. The client sends [`Request::Hello`] with [`PROTOCOL_VERSION`], the cluster id it expects
 //!    and an optional token. The server answers [`Response::Welcome`] (its node id, the
 //!    leader it knows, the role the token grants) or [`Response::Error`] and closes
-//!    (`WrongVersion`, `WrongCluster`, `Unauthorized`).
+//!    (`WrongVersion`, `WrongCluster`, `Unauthorized`). A server accepts the versions from
+//!    [`MIN_PROTOCOL_VERSION`] to its own and answers in the client's.
 //! 2. Then requests, each with a client-chosen `id` that its response echoes. Responses come
 //!    in request order. `Append` on a node that is not the leader answers
-//!    [`Response::Redirect`] with the leader's client address when known.
+//!    [`Response::Redirect`] with the leader's client address when known. An `Append` is
+//!    answered [`Response::Appended`] (every entry committed), [`Response::PartlyAppended`]
+//!    (a change of leader kept only a prefix), `NotCommitted` (none is in the log: resend the
+//!    batch), or `Timeout` (unknown: do not resend it blindly).
 //! 3. [`Request::Tail`] turns the connection into a stream: [`Response::Entries`] frames as
 //!    entries commit, until the client closes it.
 //!
@@ -32,8 +36,16 @@ use std::io::{self, Read, Write};
 
 use bincode::{Decode, Encode};
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks. Version 2 added [`Response::PartlyAppended`]; a
+/// server answers a version-1 client's partly committed batch with a `Timeout` error instead,
+/// which that client does not resend.
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest protocol version a server of this build still accepts at the hello. Version 1
+/// differs from 2 only in a response that version 1 never receives, so a version-1 client
+/// keeps working against this server; a client of this build needs a server of version 2 or
+/// later (upgrade servers before clients).
+pub const MIN_PROTOCOL_VERSION: u16 = 1;
 
 /// Default largest frame body: 16 MiB, a round power of two. It holds an `Append` of 255
 /// entries of 64 KiB (the replica's default entry limit) or of any smaller ones, up to
@@ -184,7 +196,9 @@ pub enum ErrorCode {
     Unauthorized,
     /// An entry exceeds the log's entry limit, or a batch the entry count limit.
     EntryTooLarge,
-    /// The append did not commit in time; it may still commit.
+    /// Whether the append is in the log is not known: it did not commit in time and may still
+    /// commit, or its entries were checkpointed after a change of leader so that whether they
+    /// were this append's cannot be told any more. Do not resend it blindly.
     Timeout,
     /// The entries asked for were truncated after a checkpoint.
     Compacted,
@@ -299,6 +313,18 @@ pub enum Response {
         code: ErrorCode,
         /// A sentence a person can act on.
         message: String,
+    },
+    /// Only the first `last - first + 1` entries of the batch of `Append` `id` committed, at
+    /// `first..=last`; a new leader's entries replaced the others, which are certainly not in
+    /// the log: resend those, and only those. (Protocol version 2; last, so that the earlier
+    /// variants keep their encoding.)
+    PartlyAppended {
+        /// The request id.
+        id: u64,
+        /// Index of the batch's first entry.
+        first: u64,
+        /// Index of the last entry that committed.
+        last: u64,
     },
 }
 

@@ -13,7 +13,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use fabric::Fabric;
-use proto::{Entry, ErrorCode, FrameError, NodeStatus, PROTOCOL_VERSION, Request, Response, Role};
+use proto::{
+    Entry, ErrorCode, FrameError, MIN_PROTOCOL_VERSION, NodeStatus, PROTOCOL_VERSION, Request,
+    Response, Role,
+};
 use replica::{AppendHandle, ReplicaError, Subscription};
 
 use crate::Shared;
@@ -127,6 +130,8 @@ struct Conn<'a, F: Fabric + Send + 'static, S: Stream> {
     last_frame: Instant,
     nonblocking: bool,
     role: Role,
+    /// The protocol version the client said at the hello (answers are in that version).
+    version: u16,
     pending: VecDeque<Pending<F>>,
     tail: Option<Tail<F>>,
 }
@@ -172,6 +177,7 @@ fn run<F: Fabric + Send + 'static, S: Stream>(
         last_frame: Instant::now(),
         nonblocking: false,
         role: Role::ReadOnly,
+        version: PROTOCOL_VERSION,
         pending: VecDeque::new(),
         tail: None,
     };
@@ -316,14 +322,15 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 "the first frame must be Hello".into(),
             ));
         };
-        if version != PROTOCOL_VERSION {
+        if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
             return Err(End::Refuse(
                 ErrorCode::WrongVersion,
                 format!(
-                    "this server speaks protocol version {PROTOCOL_VERSION}, the client {version}"
+                    "this server speaks protocol versions {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}, the client {version}"
                 ),
             ));
         }
+        self.version = version;
         if cluster_id != opts.cluster_id {
             return Err(End::Refuse(
                 ErrorCode::WrongCluster,
@@ -456,35 +463,60 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             let answer = match front {
                 Pending::Ready(_) => None,
                 Pending::Append { id, handles, start } => {
-                    let results: Vec<Option<Result<u64, ReplicaError>>> =
-                        handles.iter().map(AppendHandle::try_result).collect();
-                    if let Some(e) = results.iter().flatten().find_map(|r| r.as_ref().err()) {
-                        Some(self.error(*id, e))
-                    } else if results.iter().all(Option::is_some) {
-                        let first = handles.first().map_or(0, |h| h.ticket().index);
-                        let last = handles.last().map_or(0, |h| h.ticket().index);
-                        let m = &self.shared.metrics;
-                        m.append_latency.observe(start.elapsed());
-                        for _ in handles {
-                            m.commit_latency.observe(start.elapsed());
+                    let results = handles
+                        .iter()
+                        .map(|h| (h.ticket().index, h.try_result()))
+                        .collect();
+                    match batch_outcome(results) {
+                        BatchOutcome::Committed { first, last } => {
+                            let m = &self.shared.metrics;
+                            m.append_latency.observe(start.elapsed());
+                            for _ in handles {
+                                m.commit_latency.observe(start.elapsed());
+                            }
+                            m.appended_entries
+                                .fetch_add(handles.len() as u64, Ordering::Relaxed);
+                            Some(Response::Appended {
+                                id: *id,
+                                first,
+                                last,
+                            })
                         }
-                        m.appended_entries
-                            .fetch_add(handles.len() as u64, Ordering::Relaxed);
-                        Some(Response::Appended {
-                            id: *id,
-                            first,
-                            last,
-                        })
-                    } else if start.elapsed() > timeout {
-                        Some(Response::Error {
+                        BatchOutcome::Partial { first, last } => {
+                            let committed = last - first + 1;
+                            let m = &self.shared.metrics;
+                            for _ in 0..committed {
+                                m.commit_latency.observe(start.elapsed());
+                            }
+                            m.appended_entries.fetch_add(committed, Ordering::Relaxed);
+                            Some(partial_answer(
+                                self.version,
+                                *id,
+                                first,
+                                last,
+                                handles.len(),
+                            ))
+                        }
+                        BatchOutcome::Unknown(why) => Some(Response::Error {
                             id: Some(*id),
                             code: ErrorCode::Timeout,
                             message: format!(
-                                "not committed within {timeout:?}; it may still commit (a majority may be unreachable)"
+                                "{why}; the batch may be in the log in part or in whole: do not resend it blindly"
                             ),
-                        })
-                    } else {
-                        break;
+                        }),
+                        BatchOutcome::NotCommitted(e) | BatchOutcome::Failed(e) => {
+                            Some(self.error(*id, &e))
+                        }
+                        BatchOutcome::Pending if start.elapsed() > timeout => {
+                            Some(Response::Error {
+                                id: Some(*id),
+                                code: ErrorCode::Timeout,
+                                message: format!(
+                                    "not committed within {timeout:?}; it may still commit (a majority may be unreachable)"
+                                ),
+                            })
+                        }
+                        BatchOutcome::Pending => break,
                     }
                 }
                 Pending::Members { id, handle, start } => match handle.try_result() {
@@ -509,48 +541,20 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
     }
 
     fn error(&self, id: u64, e: &ReplicaError) -> Response {
-        let opts = &self.shared.opts;
-        match e {
-            ReplicaError::NotLeader { leader_hint } => {
-                self.shared
-                    .metrics
-                    .redirects
-                    .fetch_add(1, Ordering::Relaxed);
-                Response::Redirect {
-                    id,
-                    leader: leader_hint.and_then(|l| opts.member(l)),
-                }
-            }
-            ReplicaError::TooLarge { .. } => Response::Error {
-                id: Some(id),
-                code: ErrorCode::EntryTooLarge,
-                message: e.to_string(),
-            },
-            ReplicaError::Timeout { .. } => Response::Error {
-                id: Some(id),
-                code: ErrorCode::Timeout,
-                message: e.to_string(),
-            },
-            ReplicaError::Compacted { .. } => Response::Error {
-                id: Some(id),
-                code: ErrorCode::Compacted,
-                message: e.to_string(),
-            },
-            ReplicaError::Superseded { .. } | ReplicaError::Dropped(_) => Response::Error {
-                id: Some(id),
-                code: ErrorCode::NotCommitted,
-                message: e.to_string(),
-            },
-            ReplicaError::Closed => Response::Error {
-                id: Some(id),
-                code: ErrorCode::ShuttingDown,
-                message: e.to_string(),
-            },
-            _ => Response::Error {
-                id: Some(id),
-                code: ErrorCode::Internal,
-                message: e.to_string(),
-            },
+        if let ReplicaError::NotLeader { leader_hint } = e {
+            self.shared
+                .metrics
+                .redirects
+                .fetch_add(1, Ordering::Relaxed);
+            return Response::Redirect {
+                id,
+                leader: leader_hint.and_then(|l| self.shared.opts.member(l)),
+            };
+        }
+        Response::Error {
+            id: Some(id),
+            code: error_code(e),
+            message: e.to_string(),
         }
     }
 
@@ -794,11 +798,214 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
     }
 }
 
+/// The protocol's code for a replica error (`NotLeader` is answered with a redirect instead).
+fn error_code(e: &ReplicaError) -> ErrorCode {
+    match e {
+        ReplicaError::TooLarge { .. } => ErrorCode::EntryTooLarge,
+        // Both may be in the log: the client must not resend blindly.
+        ReplicaError::Timeout { .. } | ReplicaError::OutcomeUnknown { .. } => ErrorCode::Timeout,
+        ReplicaError::Compacted { .. } => ErrorCode::Compacted,
+        ReplicaError::Superseded { .. } | ReplicaError::Dropped(_) => ErrorCode::NotCommitted,
+        ReplicaError::Closed => ErrorCode::ShuttingDown,
+        _ => ErrorCode::Internal,
+    }
+}
+
+/// The answer to a batch of `sent` entries of which the first committed at `first..=last`
+/// and a new leader replaced the rest, for a client of protocol `version`.
+fn partial_answer(version: u16, id: u64, first: u64, last: u64, sent: usize) -> Response {
+    if version >= 2 {
+        return Response::PartlyAppended { id, first, last };
+    }
+    // Version 1 has no answer that says so; Timeout is the one its clients do not resend.
+    let committed = last - first + 1;
+    Response::Error {
+        id: Some(id),
+        code: ErrorCode::Timeout,
+        message: format!(
+            "only the first {committed} of the batch's {sent} entries committed (at {first}..={last}); a new leader replaced the other {}, which are not in the log: append only those again",
+            sent as u64 - committed
+        ),
+    }
+}
+
+/// What the handles of an append batch say together.
+#[derive(Debug)]
+enum BatchOutcome {
+    /// Entries are still pending, and none of the others decide the answer.
+    Pending,
+    /// Every entry committed, at `first..=last`.
+    Committed { first: u64, last: u64 },
+    /// The batch's first entries committed at `first..=last`; a new leader replaced the rest,
+    /// which are certainly not in the log.
+    Partial { first: u64, last: u64 },
+    /// No entry is in the log (superseded or dropped): the first entry's error.
+    NotCommitted(ReplicaError),
+    /// Whether some entries are in the log cannot be told: why.
+    Unknown(String),
+    /// Another failure (the log closed or failed): the first one.
+    Failed(ReplicaError),
+}
+
+/// Sorts the results of a batch's handles, `(ticket index, result)` in batch order, into
+/// the answer they call for.
+///
+/// raft's log matching makes the committed entries of a batch a prefix of it: a log that
+/// holds the batch's entry at index `i` holds the same leader's entries before `i`. So the
+/// entries before the first superseded one are waited for and reported as committed, and those
+/// from it on as not in the log. Anything that contradicts this, or that cannot be told, is
+/// answered as unknown, never as "resend".
+fn batch_outcome(results: Vec<(u64, Option<Result<u64, ReplicaError>>)>) -> BatchOutcome {
+    let first = results.first().map_or(0, |r| r.0);
+    let last = results.last().map_or(0, |r| r.0);
+    // The first entry certainly not in the log, by position.
+    let mut replaced: Option<(usize, ReplicaError)> = None;
+    let mut unknown: Option<String> = None;
+    let mut pending_before = false;
+    let mut committed_after = false;
+    for (at, (_, r)) in results.into_iter().enumerate() {
+        match r {
+            Some(Err(e @ (ReplicaError::Superseded { .. } | ReplicaError::Dropped(_))))
+                if replaced.is_none() =>
+            {
+                replaced = Some((at, e));
+            }
+            Some(Err(ReplicaError::Superseded { .. } | ReplicaError::Dropped(_))) => {}
+            Some(Err(e @ ReplicaError::OutcomeUnknown { .. })) => {
+                unknown.get_or_insert_with(|| e.to_string());
+            }
+            Some(Err(e)) => return BatchOutcome::Failed(e),
+            Some(Ok(_)) if replaced.is_some() => committed_after = true,
+            Some(Ok(_)) => {}
+            None if replaced.is_none() => pending_before = true,
+            None => {}
+        }
+    }
+    if let Some(why) = unknown {
+        return BatchOutcome::Unknown(why);
+    }
+    match replaced {
+        Some((at, _)) if committed_after => BatchOutcome::Unknown(format!(
+            "entries of the batch committed after its entry {at}, which a new leader replaced"
+        )),
+        Some(_) if pending_before => BatchOutcome::Pending,
+        Some((0, e)) => BatchOutcome::NotCommitted(e),
+        Some((at, _)) => BatchOutcome::Partial {
+            first,
+            last: first + at as u64 - 1,
+        },
+        None if pending_before => BatchOutcome::Pending,
+        None => BatchOutcome::Committed { first, last },
+    }
+}
+
 impl From<FrameError> for End {
     fn from(e: FrameError) -> Self {
         match e {
             FrameError::Closed | FrameError::Io(_) => End::Gone,
             other => End::Refuse(ErrorCode::Malformed, other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(index: u64) -> (u64, Option<Result<u64, ReplicaError>>) {
+        (index, Some(Ok(index)))
+    }
+
+    fn superseded(index: u64) -> (u64, Option<Result<u64, ReplicaError>>) {
+        (index, Some(Err(ReplicaError::Superseded { index })))
+    }
+
+    fn unknown(index: u64) -> (u64, Option<Result<u64, ReplicaError>>) {
+        (index, Some(Err(ReplicaError::OutcomeUnknown { index })))
+    }
+
+    fn pending(index: u64) -> (u64, Option<Result<u64, ReplicaError>>) {
+        (index, None)
+    }
+
+    #[test]
+    fn a_committed_prefix_is_never_answered_as_not_committed() {
+        // A new leader kept 10 and 11 and replaced 12 and 13.
+        let o = batch_outcome(vec![ok(10), ok(11), superseded(12), superseded(13)]);
+        assert!(
+            matches!(
+                o,
+                BatchOutcome::Partial {
+                    first: 10,
+                    last: 11
+                }
+            ),
+            "{o:?}"
+        );
+        // Nothing kept: resend it all.
+        let o = batch_outcome(vec![superseded(10), superseded(11)]);
+        assert!(matches!(o, BatchOutcome::NotCommitted(_)), "{o:?}");
+        // The prefix is not decided yet: wait for it rather than answer.
+        let o = batch_outcome(vec![ok(10), pending(11), superseded(12)]);
+        assert!(matches!(o, BatchOutcome::Pending), "{o:?}");
+        let o = batch_outcome(vec![ok(10), ok(11)]);
+        assert!(
+            matches!(
+                o,
+                BatchOutcome::Committed {
+                    first: 10,
+                    last: 11
+                }
+            ),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_never_answered_as_not_committed() {
+        let o = batch_outcome(vec![unknown(10), superseded(11)]);
+        assert!(matches!(o, BatchOutcome::Unknown(_)), "{o:?}");
+        let o = batch_outcome(vec![unknown(10), unknown(11)]);
+        assert!(matches!(o, BatchOutcome::Unknown(_)), "{o:?}");
+        // Committed entries after a superseded one contradict raft's log matching: whatever
+        // happened, do not ask for a resend.
+        let o = batch_outcome(vec![ok(10), superseded(11), ok(12)]);
+        assert!(matches!(o, BatchOutcome::Unknown(_)), "{o:?}");
+        // The log closing is answered as before (ShuttingDown, through `error`).
+        let o = batch_outcome(vec![ok(10), (11, Some(Err(ReplicaError::Closed)))]);
+        assert!(
+            matches!(o, BatchOutcome::Failed(ReplicaError::Closed)),
+            "{o:?}"
+        );
+        // A lone unknown entry (an append or a membership change) is a Timeout, not a resend.
+        let e = ReplicaError::OutcomeUnknown { index: 10 };
+        assert_eq!(error_code(&e), ErrorCode::Timeout);
+        assert_eq!(
+            error_code(&ReplicaError::Superseded { index: 10 }),
+            ErrorCode::NotCommitted
+        );
+    }
+
+    #[test]
+    fn a_partial_batch_is_answered_in_the_clients_protocol_version() {
+        assert_eq!(
+            partial_answer(2, 5, 10, 11, 4),
+            Response::PartlyAppended {
+                id: 5,
+                first: 10,
+                last: 11
+            }
+        );
+        match partial_answer(1, 5, 10, 11, 4) {
+            Response::Error {
+                id: Some(5),
+                code: ErrorCode::Timeout,
+                message,
+            } => assert!(
+                message.contains("first 2 of the batch's 4") && message.contains("10..=11"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -698,3 +698,38 @@ fn a_huge_read_budget_is_clamped_to_one_frame() {
     assert!(seen.windows(2).all(|w| w[1].0 > w[0].0), "{seen:?}");
     assert!(seen.len() >= 24 && seen[0].0 == first);
 }
+
+/// Protocol version 2 only added an answer a version-1 client never gets: such a client is
+/// still served, and a version the server does not know is refused by name.
+#[test]
+fn a_version_1_client_is_still_served() {
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+    let mut s = tcp(addr);
+    write_frame(
+        &mut s,
+        &Request::Hello {
+            version: proto::MIN_PROTOCOL_VERSION,
+            cluster_id: CLUSTER,
+            token: None,
+        },
+    )
+    .unwrap();
+    let mut old = Client { s, next: 0 };
+    assert!(matches!(old.recv(), Response::Welcome { .. }));
+    assert!(matches!(append(&mut old, b"v1"), Response::Appended { .. }));
+    let mut s = tcp(addr);
+    write_frame(
+        &mut s,
+        &Request::Hello {
+            version: PROTOCOL_VERSION + 1,
+            cluster_id: CLUSTER,
+            token: None,
+        },
+    )
+    .unwrap();
+    let (code, message) = refused(s);
+    assert_eq!(code, ErrorCode::WrongVersion);
+    assert!(message.contains("versions 1 to 2"), "{message}");
+}
