@@ -221,6 +221,16 @@ pub enum WalError {
         #[source]
         source: io::Error,
     },
+    /// A suffix truncation or a restart moved the log's end back while this call was under
+    /// way, after it had staged records at the old end: what it staged past `end` is gone and
+    /// was not acknowledged. Persist again from the log's new end.
+    #[error(
+        "a suffix truncation or restart moved the log's end to {end} while this call was under way; nothing it staged past that was kept"
+    )]
+    CutDuringCall {
+        /// The log's end after the cut.
+        end: Lsn,
+    },
     /// Deleting segments for a prefix or suffix truncation failed.
     #[error("could not truncate the log at {index} (segment starting at {segment})")]
     Truncate {

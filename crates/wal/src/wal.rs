@@ -144,6 +144,8 @@ pub struct RecoveryReport {
 }
 
 /// A replicated log's durable store. `Wal` is `Sync`: share it with `Arc` among appenders.
+/// Appends that overlap a suffix truncation or a restart wait for it, so each is wholly
+/// before or after it.
 #[derive(Debug)]
 pub struct Wal {
     fs: Arc<dyn FileSystem>,
@@ -187,6 +189,8 @@ impl Wal {
             segments: recovered.segments,
             durable: recovered.position.lsn.0,
             flushing: false,
+            exclusive: None,
+            cuts: 0,
             batch_epoch: 1,
             completed_epoch: 0,
             waiters: Vec::with_capacity(INITIAL_WAITER_CAPACITY),

@@ -2,7 +2,8 @@
 //!
 //! Both paths stage records into `State::buf` under the mutex, following the placement rule
 //! (padding up to a block end when a record does not fit), and then wait for the durability
-//! asked for through group commit. Neither allocates.
+//! asked for through group commit. Neither allocates. Neither stages while a suffix
+//! truncation or a restart runs (see the `truncate` module).
 
 use std::sync::MutexGuard;
 
@@ -11,7 +12,7 @@ use crate::format::{self, ChainCheck, HEADER_BYTES, RawHeader, RecordKind};
 use crate::ring::Consumer;
 use crate::{Durability, Index, Lsn, Position, Term};
 
-use super::state::{Loc, State};
+use super::state::{Exclusive, Loc, State};
 use super::{Entry, Wal};
 
 impl Wal {
@@ -57,6 +58,12 @@ impl Wal {
         let entry = loop {
             st.usable()?;
             st.not_discarded_since(generation)?;
+            if st.exclusive == Some(Exclusive::Cut) {
+                // The log's end is about to move: staging at it now would lose the entry
+                // (see the `truncate` module).
+                st = self.wait(st);
+                continue;
+            }
             let last = st.last;
             let index = index.unwrap_or(Index(last.last_index.0 + 1));
             if index.0 != last.last_index.0 + 1 || term < last.last_term {
@@ -131,12 +138,13 @@ impl Wal {
         }
     }
 
-    /// The buffer is full: wait for the running flush, or flush it ourselves.
+    /// The buffer is full: wait for the running flush (or exclusive operation), or flush it
+    /// ourselves.
     pub(super) fn make_room<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
     ) -> Result<MutexGuard<'a, State>, WalError> {
-        if st.flushing {
+        if st.flushing || st.exclusive.is_some() {
             // A gathering leader would otherwise wait out its pause with a full buffer.
             let mut st = st;
             if let Some(gatherer) = &st.gatherer {
@@ -166,9 +174,23 @@ impl Wal {
         }
         let mut st = self.lock();
         let generation = st.generation;
-        while st.last.lsn < end {
+        let cuts = st.cuts;
+        let mut staged = false;
+        loop {
             st.usable()?;
             st.not_discarded_since(generation)?;
+            if st.exclusive == Some(Exclusive::Cut) {
+                st = self.wait(st);
+                continue;
+            }
+            if staged && st.cuts != cuts {
+                // What this call staged may be gone, and the ring's records no longer
+                // continue the log where it now ends.
+                return Err(WalError::CutDuringCall { end: st.last.lsn });
+            }
+            if st.last.lsn >= end {
+                break;
+            }
             let last = st.last;
             let mut pos = last.lsn.0;
             // Skip padding and implicit gaps up to the next entry.
@@ -224,6 +246,7 @@ impl Wal {
             };
             chain.advance(&header).map_err(invalid)?;
             self.staged(state, pos, decoded.record_len, header.index, header.term);
+            staged = true;
         }
         let position = st.last;
         match durability {

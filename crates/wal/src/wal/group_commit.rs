@@ -78,8 +78,17 @@ impl Wal {
             } else {
                 st.batch_epoch
             };
-            if !st.flushing {
+            // While an exclusive operation holds the log it flushes, or wakes us when done.
+            if !st.flushing && st.exclusive.is_none() {
                 debug_assert_eq!(epoch, st.batch_epoch);
+                // Not durable, and nothing staged to make it so: a cut removed the target
+                // before it was durable. A cut flushes what was staged before it and lets
+                // nothing be staged while it runs, so this cannot happen; were it to, a
+                // flush of nothing would never reach the target.
+                debug_assert!(st.buf_len > 0, "a wait for {target} with nothing staged");
+                if st.buf_len == 0 {
+                    return Err(WalError::CutDuringCall { end: st.last.lsn });
+                }
                 st = self.flush(st, true)?;
                 continue;
             }
@@ -193,7 +202,7 @@ impl Wal {
             } else {
                 false
             };
-            if enough || st.buf_full || st.buf_len as u64 >= half {
+            if enough || st.buf_full || st.exclusive.is_some() || st.buf_len as u64 >= half {
                 break;
             }
             let now = Instant::now();

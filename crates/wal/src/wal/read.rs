@@ -6,6 +6,7 @@ use crate::error::WalError;
 use crate::format::{self, DecodeError, HEADER_BYTES};
 use crate::{Index, Lsn, Position, Term};
 
+use super::state::Exclusive;
 use super::{Entry, Wal};
 
 impl Wal {
@@ -15,6 +16,11 @@ impl Wal {
     pub fn read(&self, index: Index, payload: &mut Vec<u8>) -> Result<Entry, WalError> {
         let mut st = self.lock();
         loop {
+            if st.exclusive == Some(Exclusive::Cut) {
+                // The entry may be half zeroed by the cut: wait for its outcome.
+                st = self.wait(st);
+                continue;
+            }
             if index < st.first_index || index > st.last_index() {
                 return Err(WalError::NotFound {
                     index,

@@ -46,8 +46,16 @@ pub(super) struct State {
     pub(super) segments: VecDeque<Arc<Segment>>,
     /// Everything before this is written and fdatasynced.
     pub(super) durable: u64,
-    /// A sync leader (or a truncation) is doing I/O, or a leader is gathering a batch.
+    /// A sync leader (or an exclusive operation) is doing I/O, or a leader is gathering a
+    /// batch.
     pub(super) flushing: bool,
+    /// The exclusive operation that runs or waits for the flush in progress to end, if any.
+    /// While it is set no sync leader starts (the operation flushes itself), and while it is
+    /// [`Exclusive::Cut`] nothing is staged (see the `truncate` module).
+    pub(super) exclusive: Option<Exclusive>,
+    /// Suffix truncations and restarts that changed the log since open: a call that staged
+    /// records before one of them cannot go on from where it was.
+    pub(super) cuts: u64,
     /// Epoch of the batch accumulating in `buf`; the batch a leader writes is `batch_epoch - 1`.
     pub(super) batch_epoch: u64,
     /// The last batch that was written and fdatasynced.
@@ -126,6 +134,17 @@ impl Failure {
             }
         }
     }
+}
+
+/// An exclusive operation of the `truncate` module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Exclusive {
+    /// `truncate_suffix` or `restart_at`: they move the log's end, so appends and reads wait
+    /// until they are done.
+    Cut,
+    /// `truncate_prefix`: it deletes only segments before the log's tail, so appends go on
+    /// staging entries into the buffer, and wait only for durability.
+    Prefix,
 }
 
 /// How a flush failed.

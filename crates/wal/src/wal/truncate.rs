@@ -1,6 +1,19 @@
 //! The exclusive operations: suffix truncation (a raft conflict), restart (a snapshot
-//! install) and prefix truncation (a checkpoint). Each waits until no flush runs, flushes the
-//! buffer, does its I/O with the log marked busy, and wakes every waiter when it ends.
+//! install) and prefix truncation (a checkpoint).
+//!
+//! One runs at a time. Each first claims the log (`State::exclusive`), so that no new sync
+//! leader starts, then waits for the flush in progress to end, and does its I/O with the log
+//! marked busy (`State::flushing`); when it ends it wakes every waiter.
+//!
+//! A suffix truncation or a restart moves the log's end ([`Exclusive::Cut`]). An entry staged
+//! at the old end while one runs would be dropped by it after its append returned, or
+//! acknowledged under `Fsync` when a later batch of the same epoch completed without it. So
+//! from the claim on, appends, `persist_from` and reads wait until the cut is done; the cut
+//! first flushes what was staged before the claim (those appends may already have returned),
+//! and then finds the buffer empty and every waiter served. An append is therefore wholly
+//! before a cut or wholly after it. A prefix truncation ([`Exclusive::Prefix`]) deletes only
+//! segments before the tail, so appends go on staging into the buffer while it runs and only
+//! wait for durability.
 
 use std::io;
 use std::sync::{Arc, MutexGuard};
@@ -12,28 +25,68 @@ use crate::{Index, Lsn, Position};
 
 use super::Wal;
 use super::group_commit::zero_range;
-use super::state::{Failure, State};
+use super::state::{Exclusive, Failure, State};
 
 impl Wal {
-    /// Waits until no flush runs, then marks the log busy for exclusive I/O.
-    fn exclusive(&self) -> Result<MutexGuard<'_, State>, WalError> {
+    /// Claims the log for an exclusive operation of `kind`: waits for any other one to end,
+    /// stops new sync leaders, waits for the flush in progress, and for a cut flushes what
+    /// is staged; returns with the log marked busy.
+    fn exclusive(&self, kind: Exclusive) -> Result<MutexGuard<'_, State>, WalError> {
         let mut st = self.lock();
         loop {
             st.usable()?;
-            if !st.flushing {
-                if st.buf_len > 0 {
-                    st = self.flush(st, false)?;
-                    continue;
-                }
-                st.flushing = true;
-                return Ok(st);
+            if st.exclusive.is_none() {
+                break;
             }
             st = self.wait(st);
         }
+        st.exclusive = Some(kind);
+        // A gathering leader stops waiting for appenders that a cut holds back anyway.
+        if let Some(gatherer) = &st.gatherer {
+            gatherer.unpark();
+        }
+        loop {
+            if let Err(error) = st.usable() {
+                self.give_up_claim(st);
+                return Err(error);
+            }
+            if st.flushing {
+                st = self.wait(st);
+                continue;
+            }
+            if kind == Exclusive::Cut && st.buf_len > 0 {
+                // Staged before the claim: make it durable, as the cut expects everything
+                // before its cut point to be.
+                st = match self.flush(st, false) {
+                    Ok(st) => st,
+                    Err(error) => {
+                        self.give_up_claim(self.lock());
+                        return Err(error);
+                    }
+                };
+                continue;
+            }
+            if kind == Exclusive::Cut {
+                debug_assert_eq!(st.durable, st.last.lsn.0, "a cut starts with all durable");
+                debug_assert_eq!(st.buf_start, st.durable);
+            }
+            st.flushing = true;
+            return Ok(st);
+        }
     }
 
+    /// Ends an exclusive operation: the log is free for flushes, appends and the next
+    /// exclusive operation, and every waiter re-checks its state.
     fn end_exclusive(&self, mut st: MutexGuard<'_, State>) {
+        debug_assert!(st.flushing && st.exclusive.is_some());
         st.flushing = false;
+        self.give_up_claim(st);
+    }
+
+    /// Drops the claim of an exclusive operation that did not start its I/O (the log became
+    /// unusable, or its flush failed); `flushing` then belongs to whoever set it.
+    fn give_up_claim(&self, mut st: MutexGuard<'_, State>) {
+        st.exclusive = None;
         Self::wake_all(&mut st);
         self.changed.notify_all();
     }
@@ -43,8 +96,12 @@ impl Wal {
     /// Segments past the cut are deleted last-first with a directory fsync each, then the cut
     /// segment is zeroed from the end backwards one window at a time with an fdatasync each,
     /// so every crash point leaves a prefix of the old log. A failure poisons the log.
+    ///
+    /// Appends, [`Wal::persist_from`] and reads that come while it runs wait until it is done:
+    /// an append is wholly before the cut (and removed by it if its index is `from` or
+    /// higher) or wholly after it.
     pub fn truncate_suffix(&self, from: Index) -> Result<(), WalError> {
-        let st = self.exclusive()?;
+        let st = self.exclusive(Exclusive::Cut)?;
         if from > st.last_index() {
             self.end_exclusive(st);
             return Ok(());
@@ -74,6 +131,8 @@ impl Wal {
         let mut st = self.lock();
         match result {
             Ok(kept) => {
+                debug_assert_eq!(st.buf_len, 0, "nothing is staged while a cut runs");
+                debug_assert_eq!(st.last.lsn.0, old_end, "nor does the log end move");
                 st.segments.truncate(kept);
                 st.locs.truncate(n);
                 st.cut_locs(cut);
@@ -81,6 +140,7 @@ impl Wal {
                 st.durable = cut;
                 st.buf_start = cut;
                 st.buf_len = 0;
+                st.cuts += 1;
                 self.end_exclusive(st);
                 Ok(())
             }
@@ -140,13 +200,17 @@ impl Wal {
     /// fsync) before the new one is created, so a crash in between leaves an empty directory,
     /// never a mix; the caller records the snapshot durably first and calls this again after
     /// such a crash. A failure poisons the log.
+    ///
+    /// Like [`Wal::truncate_suffix`], it makes appends, `persist_from` and reads that come
+    /// while it runs wait until it is done.
     pub fn restart_at(&self, start: Position) -> Result<(), WalError> {
         if start.lsn.0 % 8 != 0 {
             return Err(WalError::Config {
                 reason: "a log must start at an 8-aligned lsn",
             });
         }
-        let st = self.exclusive()?;
+        let st = self.exclusive(Exclusive::Cut)?;
+        let old_end = st.last.lsn.0;
         let doomed: Vec<Arc<Segment>> = st.segments.iter().cloned().collect();
         drop(st);
         let block = self.config.block_bytes;
@@ -184,6 +248,8 @@ impl Wal {
         let mut st = self.lock();
         match result {
             Ok(segment) => {
+                debug_assert_eq!(st.buf_len, 0, "nothing is staged while a cut runs");
+                debug_assert_eq!(st.last.lsn.0, old_end, "nor does the log end move");
                 st.segments.clear();
                 st.segments.push_back(Arc::new(segment));
                 st.locs.clear();
@@ -194,6 +260,7 @@ impl Wal {
                 st.durable = start.lsn.0;
                 st.buf_start = start.lsn.0;
                 st.buf_len = 0;
+                st.cuts += 1;
                 self.end_exclusive(st);
                 Ok(())
             }
@@ -210,9 +277,10 @@ impl Wal {
 
     /// Deletes whole segments all of whose entries have an index below `checkpoint` (entries
     /// covered by a snapshot). The segment holding `checkpoint` and the last segment stay.
-    /// Returns the new first index.
+    /// Returns the new first index. Appends go on while it runs; those that wait for
+    /// durability are served once it is done.
     pub fn truncate_prefix(&self, checkpoint: Index) -> Result<Index, WalError> {
-        let st = self.exclusive()?;
+        let st = self.exclusive(Exclusive::Prefix)?;
         let removable = st
             .segments
             .iter()
