@@ -560,6 +560,8 @@ fn batches_at_the_limits_are_accepted_and_over_them_refused_by_name() {
         (3000, 8),
         (proto::MAX_BATCH_ENTRIES, 8),
         (64, 64 << 10),
+        // A default frame's worth of maximum-size entries.
+        (255, 64 << 10),
     ] {
         let r = client.call(|id| Request::Append {
             id,

@@ -1,6 +1,6 @@
 #![no_main]
 //! Any bytes, as a whole frame or a body, must decode or fail with an error: never panic,
-//! never allocate past the frame's own size tier.
+//! never allocate past the decoder limit of the frame's size tier.
 
 use libfuzzer_sys::fuzz_target;
 
