@@ -422,43 +422,14 @@ impl<F: Fabric> Replica<F> {
                 cfg.data_dir.join("snapshot").display()
             ))
         })?;
-        let mut cs = cs;
-        let mut installed = false;
-        if let Some(snap) = &snapshot {
-            let meta = snap.get_metadata();
-            if wal.last_index().0 < meta.index {
-                let lsn = snapshot_lsn(snap).filter(|l| l % 8 == 0).ok_or_else(|| {
-                    ReplicaError::Poisoned("the snapshot file records no valid log position".into())
-                })?;
-                wal.restart_at(Position {
-                    lsn: Lsn(lsn),
-                    last_index: Index(meta.index),
-                    last_term: Term(meta.term),
-                })?;
-                cs = meta.get_conf_state().clone();
-                conf_history = ConfHistory::new(meta.index, cs.clone());
-                let mut hs = hs.clone();
-                hs.commit = hs.commit.max(meta.index);
-                state_file
-                    .store(&hs, &cs, &conf_history)
-                    .map_err(ReplicaError::Poisoned)?;
-                installed = true;
-            }
-        }
         let persistent =
             cfg.durability == Durability::Memory && cfg.mutation != crate::Mutation::PrivateRing;
         // A ring left by a crashed process of this data dir holds the entries it accepted (and
-        // may have acknowledged) past what reached the segment files. A new data dir never
-        // takes a stale ring's records, nor does a node finishing a snapshot install.
-        let take_left = existed && !installed;
-        let (ring, left) = Self::open_ring(
-            &cfg,
-            &mut fabric,
-            &wal,
-            persistent,
-            take_left,
-            Term(hs.term),
-        )?;
+        // may have acknowledged) past what reached the segment files: take them over first,
+        // so that the snapshot check below sees the whole log. A new data dir never takes a
+        // stale ring's records.
+        let (ring, left) =
+            Self::open_ring(&cfg, &mut fabric, &wal, persistent, existed, Term(hs.term))?;
         let recovered = match left {
             LeftRing::Recovered(n) => n,
             _ => 0,
@@ -469,9 +440,41 @@ impl<F: Fabric> Replica<F> {
         let OpenRing {
             fabric_memory,
             memory,
-            producer,
-            consumer,
+            mut producer,
+            mut consumer,
         } = ring;
+        // The latest checkpoint. If the log (ring included) does not reach it with the same
+        // term, this node was installing a snapshot from the leader when it stopped (the
+        // snapshot is stored first): finish, on a fresh ring at the snapshot's position.
+        let mut cs = cs;
+        if let Some(snap) = &snapshot {
+            let meta = snap.get_metadata();
+            let holds_it = wal.last_index().0 >= meta.index
+                && wal.term(Index(meta.index)).map(|t| t.0) == Some(meta.term);
+            if !holds_it {
+                let lsn = snapshot_lsn(snap).filter(|l| l % 8 == 0).ok_or_else(|| {
+                    ReplicaError::Poisoned("the snapshot file records no valid log position".into())
+                })?;
+                let start = Position {
+                    lsn: Lsn(lsn),
+                    last_index: Index(meta.index),
+                    last_term: Term(meta.term),
+                };
+                wal.restart_at(start)?;
+                let ring_cfg = RingConfig {
+                    capacity_bytes: cfg.ring_bytes,
+                    block_bytes: cfg.block_bytes,
+                };
+                (producer, consumer) = wal::ring(memory.clone(), ring_cfg, start)?;
+                cs = meta.get_conf_state().clone();
+                conf_history = ConfHistory::new(meta.index, cs.clone());
+                let mut hs = hs.clone();
+                hs.commit = hs.commit.max(meta.index);
+                state_file
+                    .store(&hs, &cs, &conf_history)
+                    .map_err(ReplicaError::Poisoned)?;
+            }
+        }
         let (hs, recovering) = Self::guard_amnesia(
             &cfg,
             &mut state_file,
@@ -1166,6 +1169,47 @@ impl<F: Fabric> Replica<F> {
         self.stats
     }
 
+    /// Checks that every record the ring still holds for an accepted entry decodes, with the
+    /// index, term and extent it was accepted with. A write that landed over accepted bytes
+    /// (a stale leader's that the fencing missed) shows up here, even when the segment files
+    /// already hold a good copy: under `Memory` a later recovery would read the ring. The
+    /// simulator's checkers call it after every step.
+    pub fn verify_ring(&mut self) -> Result<(), String> {
+        let head = self.consumer.head().0;
+        for k in 0..self.ring_entries.len() {
+            let r = self.ring_entries[k];
+            if r.start < head {
+                continue;
+            }
+            match self.consumer.next_entry(Lsn(r.start)) {
+                Ok(Some((lsn, d)))
+                    if lsn.0 == r.start
+                        && d.header.index.0 == r.index
+                        && d.header.term.0 == r.term
+                        && lsn.0 + d.record_len == r.end => {}
+                Ok(Some((lsn, d))) => {
+                    return Err(format!(
+                        "the ring record of entry {} (term {}) at lsn {} now reads as entry {} term {} at lsn {}",
+                        r.index, r.term, r.start, d.header.index.0, d.header.term.0, lsn.0
+                    ));
+                }
+                Ok(None) => {
+                    return Err(format!(
+                        "the ring no longer holds entry {} (term {}) at lsn {}",
+                        r.index, r.term, r.start
+                    ));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "the ring record of entry {} (term {}) at lsn {} is corrupt: {e}",
+                        r.index, r.term, r.start
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The fabric endpoint (tests inspect it).
     pub fn fabric(&self) -> &F {
         &self.fabric
@@ -1242,6 +1286,10 @@ impl<F: Fabric> Replica<F> {
     /// middle of its loop does when it wakes up, before it reads its inbox. The simulator uses
     /// it to model a deposed leader that keeps writing.
     pub fn process_ready_only(&mut self) -> Result<(), ReplicaError> {
+        self.fail_stop_on_read_error(|r| r.process_ready_only_inner())
+    }
+
+    fn process_ready_only_inner(&mut self) -> Result<(), ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -1256,6 +1304,31 @@ impl<F: Fabric> Replica<F> {
 
     /// Polls the fabric and handles every `Ready` until there is nothing left to do.
     pub fn process(&mut self) -> Result<(), ReplicaError> {
+        self.fail_stop_on_read_error(Self::process_inner)
+    }
+
+    /// Runs `f`, turning raft-rs's panic on a failed read of the log (it panics on any storage
+    /// error it does not expect) into a poisoned replica that names the failed read. Any other
+    /// panic is a bug and goes on unwinding.
+    fn fail_stop_on_read_error(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<(), ReplicaError>,
+    ) -> Result<(), ReplicaError> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))) {
+            Ok(r) => r,
+            Err(panic) => match self.raw.store().read_error() {
+                Some(why) => {
+                    tracing::error!(node = self.cfg.id, error = %why, "a read of the log failed: the replica stops (fail-stop)");
+                    let why = poison_msg("a read of the log failed", why);
+                    self.poisoned.get_or_insert(why.clone());
+                    Err(ReplicaError::Poisoned(why))
+                }
+                None => std::panic::resume_unwind(panic),
+            },
+        }
+    }
+
+    fn process_inner(&mut self) -> Result<(), ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -2139,13 +2212,29 @@ impl<F: Fabric> Replica<F> {
             self.send_body(to, &body);
         }
         let cs = meta.get_conf_state();
+        // A checkpoint records the membership as of its index, and raft-rs refuses to restore
+        // a snapshot whose membership lacks the receiver. A node added after the checkpoint
+        // (we send only to members) would then never catch up: it receives the snapshot as a
+        // learner as of its index, and becomes a voter when it replays the entry that added it.
+        let mut learners = cs.learners.clone();
+        let listed = [
+            &cs.voters,
+            &cs.learners,
+            &cs.voters_outgoing,
+            &cs.learners_next,
+        ]
+        .iter()
+        .any(|l| l.contains(&to));
+        if !listed {
+            learners.push(to);
+        }
         let body = Body::Snapshot {
             msg: wire::to_wire(&m, false),
             meta: WireSnapshotMeta {
                 index: meta.index,
                 term: meta.term,
                 voters: cs.voters.clone(),
-                learners: cs.learners.clone(),
+                learners,
                 voters_outgoing: cs.voters_outgoing.clone(),
                 learners_next: cs.learners_next.clone(),
                 auto_leave: cs.auto_leave,

@@ -514,6 +514,10 @@ pub struct WalStorage {
     prefix: (u64, u64),
     /// The latest snapshot, served to followers behind the first entry held.
     snapshot: Option<Snapshot>,
+    /// The first read of the log that failed (EIO, a record that fails its checksum). raft-rs
+    /// panics on any storage error it does not expect; the replica catches that panic and
+    /// fails stop with this cause (see `Replica::process`).
+    read_error: std::sync::Mutex<Option<String>>,
 }
 
 impl WalStorage {
@@ -530,6 +534,7 @@ impl WalStorage {
             conf_state,
             prefix,
             snapshot: None,
+            read_error: std::sync::Mutex::new(None),
         }
     }
 
@@ -574,6 +579,23 @@ impl WalStorage {
         self.prefix
     }
 
+    /// Why a read of the log failed, if one did.
+    pub fn read_error(&self) -> Option<String> {
+        self.read_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn read_failed(&self, index: u64, e: impl std::fmt::Display) -> raft::Error {
+        let why = format!("cannot read entry {index} of the log: {e}");
+        self.read_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert_with(|| why.clone());
+        store_err(why)
+    }
+
     fn first(&self) -> u64 {
         self.wal.first_index().0.max(self.prefix.0 + 1)
     }
@@ -609,8 +631,12 @@ impl raft::Storage for WalStorage {
         let mut payload = Vec::new();
         let mut size = 0u64;
         for i in low..high {
-            let e = self.wal.read(Index(i), &mut payload).map_err(store_err)?;
-            let entry = entry_from_payload(i, e.term.0, &payload).map_err(store_err)?;
+            let e = self
+                .wal
+                .read(Index(i), &mut payload)
+                .map_err(|e| self.read_failed(i, e))?;
+            let entry =
+                entry_from_payload(i, e.term.0, &payload).map_err(|e| self.read_failed(i, e))?;
             size += payload.len() as u64 + 24;
             // raft-rs's rule: always at least one entry, then stop before exceeding the limit.
             if !out.is_empty() && size > max_size {

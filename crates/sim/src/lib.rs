@@ -123,6 +123,12 @@ pub enum Fault {
     AddVoter,
     /// A voter was removed.
     RemoveVoter,
+    /// A node checkpointed its applied state and deleted the entries it covers.
+    Checkpoint,
+    /// A node's disk loses power in the middle of one of its next writes (an interrupted
+    /// checkpoint, snapshot install, truncation or append); the node then restarts from what
+    /// was durable.
+    PowerCutMidOp,
 }
 
 /// What a run did.
@@ -148,6 +154,8 @@ pub struct Summary {
     pub writes_torn: u64,
     /// Appends that found a ring full (summed over the nodes alive at the end).
     pub ring_full: u64,
+    /// Snapshots installed by followers (summed over the nodes alive at the end).
+    pub snapshots_installed: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -351,9 +359,23 @@ impl Run {
         if self.full_disks.remove(&id) {
             self.c.disks[&id].set_space_limit(None);
         }
+        if self.killed.contains(&id) && self.c.disks[&id].is_crashed() {
+            // The disk's power cut came after the kill: the machine is down too.
+            self.killed.remove(&id);
+            self.c.net.crash(NodeId(id));
+        }
         if self.killed.contains(&id) {
             match self.c.restart_killed(id) {
                 Ok(()) => {}
+                Err(e) if self.c.disks[&id].is_crashed() => {
+                    self.killed.remove(&id);
+                    self.c.net.crash(NodeId(id));
+                    self.fault(
+                        Fault::FailStop,
+                        format!("node {id}'s power fails while it starts: {e}"),
+                    );
+                    return Ok(());
+                }
                 // A storage fault armed before the kill hits the new process's first
                 // fdatasync: it fails to start, as a real one would, and tries again later.
                 Err(e @ (ReplicaError::Wal(_) | ReplicaError::Poisoned(_))) => {
@@ -578,7 +600,44 @@ impl Run {
         if self.chance(r.membership_ppm) {
             self.change_membership()?;
         }
+        if self.chance(r.checkpoint_ppm) {
+            let live = self.live();
+            if let Some(id) = self.pick(&live) {
+                self.checkpoint(id);
+            }
+        }
+        // A power cut of one machine mid-write, under Fsync only: under Memory it is a machine
+        // crash that cannot be timed against the recovering nodes' count.
+        if !memory && self.chance(r.power_cut_ppm) {
+            let live = self.live();
+            if let Some(id) = self.pick(&live) {
+                let disk = &self.c.disks[&id];
+                let at = disk.ops() + 1 + self.rng.below(40);
+                disk.crash_at_op(at);
+                self.fault(
+                    Fault::PowerCutMidOp,
+                    format!("node {id}'s power fails at its disk operation {at}"),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Checkpoints node `id` at its applied index, with the application state the checker
+    /// recomputes ([`check::node_app_state`]).
+    fn checkpoint(&mut self, id: u64) {
+        let r = self.c.node(id);
+        let index = r.status().applied;
+        let Some(state) = check::node_app_state(r, index) else {
+            return;
+        };
+        match r.checkpoint(index, &state) {
+            Ok(first) => self.fault(
+                Fault::Checkpoint,
+                format!("node {id} checkpoints at {index}; its log now starts at {first}"),
+            ),
+            Err(e) => self.event(format!("node {id} cannot checkpoint at {index}: {e}")),
+        }
     }
 
     fn describe_nodes(&self) -> String {
@@ -598,15 +657,24 @@ impl Run {
                         })
                         .collect();
                     format!(
-                        "{:?} term {} commit {} applied {} last {} voters {:?} leader {:?} \
-                         conns {conns:?} stats {:?}",
+                        "{:?} term {} commit {} applied {} first {} last {} voters {:?} leader {:?} \
+                         conns {conns:?} matched {:?}{}{} stats {:?}",
                         s.role,
                         s.term,
                         s.commit,
                         s.applied,
+                        s.first_index,
                         s.last_index,
                         s.voters,
                         s.leader,
+                        s.peers
+                            .iter()
+                            .map(|p| (p.id, p.matched))
+                            .collect::<Vec<_>>(),
+                        s.recovering.map(|w| format!(" ({w})")).unwrap_or_default(),
+                        s.failure
+                            .map(|w| format!(" (failed: {w})"))
+                            .unwrap_or_default(),
                         s.stats
                     )
                 }
@@ -882,7 +950,13 @@ impl Run {
             *self.incarnations.entry(id).or_default() += 1;
             if !self.retired.contains(&id) {
                 self.down.insert(id);
-                self.killed.insert(id);
+                if self.c.disks[&id].is_crashed() {
+                    // The power cut took the machine: shared memory too, and the restart
+                    // reboots the disk.
+                    self.c.net.crash(NodeId(id));
+                } else {
+                    self.killed.insert(id);
+                }
             }
             self.fault(Fault::FailStop, format!("node {id} fail-stops: {why}"));
         }
@@ -890,9 +964,12 @@ impl Run {
     }
 
     fn check(&mut self) -> Result<(), Violation> {
-        for (&id, r) in &self.c.nodes {
+        for (&id, r) in self.c.nodes.iter_mut() {
             if let Some(r) = r {
+                r.verify_ring()
+                    .map_err(|e| format!("ring integrity: node {id}: {e}"))?;
                 self.checker.check_node(id, r)?;
+                self.checker.check_checkpoint(id, r)?;
             }
         }
         for a in &self.history {
@@ -1055,6 +1132,13 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
                 .values()
                 .flatten()
                 .map(|r| r.stats().ring_full)
+                .sum();
+            run.summary.snapshots_installed = run
+                .c
+                .nodes
+                .values()
+                .flatten()
+                .map(|r| r.stats().snapshots_installed)
                 .sum();
             run.summary.committed = run.checker.max_committed();
             run.summary.virtual_ns = at;

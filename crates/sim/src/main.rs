@@ -87,6 +87,7 @@ fn main() -> anyhow::Result<()> {
     let mut modes: BTreeMap<String, u64> = BTreeMap::new();
     let (mut done, mut acked, mut attempts, mut refused, mut torn) = (0u64, 0, 0, 0, 0);
     let mut ring_full = 0u64;
+    let mut snapshots = 0u64;
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -103,6 +104,7 @@ fn main() -> anyhow::Result<()> {
                 refused += s.writes_refused;
                 torn += s.writes_torn;
                 ring_full += s.ring_full;
+                snapshots += s.snapshots_installed;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -120,7 +122,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "{done} seeds passed in {:.1} s: {attempts} client attempts, {acked} acked, \
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
-         full ring",
+         full ring, {snapshots} snapshots installed",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");

@@ -38,6 +38,10 @@ pub struct FaultRates {
     pub transfer_ppm: u64,
     /// The leader adds or removes a voter.
     pub membership_ppm: u64,
+    /// A node checkpoints its applied state (and deletes the entries it covers).
+    pub checkpoint_ppm: u64,
+    /// A node's disk loses power at one of its next writes (Fsync seeds).
+    pub power_cut_ppm: u64,
     /// A client starts an append.
     pub append_ppm: u64,
 }
@@ -51,6 +55,8 @@ impl FaultRates {
             // Drawn last, by `draw_late`, so that adding it kept every older seed's rates.
             power_loss_ppm: 0,
             kill_ppm: 0,
+            checkpoint_ppm: 0,
+            power_cut_ppm: 0,
             restart_ppm: r(20_000, 200_000),
             torn_write_ppm: r(0, 1_000_000),
             partition_ppm: r(0, 20_000),
@@ -72,6 +78,8 @@ impl FaultRates {
     pub fn draw_late(&mut self, rng: &mut SplitMix64) {
         self.power_loss_ppm = rng.below(1_501);
         self.kill_ppm = rng.below(15_001);
+        self.checkpoint_ppm = rng.below(20_001);
+        self.power_cut_ppm = rng.below(4_001);
     }
 
     /// No faults at all, only client load (tests of the harness itself).
@@ -80,6 +88,8 @@ impl FaultRates {
             crash_ppm: 0,
             power_loss_ppm: 0,
             kill_ppm: 0,
+            checkpoint_ppm: 0,
+            power_cut_ppm: 0,
             restart_ppm: 0,
             torn_write_ppm: 0,
             partition_ppm: 0,
@@ -102,7 +112,8 @@ impl std::fmt::Display for FaultRates {
         write!(
             f,
             "ppm/step: crash {} power-loss {} kill {} restart {} torn-write {} partition {} heal {} break {} delay {} \
-             pause {} resume {} eio {} enospc {} transfer {} membership {} append {}",
+             pause {} resume {} eio {} enospc {} transfer {} membership {} checkpoint {} \
+             power-cut {} append {}",
             self.crash_ppm,
             self.power_loss_ppm,
             self.kill_ppm,
@@ -118,6 +129,8 @@ impl std::fmt::Display for FaultRates {
             self.enospc_ppm,
             self.transfer_ppm,
             self.membership_ppm,
+            self.checkpoint_ppm,
+            self.power_cut_ppm,
             self.append_ppm
         )
     }

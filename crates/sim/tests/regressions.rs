@@ -94,3 +94,24 @@ fn seed_76_truncation_rewound_past_padding() {
         panic!("\n{f}\n");
     }
 }
+
+/// Seeds found once checkpoints and mid-write power cuts joined the faults:
+/// - 20: a power cut made a read of the log fail inside raft-rs, which panics on storage
+///   errors; the replica now fails stop with the failed read as its cause
+///   (`Replica::process`).
+/// - 106: a power cut that fired while a killed node restarted (driver: it is a machine crash
+///   then).
+/// - 414: under Memory a checkpoint, then kills: the next start took the checkpoint for an
+///   interrupted snapshot install before it took the ring's entries over, and lost committed
+///   entries (`replica/tests/memory_durability.rs` has the focused test).
+/// - 524: a node added after the leader's checkpoint was refused the checkpoint's snapshot by
+///   raft-rs, whose membership lacked it, and never joined
+///   (`replica/tests/joiner_after_checkpoint.rs`).
+#[test]
+fn seeds_20_106_414_524_checkpoints_and_power_cuts() {
+    for seed in [20, 106, 414, 524] {
+        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+            panic!("\n{f}\n");
+        }
+    }
+}
