@@ -214,10 +214,22 @@ pub enum WireError {
     Field(&'static str),
 }
 
+/// How many bytes of memory bincode 2 may count against its decode limit per byte of frame
+/// body. bincode counts what a value occupies in memory, not what it encoded to: a
+/// [`WireEntry`] encodes in as few as 4 bytes and occupies `size_of::<WireEntry>()` (48), so
+/// a limit of `MAX_BODY_BYTES` refused a valid append of ~5,400 small entries (raft packs
+/// that many into `max_size_per_msg`). The body length is checked against `MAX_BODY_BYTES`
+/// first, so this only bounds what a hostile length prefix can make the decoder reserve.
+const DECODE_BYTES_PER_BODY_BYTE: usize = 16;
+const _: () = assert!(
+    std::mem::size_of::<WireEntry>() <= 4 * DECODE_BYTES_PER_BODY_BYTE,
+    "a WireEntry (at least 4 encoded bytes) must fit the decode limit per byte"
+);
+
 fn config() -> impl bincode::config::Config {
     bincode::config::standard()
         .with_little_endian()
-        .with_limit::<MAX_BODY_BYTES>()
+        .with_limit::<{ MAX_BODY_BYTES * DECODE_BYTES_PER_BODY_BYTE }>()
 }
 
 /// Encodes `body` into `out` (cleared first). The buffer is reused across calls.
@@ -358,6 +370,38 @@ mod tests {
         Body::Raft {
             msg: to_wire(&m, true),
             ring: None,
+        }
+    }
+
+    /// An append of as many small entries as raft packs into one message decodes (bincode
+    /// counted their in-memory size against a limit of the frame's size and refused it).
+    #[test]
+    fn an_append_of_many_small_entries_decodes() {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgAppend);
+        m.to = 2;
+        m.from = 1;
+        m.term = 3;
+        m.index = 9;
+        let entries: Vec<Entry> = (0..8_000u64)
+            .map(|i| {
+                let mut e = Entry::default();
+                e.index = 10 + i;
+                e.term = 3;
+                e.data = Bytes::from_static(b"\x01");
+                e
+            })
+            .collect();
+        m.set_entries(entries.into());
+        for with_data in [true, false] {
+            let body = Body::Raft {
+                msg: to_wire(&m, with_data),
+                ring: None,
+            };
+            let mut buf = Vec::new();
+            encode(7, &body, &mut buf).unwrap();
+            assert!(buf.len() < MAX_BODY_BYTES);
+            assert_eq!(decode(7, &buf).unwrap(), body, "with data: {with_data}");
         }
     }
 
