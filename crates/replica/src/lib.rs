@@ -139,6 +139,12 @@ pub enum Mutation {
     /// Under `Durability::Memory`, come back from a start that lost the shared-memory ring as
     /// a normal voter (no recovering guard): the node may vote away entries it acknowledged.
     NoRecoveringGuard,
+    /// Under `Durability::Memory`, a follower acknowledges a fast append's entries although
+    /// their ring records failed their checks (length, crc32c, index chain, term).
+    AckBeforeCrc,
+    /// A follower installing a snapshot restarts its log at its own stream position instead
+    /// of the leader's Lsn after the snapshot.
+    SnapshotOwnLsn,
 }
 
 impl ReplicaConfig {

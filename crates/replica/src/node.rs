@@ -1743,6 +1743,16 @@ impl<F: Fabric> Replica<F> {
                     self.step(m);
                     return Ok(());
                 }
+                Err(())
+                    if self.cfg.mutation == crate::Mutation::AckBeforeCrc
+                        && self.cfg.durability == Durability::Memory =>
+                {
+                    // The mutation: take what the descriptor claims without the bytes that
+                    // failed their checks, and acknowledge it.
+                    self.producer.rewind(pos)?;
+                    self.step(m);
+                    return Ok(());
+                }
                 Err(()) => {
                     self.producer.rewind(pos)?;
                     self.stats.fast_rejected += 1;
@@ -1850,6 +1860,12 @@ impl<F: Fabric> Replica<F> {
         self.snapshot_file
             .store(snap)
             .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot store a snapshot", e)))?;
+        let lsn = if self.cfg.mutation == crate::Mutation::SnapshotOwnLsn {
+            // The mutation: go on from this node's own stream position, not the leader's.
+            self.producer.position().lsn.0
+        } else {
+            lsn
+        };
         let start = Position {
             lsn: Lsn(lsn),
             last_index: Index(meta.index),

@@ -68,7 +68,14 @@ struct NodeView {
     committed_checked: u64,
     /// The terms of the persisted entries already checked, index `i` at `terms[i - 1]`.
     terms: Vec<u64>,
+    /// Where the next re-read of the committed prefix starts (see [`RECHECK_PER_STEP`]).
+    recheck_from: u64,
 }
+
+/// Committed entries each node reads again after every step, cycling through its committed
+/// prefix: an entry is compared not only when a node first reports it committed but again
+/// and again, so bytes that change under it later (a stale write, rot) show up.
+const RECHECK_PER_STEP: u64 = 8;
 
 /// The checker's state across the whole run.
 #[derive(Debug, Default)]
@@ -241,6 +248,28 @@ impl Checker {
             }
         }
         v.committed_checked = s.commit.max(v.committed_checked);
+
+        // Re-read a few committed entries, cycling through the prefix.
+        if s.commit >= first {
+            let mut i = v.recheck_from.clamp(first, s.commit);
+            for _ in 0..RECHECK_PER_STEP.min(s.commit - first + 1) {
+                let term = r
+                    .read_persisted(i, &mut self.buf)
+                    .map_err(|e| format!("node {id} cannot read committed entry {i}: {e}"))?;
+                if let (Some(term), Some((t, bytes))) = (term, self.committed.get(&i)) {
+                    if term != *t || *bytes != self.buf {
+                        return Err(format!(
+                            "durability: node {id}'s committed entry {i} changed: it now reads \
+                             term {term} ({} bytes), where term {t} ({} bytes) was committed",
+                            self.buf.len(),
+                            bytes.len()
+                        ));
+                    }
+                }
+                i = if i >= s.commit { first } else { i + 1 };
+            }
+            v.recheck_from = i;
+        }
         Ok(())
     }
 

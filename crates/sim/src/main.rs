@@ -40,7 +40,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
-    /// private-ring or no-recovering-guard.
+    /// private-ring, no-recovering-guard, ack-before-crc or snapshot-own-lsn.
     #[arg(long)]
     mutation: Option<String>,
     /// Print every event of the run (useful with --seed).
@@ -56,6 +56,8 @@ fn main() -> anyhow::Result<()> {
         Some("skip-revoke") => replica::Mutation::SkipRevoke,
         Some("private-ring") => replica::Mutation::PrivateRing,
         Some("no-recovering-guard") => replica::Mutation::NoRecoveringGuard,
+        Some("ack-before-crc") => replica::Mutation::AckBeforeCrc,
+        Some("snapshot-own-lsn") => replica::Mutation::SnapshotOwnLsn,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {

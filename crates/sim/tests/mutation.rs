@@ -12,7 +12,9 @@ use replica::Mutation;
 /// (`ci_seeds.rs`). The first catching seeds today: ack-without-fsync 2 (a restart finds its
 /// synced data missing), private-ring 2 and no-recovering-guard 31 (state machine safety),
 /// skip-revoke 147 (liveness: a deposed leader's stale writes keep landing in a follower's
-/// ring, which that follower then cannot recover).
+/// ring, which that follower then cannot recover), ack-before-crc 49 (log matching: a
+/// follower took a torn write's descriptor as its entries), snapshot-own-lsn 74 (Lsn
+/// agreement after an install).
 const WITHIN: u64 = 300;
 
 fn first_failure(mutation: Mutation) -> Option<(u64, String)> {
@@ -66,5 +68,27 @@ fn skipping_the_revoke_is_caught() {
         caught.is_some(),
         "followers that never revoke a deposed leader's write access went unnoticed for \
          {WITHIN} seeds"
+    );
+}
+
+#[test]
+fn acking_before_the_crc_check_is_caught() {
+    let caught = first_failure(Mutation::AckBeforeCrc);
+    eprintln!("ack before crc: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "followers acknowledging fast appends whose bytes failed their checks went unnoticed \
+         for {WITHIN} seeds"
+    );
+}
+
+#[test]
+fn a_snapshot_install_at_the_wrong_lsn_is_caught() {
+    let caught = first_failure(Mutation::SnapshotOwnLsn);
+    eprintln!("snapshot at own lsn: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "followers restarting their log at their own position after a snapshot went \
+         unnoticed for {WITHIN} seeds"
     );
 }
