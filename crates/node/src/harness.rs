@@ -99,6 +99,9 @@ pub struct Status {
     pub snap_installed: u64,
     /// Each peer's connection state as `id:state`, comma-separated.
     pub conns: String,
+    /// Whether it is recovering from a start that lost entries it may have acknowledged (it
+    /// does not vote until it has caught up).
+    pub recovering: bool,
 }
 
 impl Status {
@@ -125,6 +128,7 @@ impl Status {
                 "snap_sent" => s.snap_sent = n()?,
                 "snap_installed" => s.snap_installed = n()?,
                 "conns" => s.conns = v.to_string(),
+                "recovering" => s.recovering = n()? != 0,
                 _ => {}
             }
         }
@@ -241,6 +245,26 @@ impl Cluster {
         self.procs.insert(i, child);
         self.paused.remove(&i);
         Ok(())
+    }
+
+    /// A machine crash of node `i` under memory durability, as far as one guest can make one:
+    /// kill -9, then delete its shared-memory ring files, which a reboot takes with tmpfs.
+    /// (The guest's page cache survives, so the node's segment files keep what its process
+    /// wrote to them; a real crash would lose that too.) Returns the files it deleted.
+    pub fn crash_machine(&mut self, i: u64) -> anyhow::Result<Vec<PathBuf>> {
+        self.kill(i);
+        let ring =
+            replica::ReplicaConfig::new(i, Vec::new(), self.cfg.cluster_id, self.data_dir(i))
+                .ring_file();
+        let mut removed = Vec::new();
+        for f in [ring.with_extension("tail"), ring] {
+            match std::fs::remove_file(&f) {
+                Ok(()) => removed.push(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", f.display())),
+            }
+        }
+        Ok(removed)
     }
 
     /// Whether node `i`'s process is running (paused counts as running).

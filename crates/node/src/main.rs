@@ -173,7 +173,7 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 Role::Candidate => "candidate",
             };
             format!(
-                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} recovered={} first={} snap_sent={} snap_installed={} conns={}",
+                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} recovered={} first={} snap_sent={} snap_installed={} recovering={} conns={}",
                 s.id,
                 s.term,
                 s.leader.unwrap_or(0),
@@ -189,6 +189,7 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
                 s.first_index,
                 s.stats.snapshots_sent,
                 s.stats.snapshots_installed,
+                u64::from(s.recovering.is_some()),
                 s.peers
                     .iter()
                     .map(|p| format!("{}:{:?}", p.id, p.conn).to_lowercase())

@@ -536,6 +536,75 @@ fn memory_durability_survives_kill_9_of_every_process() {
     );
 }
 
+/// Issue 13, section 1, over rxe: under memory durability A (leader) and B commit entries C
+/// lacks (C is down); B's machine crashes (its ring files are deleted) and it restarts; A is
+/// killed; C comes back. B must not vote, so B and C elect no leader without A's entries. Once
+/// A is back, every acknowledged entry is committed on all three and B rejoins.
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it() {
+    let n = fault_appends();
+    let (_t, dir) = data_root("amnesia");
+    let mut cfg = ClusterConfig::new(env!("CARGO_BIN_EXE_rdmalog-node"), dir, 8800);
+    cfg.durability = "memory".into();
+    let mut c = Cluster::start(cfg).unwrap();
+    let a = c.leader(Duration::from_secs(60)).unwrap();
+    let b = (1..=3).find(|&i| i != a).unwrap();
+    let cc = (1..=3).find(|&i| i != a && i != b).unwrap();
+    let w = mixed(n, 4 << 10);
+    let r = run_workload(&mut c, &w, |c, p| {
+        if p.done == n / 2 {
+            println!(
+                "injected: kill -9 of node {cc} after {} acknowledged appends",
+                p.done
+            );
+            c.kill(cc);
+        }
+        show(p);
+    })
+    .unwrap();
+    println!("{r}");
+    let removed = c.crash_machine(b).unwrap();
+    println!(
+        "injected: machine crash of node {b}: kill -9 and its ring files deleted: {removed:?}"
+    );
+    assert_eq!(removed.len(), 2, "node {b} had no ring files to lose");
+    c.start_node(b).unwrap();
+    let s = c.status_within(b, Duration::from_secs(60)).unwrap();
+    assert!(
+        s.recovering,
+        "node {b} lost its ring but is not recovering: {s:?}"
+    );
+    c.kill(a);
+    println!("injected: kill -9 of leader {a}; restart of node {cc}");
+    c.start_node(cc).unwrap();
+    c.status_within(cc, Duration::from_secs(60)).unwrap();
+    let elected = c.leader_among(&[b, cc], Duration::from_secs(15));
+    assert!(
+        elected.is_err(),
+        "nodes {b} and {cc} elected a leader without the entries only {a} holds: {elected:?}"
+    );
+    let s = c.status(b).unwrap();
+    assert!(
+        s.recovering,
+        "node {b} left recovery without a leader: {s:?}"
+    );
+    println!("verified: no leader among {b} (recovering) and {cc} for 15 s");
+    c.start_node(a).unwrap();
+    let last = r.acks.iter().map(|k| k.index).max().unwrap();
+    for i in 1..=3 {
+        c.wait_commit(i, last, Duration::from_secs(120)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.status(b).is_none_or(|s| s.recovering) {
+        assert!(Instant::now() < deadline, "node {b} never left recovery");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("node {b} caught up and votes again");
+    let v = c.verify(&r.acks).unwrap();
+    println!("verified: {v}");
+}
+
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot() {
