@@ -58,6 +58,13 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(3);
 /// Receive completions kept for queue pairs not yet handed over by the CM thread.
 const EARLY_WC_LIMIT: usize = 1024;
 
+/// Queue pairs one peer may hold at once, each with its full share of both CQs reserved: the
+/// adopted connection (still held while broken, until a new one replaces it), an outgoing dial
+/// and an incoming one being set up in the same moment (a simultaneous reconnect). With room
+/// for one per peer, a reconnect after a break was refused in the lab with "completion queue of
+/// capacity 511 cannot take 128 more entries (384 already reserved by other QPs)".
+const QPS_PER_PEER: u32 = 3;
+
 /// Completions taken per CQ poll (the array is allocated once).
 const WC_BATCH: usize = 64;
 
@@ -393,9 +400,9 @@ impl RdmaEndpoint {
         };
         let ctx = Context::open(&name).map_err(verr)?;
         let pd = ProtectionDomain::new(&ctx).map_err(verr)?;
-        let peers = cfg.peers.len().max(1) as u32;
-        let send_cq = CompletionQueue::new(&ctx, cfg.qp.sq_depth * peers + 64).map_err(verr)?;
-        let recv_cq = CompletionQueue::new(&ctx, cfg.qp.rq_depth * peers + 64).map_err(verr)?;
+        let qps = cfg.peers.len().max(1) as u32 * QPS_PER_PEER;
+        let send_cq = CompletionQueue::new(&ctx, cfg.qp.sq_depth * qps + 64).map_err(verr)?;
+        let recv_cq = CompletionQueue::new(&ctx, cfg.qp.rq_depth * qps + 64).map_err(verr)?;
         let slot_bytes = FRAME_HEADER_BYTES + MAX_MESSAGE_BYTES;
         let hello = Arc::new(Mutex::new(Hello {
             cluster_id: cfg.cluster_id,

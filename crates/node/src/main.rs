@@ -332,6 +332,7 @@ fn main() -> anyhow::Result<()> {
             "ack-without-fsync" => replica::Mutation::AckWithoutFsync,
             "skip-revoke" => replica::Mutation::SkipRevoke,
             "private-ring" => replica::Mutation::PrivateRing,
+            "no-recovering-guard" => replica::Mutation::NoRecoveringGuard,
             other => bail!("unknown RDMALOG_NODE_MUTATION `{other}`"),
         };
         tracing::warn!(
