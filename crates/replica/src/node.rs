@@ -751,8 +751,12 @@ impl<F: Fabric> Replica<F> {
     /// node's election timer does not run: it must not campaign.
     pub fn tick(&mut self) {
         self.ticks += 1;
-        if self.recovering.is_none() {
-            self.raw.tick();
+        if self.recovering.is_none() && self.poisoned.is_none() {
+            // A failed read fails the replica stop; the next `process` reports it.
+            let _ = self.fail_stop_on_read_error(|r| {
+                r.raw.tick();
+                Ok(())
+            });
         }
         self.maintain_connections();
     }
@@ -764,12 +768,15 @@ impl<F: Fabric> Replica<F> {
                 r.reason(self.leader(), self.commit_index()),
             ));
         }
-        self.raw.campaign()?;
-        Ok(())
+        self.fail_stop_on_read_error(|r| Ok(r.raw.campaign()?))
     }
 
     /// Proposes `data`; the returned ticket resolves through [`Replica::ticket_status`].
     pub fn propose(&mut self, data: &[u8]) -> Result<Ticket, ReplicaError> {
+        self.fail_stop_on_read_error(|r| r.propose_inner(data))
+    }
+
+    fn propose_inner(&mut self, data: &[u8]) -> Result<Ticket, ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -807,6 +814,10 @@ impl<F: Fabric> Replica<F> {
     /// is in the log and the error says why (an entry over the size limit, not the leader,
     /// raft's uncommitted limit). Returns one ticket per item, in order.
     pub fn propose_batch(&mut self, items: &[&[u8]]) -> Result<Vec<Ticket>, ReplicaError> {
+        self.fail_stop_on_read_error(|r| r.propose_batch_inner(items))
+    }
+
+    fn propose_batch_inner(&mut self, items: &[&[u8]]) -> Result<Vec<Ticket>, ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -965,11 +976,18 @@ impl<F: Fabric> Replica<F> {
 
     /// Asks raft to hand leadership to `to`.
     pub fn transfer_leader(&mut self, to: u64) {
-        self.raw.transfer_leader(to);
+        let _ = self.fail_stop_on_read_error(|r| {
+            r.raw.transfer_leader(to);
+            Ok(())
+        });
     }
 
     /// Proposes adding (`add = true`) or removing a voter; it takes effect when committed.
     pub fn change_membership(&mut self, node: u64, add: bool) -> Result<Ticket, ReplicaError> {
+        self.fail_stop_on_read_error(|r| r.change_membership_inner(node, add))
+    }
+
+    fn change_membership_inner(&mut self, node: u64, add: bool) -> Result<Ticket, ReplicaError> {
         if self.raw.raft.state != StateRole::Leader {
             return Err(ReplicaError::NotLeader {
                 leader_hint: self.leader(),
@@ -1310,10 +1328,10 @@ impl<F: Fabric> Replica<F> {
     /// Runs `f`, turning raft-rs's panic on a failed read of the log (it panics on any storage
     /// error it does not expect) into a poisoned replica that names the failed read. Any other
     /// panic is a bug and goes on unwinding.
-    fn fail_stop_on_read_error(
+    fn fail_stop_on_read_error<T>(
         &mut self,
-        f: impl FnOnce(&mut Self) -> Result<(), ReplicaError>,
-    ) -> Result<(), ReplicaError> {
+        f: impl FnOnce(&mut Self) -> Result<T, ReplicaError>,
+    ) -> Result<T, ReplicaError> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self))) {
             Ok(r) => r,
             Err(panic) => match self.raw.store().read_error() {

@@ -42,6 +42,8 @@ pub struct FaultRates {
     pub checkpoint_ppm: u64,
     /// A node's disk loses power at one of its next writes (Fsync seeds).
     pub power_cut_ppm: u64,
+    /// A node's next read of its disk fails with EIO.
+    pub read_eio_ppm: u64,
     /// A client starts an append.
     pub append_ppm: u64,
 }
@@ -57,6 +59,7 @@ impl FaultRates {
             kill_ppm: 0,
             checkpoint_ppm: 0,
             power_cut_ppm: 0,
+            read_eio_ppm: 0,
             restart_ppm: r(20_000, 200_000),
             torn_write_ppm: r(0, 1_000_000),
             partition_ppm: r(0, 20_000),
@@ -80,6 +83,7 @@ impl FaultRates {
         self.kill_ppm = rng.below(15_001);
         self.checkpoint_ppm = rng.below(20_001);
         self.power_cut_ppm = rng.below(4_001);
+        self.read_eio_ppm = rng.below(4_001);
     }
 
     /// No faults at all, only client load (tests of the harness itself).
@@ -90,6 +94,7 @@ impl FaultRates {
             kill_ppm: 0,
             checkpoint_ppm: 0,
             power_cut_ppm: 0,
+            read_eio_ppm: 0,
             restart_ppm: 0,
             torn_write_ppm: 0,
             partition_ppm: 0,
@@ -113,7 +118,7 @@ impl std::fmt::Display for FaultRates {
             f,
             "ppm/step: crash {} power-loss {} kill {} restart {} torn-write {} partition {} heal {} break {} delay {} \
              pause {} resume {} eio {} enospc {} transfer {} membership {} checkpoint {} \
-             power-cut {} append {}",
+             power-cut {} read-eio {} append {}",
             self.crash_ppm,
             self.power_loss_ppm,
             self.kill_ppm,
@@ -131,6 +136,7 @@ impl std::fmt::Display for FaultRates {
             self.membership_ppm,
             self.checkpoint_ppm,
             self.power_cut_ppm,
+            self.read_eio_ppm,
             self.append_ppm
         )
     }

@@ -159,6 +159,8 @@ struct FaultState {
     crashed: bool,
     /// Fail the next fdatasync with EIO.
     fail_next_sync: bool,
+    /// Fail the next read with EIO.
+    fail_next_read: bool,
     /// Total bytes of all files may not exceed this (ENOSPC).
     space_limit: Option<u64>,
 }
@@ -246,6 +248,17 @@ impl FaultFs {
         self.lock().fail_next_sync = true;
     }
 
+    /// Makes the next read fail with EIO (a bad sector, a flaky controller); later reads
+    /// succeed.
+    pub fn fail_next_read(&self) {
+        self.lock().fail_next_read = true;
+    }
+
+    /// Whether a read failure is armed and no read has taken it yet.
+    pub fn read_failure_armed(&self) -> bool {
+        self.lock().fail_next_read
+    }
+
     /// Limits the total size of all files (ENOSPC beyond it); `None` lifts the limit.
     pub fn set_space_limit(&self, limit: Option<u64>) {
         self.lock().space_limit = limit;
@@ -293,6 +306,7 @@ impl FaultFs {
         state.crash_at_op = None;
         state.crashed = false;
         state.fail_next_sync = false;
+        state.fail_next_read = false;
     }
 
     /// The bytes of a file as the process sees them (for tests that corrupt files).
@@ -366,6 +380,9 @@ impl FaultHandle {
 impl WalFile for FaultHandle {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.with(false, |state, id| {
+            if std::mem::take(&mut state.fail_next_read) {
+                return Err(rustix::io::Errno::IO.into());
+            }
             let data = &state.files[&id].data;
             let start = offset as usize;
             let end = start
