@@ -231,6 +231,56 @@ pub enum WalError {
         /// The log's end after the cut.
         end: Lsn,
     },
+    /// The segment files leave a hole in the log's Lsn range that no interrupted prefix
+    /// truncation or restart explains (no truncation marker covers it): a segment file was
+    /// deleted, lost or not restored. Recovery refuses to open the log and deletes nothing,
+    /// because the log from `end` on would otherwise be served without the entries before it.
+    #[error(
+        "the segment files in {dir} leave a gap: nothing holds {start} to {end}, between {before} and {after}, and no interrupted prefix truncation explains it, so the entries there are missing; nothing was deleted. Restore the missing segment file, or move the data directory aside and let the node catch up from the leader"
+    )]
+    SegmentGap {
+        /// The log directory.
+        dir: PathBuf,
+        /// The first missing Lsn.
+        start: Lsn,
+        /// The first Lsn held again.
+        end: Lsn,
+        /// The file before the gap: a segment, or the truncation marker that says the log
+        /// continues at `start`.
+        before: String,
+        /// The segment file after the gap.
+        after: String,
+    },
+    /// A truncation marker says an interrupted prefix truncation keeps the log from `keep`,
+    /// but no segment from there on exists. Recovery refuses to open the log and deletes
+    /// nothing.
+    #[error(
+        "{path} records an interrupted prefix truncation that keeps the log from {keep}, but no segment file from there on exists; nothing was deleted. Restore the missing segment files, or move the data directory aside and let the node catch up from the leader"
+    )]
+    TruncationKeepMissing {
+        /// The marker file.
+        path: PathBuf,
+        /// The first Lsn the truncation keeps.
+        keep: Lsn,
+    },
+    /// The truncation marker is not one this code wrote.
+    #[error("the truncation marker {path} is invalid; nothing was deleted")]
+    TruncationMarker {
+        /// The marker file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: DecodeError,
+    },
+    /// Reading the truncation marker failed.
+    #[error("could not read the truncation marker {path}")]
+    TruncationMarkerRead {
+        /// The marker file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
     /// Deleting segments for a prefix or suffix truncation failed.
     #[error("could not truncate the log at {index} (segment starting at {segment})")]
     Truncate {

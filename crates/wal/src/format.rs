@@ -260,6 +260,12 @@ pub enum DecodeError {
         /// The field name.
         field: &'static str,
     },
+    /// A truncation marker field is not one this code writes.
+    #[error("the truncation marker field {field} is invalid")]
+    MarkerField {
+        /// The field name.
+        field: &'static str,
+    },
 }
 
 /// Bytes a record with `payload_len` bytes of payload occupies: header, payload, padding to
@@ -680,6 +686,108 @@ impl SegmentHeader {
     }
 }
 
+/// Name of the truncation marker file in the log directory (docs/FORMAT.md, section 3).
+pub const TRUNCATION_MARKER_NAME: &str = "wal-truncation";
+/// Truncation marker magic, bytes 0..8 of the marker.
+pub const TRUNCATION_MAGIC: [u8; 8] = *b"RLWALCUT";
+/// Truncation marker format version.
+pub const TRUNCATION_VERSION: u32 = 1;
+/// Bytes of an encoded truncation marker: the whole file.
+pub const TRUNCATION_MARKER_BYTES: usize = 32;
+
+/// Byte offsets of the truncation marker's fields (docs/FORMAT.md, section 3).
+const MARKER_VERSION_OFFSET: usize = 8;
+const MARKER_KIND_OFFSET: usize = 12;
+const MARKER_KEEP_LSN_OFFSET: usize = 16;
+const MARKER_CRC_OFFSET: usize = 24;
+const MARKER_RESERVED_OFFSET: usize = 28;
+const _: () = assert!(MARKER_RESERVED_OFFSET + 4 == TRUNCATION_MARKER_BYTES);
+
+/// Which operation a truncation marker records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum TruncationKind {
+    /// `Wal::truncate_prefix`: the segment at `keep_lsn` and every later one stay.
+    Prefix = 1,
+    /// `Wal::restart_at`: every segment goes; the new one is created after the marker is
+    /// removed.
+    Restart = 2,
+}
+
+/// The durable record of a deletion in progress (docs/FORMAT.md, section 3): written before a
+/// prefix truncation or a restart deletes its first segment, removed once every deletion is
+/// durable. Recovery deletes the segments that lie before `keep_lsn` only when a marker says
+/// so; any other gap between segments is corruption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TruncationMarker {
+    /// The operation.
+    pub kind: TruncationKind,
+    /// Segments whose first Lsn is below this are doomed. For a prefix truncation it is the
+    /// first Lsn of the first segment kept, which must exist; for a restart, the end of the
+    /// old log's last segment.
+    pub keep_lsn: Lsn,
+}
+
+impl TruncationMarker {
+    /// Encodes the marker with its checksum.
+    pub fn encode(&self) -> [u8; TRUNCATION_MARKER_BYTES] {
+        let mut out = [0u8; TRUNCATION_MARKER_BYTES];
+        put(&mut out, 0, &TRUNCATION_MAGIC);
+        put(
+            &mut out,
+            MARKER_VERSION_OFFSET,
+            &TRUNCATION_VERSION.to_le_bytes(),
+        );
+        put(
+            &mut out,
+            MARKER_KIND_OFFSET,
+            &(self.kind as u32).to_le_bytes(),
+        );
+        put(
+            &mut out,
+            MARKER_KEEP_LSN_OFFSET,
+            &self.keep_lsn.0.to_le_bytes(),
+        );
+        let crc = crc32c::crc32c(&out[..MARKER_CRC_OFFSET]);
+        put(&mut out, MARKER_CRC_OFFSET, &crc.to_le_bytes());
+        out
+    }
+
+    /// Decodes and verifies a marker: its length, magic, version, checksum, kind and reserved
+    /// bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if bytes.len() != TRUNCATION_MARKER_BYTES {
+            return Err(DecodeError::Truncated {
+                needed: TRUNCATION_MARKER_BYTES as u64,
+                available: bytes.len() as u64,
+            });
+        }
+        if bytes[..TRUNCATION_MAGIC.len()] != TRUNCATION_MAGIC {
+            return Err(DecodeError::MarkerField { field: "magic" });
+        }
+        if u32_at(bytes, MARKER_VERSION_OFFSET) != TRUNCATION_VERSION {
+            return Err(DecodeError::MarkerField { field: "version" });
+        }
+        let computed = crc32c::crc32c(&bytes[..MARKER_CRC_OFFSET]);
+        let found = u32_at(bytes, MARKER_CRC_OFFSET);
+        if computed != found {
+            return Err(DecodeError::Checksum { found, computed });
+        }
+        let kind = match u32_at(bytes, MARKER_KIND_OFFSET) {
+            1 => TruncationKind::Prefix,
+            2 => TruncationKind::Restart,
+            _ => return Err(DecodeError::MarkerField { field: "kind" }),
+        };
+        if u32_at(bytes, MARKER_RESERVED_OFFSET) != 0 {
+            return Err(DecodeError::MarkerField { field: "reserved" });
+        }
+        Ok(Self {
+            kind,
+            keep_lsn: Lsn(u64_at(bytes, MARKER_KEEP_LSN_OFFSET)),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -808,6 +916,27 @@ mod tests {
             chain.advance(&header),
             Err(DecodeError::TermRegressed { .. })
         ));
+    }
+
+    #[test]
+    fn truncation_marker_round_trips_and_refuses_every_single_bit_flip() {
+        for kind in [TruncationKind::Prefix, TruncationKind::Restart] {
+            let marker = TruncationMarker {
+                kind,
+                keep_lsn: Lsn(6144),
+            };
+            let bytes = marker.encode();
+            assert_eq!(TruncationMarker::decode(&bytes), Ok(marker));
+            for bit in 0..TRUNCATION_MARKER_BYTES * 8 {
+                let mut flipped = bytes;
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                assert!(
+                    TruncationMarker::decode(&flipped).is_err(),
+                    "bit {bit} flip went unnoticed"
+                );
+            }
+            assert!(TruncationMarker::decode(&bytes[..31]).is_err());
+        }
     }
 
     #[test]

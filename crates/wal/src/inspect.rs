@@ -14,6 +14,12 @@
 //! file ([`CheckReport::torn_tail`]); otherwise the log simply ends there. A segment header
 //! that recovery would refuse is corruption too.
 //!
+//! So is a hole in the segments' Lsn ranges that no interrupted truncation explains (a
+//! segment file deleted or lost from the middle of the log): recovery refuses such a log, and
+//! the report names the missing Lsn range and the files around it. Only a truncation marker
+//! (`wal-truncation`, docs/FORMAT.md, section 3) dooms segments: those before its kept Lsn
+//! are leftovers that recovery deletes ([`CheckReport::doomed`]).
+//!
 //! Segment data is read one block at a time (records never cross a block), so memory stays at
 //! one block (at most 64 MiB, 1 MiB by default) whatever the segment size.
 //!
@@ -33,9 +39,10 @@ use std::sync::Arc;
 use crate::error::WalError;
 use crate::format::{
     self, ChainCheck, DecodeError, EntryHeader, HEADER_BYTES, RecordKind, SEGMENT_DATA_OFFSET,
-    SEGMENT_HEADER_BYTES, SegmentHeader,
+    SEGMENT_HEADER_BYTES, SegmentHeader, TRUNCATION_MARKER_NAME,
 };
 use crate::fs::{FileSystem, WalFile};
+use crate::marker::{self, Hole};
 use crate::segment::{self, BROKEN_SUFFIX, TEMP_SUFFIX};
 use crate::{Index, Lsn, Term};
 
@@ -95,11 +102,14 @@ pub struct CheckReport {
     /// after the first invalid record, which hold no counted entries).
     pub segments: Vec<SegmentInfo>,
     /// Every other file in the directory with its size in bytes, by name: `raft-state`,
-    /// `snapshot`, `*.tmp`, `*.broken`, segments before a gap in the Lsn ranges (leftovers of
-    /// an interrupted prefix truncation, which recovery deletes) and segment files whose
-    /// header cannot be decoded. Entries that cannot be opened as files (a subdirectory such
-    /// as `lost+found`) are left out.
+    /// `snapshot`, `*.tmp`, `*.broken`, `wal-truncation`, the segments it dooms and segment
+    /// files whose header cannot be decoded. Entries that cannot be opened as files (a
+    /// subdirectory such as `lost+found`) are left out.
     pub other_files: Vec<(String, u64)>,
+    /// Segment files that an interrupted prefix truncation or restart doomed, by name: those
+    /// before the Lsn that its marker (`wal-truncation`) keeps. Recovery deletes them; they
+    /// are listed in `other_files` too.
+    pub doomed: Vec<String>,
     /// Valid entries in the log, up to the first invalid record.
     pub entries: u64,
     /// Index of the first valid entry, if there is one.
@@ -107,7 +117,9 @@ pub struct CheckReport {
     /// Index of the last valid entry, if there is one.
     pub last_index: Option<Index>,
     /// The first corruption: a bad record followed by valid records beyond the unsynced
-    /// window, or a segment header that recovery refuses. Recovery would fail on this log.
+    /// window, a segment header that recovery refuses, a hole in the segments' Lsn ranges
+    /// that no interrupted truncation explains, or an invalid truncation marker. Recovery
+    /// would fail on this log.
     pub corruption: Option<Corruption>,
     /// A bad record with nothing valid beyond the unsynced window after it: recovery would cut
     /// it (and everything after it) and keep the bytes in a `.broken` file.
@@ -221,16 +233,15 @@ fn other_file_note(name: &str, report: &CheckReport) -> Option<&'static str> {
         Some("unfinished; recovery deletes it")
     } else if name.ends_with(BROKEN_SUFFIX) {
         Some("bytes cut from a torn tail")
-    } else if let Some(lsn) = segment::parse_segment_name(name) {
-        // Segments before a gap are set aside only when every header is sound, so they lie
-        // before any corruption; a segment with a bad header is the corruption or lies after it.
-        match &report.corruption {
-            Some(c) if c.file == name || lsn >= c.lsn => Some("its segment header is invalid"),
-            _ => Some(
-                "before a gap in the lsn ranges: a leftover of an interrupted prefix truncation, \
-                 which recovery deletes",
-            ),
-        }
+    } else if name == TRUNCATION_MARKER_NAME {
+        Some("a prefix truncation or restart was interrupted; recovery finishes it")
+    } else if report.doomed.iter().any(|d| d == name) {
+        Some(
+            "doomed by the interrupted truncation that wal-truncation records; recovery \
+             deletes it",
+        )
+    } else if segment::parse_segment_name(name).is_some() {
+        Some("its segment header is invalid")
     } else {
         None
     }
@@ -364,20 +375,34 @@ fn walk(
     }
     let first_bad = listed.iter().position(|l| l.problem.is_some());
 
-    // Segments before a gap are leftovers of an interrupted prefix truncation; recovery
-    // deletes them (it can tell only when every header is sound).
-    let keep_from = match first_bad {
-        Some(_) => 0,
-        None => (1..listed.len())
-            .rev()
-            .find(|&i| match (listed[i - 1].header, listed[i].header) {
-                (Some(a), Some(b)) => a.first_lsn.0 + a.data_bytes != b.first_lsn.0,
-                _ => false,
-            })
-            .unwrap_or(0),
+    // Only a truncation marker dooms segments; any other hole in the Lsn ranges is
+    // corruption (docs/FORMAT.md, section 5, step 1). The layout is that of the segments
+    // before the first bad header, which recovery refuses anyway. An invalid marker dooms
+    // nothing, and is reported before the holes its segments then leave.
+    let has_marker = report
+        .other_files
+        .iter()
+        .any(|(n, _)| n == TRUNCATION_MARKER_NAME);
+    let (marker, marker_problem) = if has_marker {
+        match marker::read(fs, dir, true) {
+            Ok(marker) => (Some(marker), None),
+            Err(WalError::TruncationMarker { source, .. }) => (None, Some(source)),
+            Err(error) => return Err(error),
+        }
+    } else {
+        (None, None)
     };
+    let sound = first_bad.unwrap_or(listed.len());
+    let ranges: Vec<(u64, u64)> = listed[..sound]
+        .iter()
+        .filter_map(|l| l.header)
+        .map(|h| (h.first_lsn.0, h.first_lsn.0 + h.data_bytes))
+        .collect();
+    let layout = marker::layout(&ranges, marker);
+    let keep_from = layout.doomed;
     let kept = listed.split_off(keep_from);
     for leftover in listed {
+        report.doomed.push(leftover.name.clone());
         report.other_files.push((leftover.name, leftover.size));
     }
     for l in &kept {
@@ -397,9 +422,14 @@ fn walk(
     }
     report.other_files.sort();
 
-    // The record walk covers the segments before the first bad header; they all have sound
-    // headers, and walked segment `i` is `report.segments[i]`.
-    let walked_len = first_bad.map_or(kept.len(), |bad| bad - keep_from);
+    // The record walk covers the segments before the first hole and the first bad header;
+    // they all have sound headers, and walked segment `i` is `report.segments[i]`.
+    let hole_at = match layout.hole {
+        Some(Hole::Gap { next, .. } | Hole::Overlap { next }) => next,
+        Some(Hole::KeepMissing { .. }) => keep_from,
+        None => sound,
+    };
+    let walked_len = hole_at.min(sound) - keep_from;
     let walked: Vec<(&Listed, SegmentHeader)> = kept[..walked_len]
         .iter()
         .filter_map(|l| l.header.map(|h| (l, h)))
@@ -463,6 +493,25 @@ fn walk(
         None => {}
     }
     if report.corruption.is_none() {
+        if let Some(source) = marker_problem {
+            report.corruption = Some(Corruption {
+                file: TRUNCATION_MARKER_NAME.to_owned(),
+                file_offset: 0,
+                lsn: Lsn(0),
+                last_good_index: chain.last_index,
+                what: format!(
+                    "the truncation marker is invalid ({source}), so recovery cannot tell which \
+                     segments an interrupted truncation doomed, and refuses to open the log"
+                ),
+            });
+        }
+    }
+    if report.corruption.is_none() {
+        if let Some(hole) = layout.hole {
+            report.corruption = Some(hole_corruption(hole, &kept, keep_from, chain.last_index));
+        }
+    }
+    if report.corruption.is_none() {
         if let Some(bad) = first_bad {
             let l = &kept[bad - keep_from];
             let (offset, what) = l.problem.clone().unwrap_or_default();
@@ -476,6 +525,78 @@ fn walk(
         }
     }
     Ok(report)
+}
+
+/// Describes a hole in the segments' Lsn ranges as recovery sees it: `kept` are the listed
+/// segments from index `keep_from` of the layout on.
+fn hole_corruption(hole: Hole, kept: &[Listed], keep_from: usize, last_good: Index) -> Corruption {
+    const REFUSED: &str = "recovery refuses to open the log and deletes nothing; restore the \
+                           missing file, or move the data directory aside and let the node \
+                           catch up from the leader";
+    let header = |i: usize| {
+        kept[i - keep_from]
+            .header
+            .expect("only sound headers are laid out")
+    };
+    match hole {
+        Hole::Gap {
+            next,
+            start,
+            end,
+            after_marker,
+        } => {
+            let before = if after_marker {
+                format!(
+                    "{TRUNCATION_MARKER_NAME} (an interrupted prefix truncation that keeps the \
+                     log from lsn {start})"
+                )
+            } else {
+                kept[next - 1 - keep_from].name.clone()
+            };
+            let data_bytes = if after_marker {
+                header(next).data_bytes
+            } else {
+                header(next - 1).data_bytes
+            };
+            let after = &kept[next - keep_from].name;
+            Corruption {
+                file: after.clone(),
+                file_offset: format::SEGMENT_FIRST_LSN_OFFSET as u64,
+                lsn: Lsn(start),
+                last_good_index: last_good,
+                what: format!(
+                    "nothing holds lsn {start} to {end}: segment files are missing between \
+                     {before} and {after} (by the segment size, {}), and no interrupted prefix \
+                     truncation explains the gap; {REFUSED}",
+                    marker::missing_names(start, end, data_bytes)
+                ),
+            }
+        }
+        Hole::Overlap { next } => {
+            let previous = header(next - 1);
+            Corruption {
+                file: kept[next - keep_from].name.clone(),
+                file_offset: format::SEGMENT_FIRST_LSN_OFFSET as u64,
+                lsn: header(next).first_lsn,
+                last_good_index: last_good,
+                what: format!(
+                    "the segment starts before {}, the previous segment, ends at lsn {}; {REFUSED}",
+                    kept[next - 1 - keep_from].name,
+                    previous.first_lsn.0 + previous.data_bytes
+                ),
+            }
+        }
+        Hole::KeepMissing { keep } => Corruption {
+            file: TRUNCATION_MARKER_NAME.to_owned(),
+            file_offset: 0,
+            lsn: Lsn(keep),
+            last_good_index: last_good,
+            what: format!(
+                "an interrupted prefix truncation keeps the log from lsn {keep}, but no segment \
+                 file from there on exists; {REFUSED}"
+            ),
+        },
+    }
 }
 
 /// Verifies the records of `walked` in order, feeding every valid entry to `each` and the

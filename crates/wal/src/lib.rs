@@ -23,6 +23,7 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod inspect;
+mod marker;
 pub mod ring;
 mod segment;
 mod sync;

@@ -138,8 +138,9 @@ pub struct RecoveryReport {
     pub first_index: Index,
     /// Where a torn tail was cut, how many bytes were cut, and the file that keeps them.
     pub torn_tail: Option<(Lsn, u64, PathBuf)>,
-    /// Leftover files removed: unfinished rotations (`.tmp`) and segments before a gap left by
-    /// an interrupted prefix truncation.
+    /// Leftover files removed: unfinished rotations (`.tmp`), and the segments that an
+    /// interrupted prefix truncation or restart doomed, followed by its truncation marker
+    /// (`wal-truncation`).
     pub removed: Vec<String>,
 }
 
@@ -162,10 +163,13 @@ pub struct Wal {
 }
 
 impl Wal {
-    /// Opens (or creates) the log in `dir` and recovers it: removes unfinished rotations,
-    /// checks every segment header, scans every record (length, crc32c, Lsn tag, index chain),
-    /// cuts a torn tail (keeping the cut bytes in a `.broken` file) and refuses mid-log
-    /// corruption with [`WalError::Corrupt`].
+    /// Opens (or creates) the log in `dir` and recovers it: checks every segment header,
+    /// refuses a gap between segments that no interrupted truncation explains with
+    /// [`WalError::SegmentGap`], removes unfinished rotations and finishes an interrupted
+    /// prefix truncation or restart, scans every record (length, crc32c, Lsn tag, index
+    /// chain), cuts a torn tail (keeping the cut bytes in a `.broken` file) and refuses mid-log
+    /// corruption with [`WalError::Corrupt`]. Nothing is deleted before every segment header
+    /// and the segments' layout check out.
     pub fn open(
         fs: Arc<dyn FileSystem>,
         dir: &Path,

@@ -1,7 +1,8 @@
 //! Offline inspection (`wal::inspect`, behind `rdmalog dump` and `rdmalog check`): a clean log
 //! checks clean and dumps every entry; a flipped byte mid-log is corruption at its exact file
 //! offset and Lsn; a torn last record is a torn tail, not corruption; header and chain
-//! problems are corruption; leftovers before a gap are not; the verdict agrees with what
+//! problems are corruption, and so is a segment missing from the middle; the leftovers an
+//! interrupted truncation's marker dooms are not; the verdict agrees with what
 //! recovery then does; and nothing is ever written.
 
 mod common;
@@ -406,13 +407,79 @@ fn a_segment_header_that_breaks_the_chain_is_corruption_at_its_field() {
 }
 
 #[test]
-fn segments_before_a_gap_are_leftovers_not_corruption() {
+fn a_segment_missing_from_the_middle_is_corruption_naming_the_hole() {
     let fs = FaultFs::new();
     build(&fs, 60);
     let clean = check(&fs);
     assert!(clean.segments.len() >= 4);
-    // As an interrupted prefix truncation can leave them: a segment gone in the middle.
+    // Defect 11: deleted by hand (or lost), not by a truncation: no marker says so.
+    let gone = &clean.segments[1];
+    fs.remove(&dir().join(&gone.name)).unwrap();
+
+    let report = check(&fs);
+    let corruption = report.corruption.clone().expect("the hole is corruption");
+    assert_eq!(
+        corruption.file, clean.segments[2].name,
+        "named at the file after it"
+    );
+    assert_eq!(corruption.lsn, gone.first_lsn, "from the first missing lsn");
+    assert_eq!(
+        corruption.last_good_index,
+        clean.segments[0].last_index.unwrap()
+    );
+    let range = format!(
+        "nothing holds lsn {} to {}",
+        gone.first_lsn.0, clean.segments[2].first_lsn.0
+    );
+    for needle in [
+        range.as_str(),
+        gone.name.as_str(),
+        clean.segments[0].name.as_str(),
+        "no interrupted prefix truncation explains",
+        "restore the missing file",
+        "catch up from the leader",
+    ] {
+        assert!(
+            corruption.what.contains(needle),
+            "{needle:?} in {}",
+            corruption.what
+        );
+    }
+    assert_eq!(report.torn_tail, None);
+    assert!(report.doomed.is_empty() && report.other_files.is_empty());
+    assert_eq!(
+        report.entries, clean.segments[0].entries,
+        "only the run before the hole is walked"
+    );
+    assert_eq!(
+        report.segments.len(),
+        clean.segments.len() - 1,
+        "the rest is still listed"
+    );
+    let text = inspect::summary(&report);
+    assert!(text.contains("CORRUPT"), "{text}");
+    assert!(!text.contains("leftover"), "{text}");
+}
+
+#[test]
+fn segments_a_truncation_marker_dooms_are_leftovers_not_corruption() {
+    let fs = FaultFs::new();
+    build(&fs, 60);
+    let clean = check(&fs);
+    assert!(clean.segments.len() >= 4);
+    // An interrupted prefix truncation that keeps the log from segment 2: its marker is
+    // durable, and of its removals only segment 1's reached the disk.
+    let marker = format::TruncationMarker {
+        kind: format::TruncationKind::Prefix,
+        keep_lsn: clean.segments[2].first_lsn,
+    };
+    let file = fs
+        .create(&dir().join(format::TRUNCATION_MARKER_NAME))
+        .unwrap();
+    file.write_all_at(&marker.encode(), 0).unwrap();
+    file.sync_data().unwrap();
     fs.remove(&dir().join(&clean.segments[1].name)).unwrap();
+    fs.sync_dir(dir()).unwrap();
 
     let report = check(&fs);
     assert_eq!(
@@ -420,21 +487,50 @@ fn segments_before_a_gap_are_leftovers_not_corruption() {
         (None, None)
     );
     assert_eq!(report.segments, clean.segments[2..].to_vec());
+    assert_eq!(report.doomed, vec![clean.segments[0].name.clone()]);
     assert_eq!(
         report.other_files,
-        vec![(clean.segments[0].name.clone(), DATA_OFFSET + 2048)]
+        vec![
+            (clean.segments[0].name.clone(), DATA_OFFSET + 2048),
+            (format::TRUNCATION_MARKER_NAME.to_owned(), 32),
+        ]
     );
     assert_eq!(report.first_index, Some(clean.segments[2].first_index));
     assert_eq!(report.last_index, Some(Index(60)));
     let text = inspect::summary(&report);
     assert!(
-        text.contains("leftover of an interrupted prefix truncation"),
+        text.contains("doomed by the interrupted truncation"),
         "{text}"
+    );
+    assert!(text.contains("recovery finishes it"), "{text}");
+
+    // The kept segment itself missing as well: a hole the marker does not explain.
+    let fs2 = FaultFs::new();
+    build(&fs2, 60);
+    let file = fs2
+        .create(&dir().join(format::TRUNCATION_MARKER_NAME))
+        .unwrap();
+    file.write_all_at(&marker.encode(), 0).unwrap();
+    fs2.remove(&dir().join(&clean.segments[2].name)).unwrap();
+    let corruption = check(&fs2).corruption.expect("the kept segment is missing");
+    assert_eq!(corruption.lsn, clean.segments[2].first_lsn);
+    assert!(
+        corruption
+            .what
+            .contains("wal-truncation (an interrupted prefix truncation"),
+        "{}",
+        corruption.what
     );
 
     let dyn_fs: Arc<dyn FileSystem> = Arc::new(fs.clone());
     let (wal, recovered) = Wal::open(dyn_fs, dir(), small_config()).unwrap();
-    assert_eq!(recovered.removed, vec![clean.segments[0].name.clone()]);
+    assert_eq!(
+        recovered.removed,
+        vec![
+            clean.segments[0].name.clone(),
+            format::TRUNCATION_MARKER_NAME.to_owned()
+        ]
+    );
     assert_eq!(wal.first_index(), clean.segments[2].first_index);
 }
 

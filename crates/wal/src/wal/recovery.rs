@@ -8,9 +8,10 @@ use std::sync::Arc;
 use crate::error::WalError;
 use crate::format::{
     self, ChainCheck, DecodeError, HEADER_BYTES, RecordKind, SEGMENT_DATA_OFFSET,
-    SEGMENT_HEADER_BYTES, SegmentHeader,
+    SEGMENT_HEADER_BYTES, SegmentHeader, TRUNCATION_MARKER_NAME,
 };
 use crate::fs::FileSystem;
+use crate::marker::{self, Hole};
 use crate::segment::{self, BROKEN_SUFFIX, Segment, TEMP_SUFFIX};
 use crate::{Index, Lsn, Position};
 
@@ -44,13 +45,15 @@ pub(super) fn recover(
     fs.create_dir_all(dir).map_err(open_dir)?;
     let mut names = fs.list(dir).map_err(open_dir)?;
     names.sort();
-    let mut report = RecoveryReport::default();
+    let mut temps = Vec::new();
     let mut firsts = Vec::new();
-    for name in &names {
+    let mut has_marker = false;
+    for name in names {
         if name.ends_with(TEMP_SUFFIX) {
-            fs.remove(&dir.join(name)).map_err(open_dir)?;
-            report.removed.push(name.clone());
-        } else if let Some(lsn) = segment::parse_segment_name(name) {
+            temps.push(name);
+        } else if name == TRUNCATION_MARKER_NAME {
+            has_marker = true;
+        } else if let Some(lsn) = segment::parse_segment_name(&name) {
             firsts.push(lsn);
         }
     }
@@ -86,20 +89,45 @@ pub(super) fn recover(
         }
         segments.push_back(Arc::new(Segment::new(header, path, file)));
     }
-    // Segments before a gap are leftovers of an interrupted prefix truncation.
-    if let Some(keep_from) = (1..segments.len())
-        .rev()
-        .find(|&i| segments[i - 1].end_lsn() != segments[i].first_lsn())
-    {
-        for segment in segments.drain(..keep_from) {
-            fs.remove(&segment.path).map_err(open_dir)?;
-            report
-                .removed
-                .push(segment::segment_name(segment.first_lsn()));
-        }
+    // Segments are deleted before a gap only when a truncation marker dooms them; any other
+    // hole refuses the log before anything is deleted (docs/FORMAT.md, section 5, step 1).
+    let marker = if has_marker {
+        Some(marker::read(fs, dir, false)?)
+    } else {
+        None
+    };
+    let ranges: Vec<(u64, u64)> = segments
+        .iter()
+        .map(|s| (s.first_lsn().0, s.end_lsn().0))
+        .collect();
+    let layout = marker::layout(&ranges, marker);
+    if let Some(hole) = layout.hole {
+        return Err(hole_error(dir, &segments, hole));
+    }
+
+    let mut report = RecoveryReport::default();
+    for name in temps {
+        fs.remove(&dir.join(&name)).map_err(open_dir)?;
+        report.removed.push(name);
+    }
+    for segment in segments.drain(..layout.doomed) {
+        fs.remove(&segment.path).map_err(open_dir)?;
+        report
+            .removed
+            .push(segment::segment_name(segment.first_lsn()));
     }
     if !report.removed.is_empty() {
         fs.sync_dir(dir).map_err(open_dir)?;
+    }
+    if marker.is_some() {
+        // Only once the deletions it records are durable: a crash before this finishes them
+        // again.
+        marker::remove(fs, dir).map_err(open_dir)?;
+        report.removed.push(TRUNCATION_MARKER_NAME.to_owned());
+        tracing::warn!(
+            removed = ?report.removed,
+            "wal: finished an interrupted prefix truncation or restart"
+        );
     }
     if segments.is_empty() {
         let header = SegmentHeader {
@@ -124,6 +152,37 @@ pub(super) fn recover(
         .max()
         .unwrap_or(config.max_batch_bytes);
     scan(fs, dir, segments, window, report)
+}
+
+/// The error for a hole in the segments that nothing explains.
+fn hole_error(dir: &Path, segments: &VecDeque<Arc<Segment>>, hole: Hole) -> WalError {
+    let name = |i: usize| segment::segment_name(segments[i].first_lsn());
+    match hole {
+        Hole::Gap {
+            next,
+            start,
+            end,
+            after_marker,
+        } => WalError::SegmentGap {
+            dir: dir.to_owned(),
+            start: Lsn(start),
+            end: Lsn(end),
+            before: if after_marker {
+                TRUNCATION_MARKER_NAME.to_owned()
+            } else {
+                name(next - 1)
+            },
+            after: name(next),
+        },
+        Hole::Overlap { next } => WalError::SegmentMismatch {
+            path: segments[next].path.clone(),
+            reason: "it starts before the previous segment ends",
+        },
+        Hole::KeepMissing { keep } => WalError::TruncationKeepMissing {
+            path: dir.join(TRUNCATION_MARKER_NAME),
+            keep: Lsn(keep),
+        },
+    }
 }
 
 /// Reads a segment's data area (missing bytes read as zero).

@@ -19,7 +19,8 @@ use std::io;
 use std::sync::{Arc, MutexGuard};
 
 use crate::error::WalError;
-use crate::format::{self, SegmentHeader};
+use crate::format::{self, SegmentHeader, TruncationKind, TruncationMarker};
+use crate::marker;
 use crate::segment::{self, Segment};
 use crate::{Index, Lsn, Position};
 
@@ -196,10 +197,12 @@ impl Wal {
 
     /// Discards the whole log and starts it again, empty, at `start`: the first entry appended
     /// next is `start.last_index + 1` at `start.lsn`. A follower installing a snapshot that
-    /// covers more than its log holds uses it. Old segments are deleted (with a directory
-    /// fsync) before the new one is created, so a crash in between leaves an empty directory,
-    /// never a mix; the caller records the snapshot durably first and calls this again after
-    /// such a crash. A failure poisons the log.
+    /// covers more than its log holds uses it. A truncation marker is written, the old
+    /// segments are deleted, and the marker is removed, each step durable, before the new
+    /// segment is created; so a crash leaves the old log (with or without the marker, and then
+    /// recovery finishes deleting it) or an empty directory, never a mix. The caller records
+    /// the snapshot durably first and calls this again after such a crash. A failure poisons
+    /// the log.
     ///
     /// Like [`Wal::truncate_suffix`], it makes appends, `persist_from` and reads that come
     /// while it runs wait until it is done.
@@ -216,12 +219,24 @@ impl Wal {
         let block = self.config.block_bytes;
         let aligned = start.lsn.0 - start.lsn.0 % block;
         let result = (|| {
+            // As in `truncate_prefix`: the marker makes the gaps that the removals may leave
+            // after a crash this restart's, and it goes before the new segment exists.
+            let marker = doomed.last().map(|last| TruncationMarker {
+                kind: TruncationKind::Restart,
+                keep_lsn: last.end_lsn(),
+            });
+            if let Some(marker) = marker {
+                marker::write(&*self.fs, &self.dir, marker).map_err(|e| (start.lsn, e))?;
+            }
             for segment in doomed.iter().rev() {
                 self.fs
                     .remove(&segment.path)
                     .map_err(|e| (segment.first_lsn(), e))?;
             }
             self.fs.sync_dir(&self.dir).map_err(|e| (start.lsn, e))?;
+            if marker.is_some() {
+                marker::remove(&*self.fs, &self.dir).map_err(|e| (start.lsn, e))?;
+            }
             let header = SegmentHeader {
                 block_bytes: self.config.block_bytes as u32,
                 cluster_id: self.config.cluster_id,
@@ -276,7 +291,10 @@ impl Wal {
     }
 
     /// Deletes whole segments all of whose entries have an index below `checkpoint` (entries
-    /// covered by a snapshot). The segment holding `checkpoint` and the last segment stay.
+    /// covered by a snapshot), oldest first, between a durable truncation marker and its
+    /// durable removal, so that recovery finishes an interrupted truncation and can tell its
+    /// leftovers from a lost segment. The segment holding `checkpoint` and the last segment
+    /// stay. A failure poisons the log.
     /// Returns the new first index. Appends go on while it runs; those that wait for
     /// durability are served once it is done.
     pub fn truncate_prefix(&self, checkpoint: Index) -> Result<Index, WalError> {
@@ -288,24 +306,47 @@ impl Wal {
             .take_while(|(_, next)| next.header.first_index <= checkpoint)
             .count();
         let doomed: Vec<Arc<Segment>> = st.segments.iter().take(removable).cloned().collect();
+        // The last segment always stays, so there is a first segment kept.
+        let keep_lsn = st.segments[removable].first_lsn();
         drop(st);
         let mut removed = 0;
         let mut failure = None;
-        for segment in &doomed {
-            if let Err(error) = self.fs.remove(&segment.path) {
-                failure = Some((segment.first_lsn(), error));
-                break;
+        if !doomed.is_empty() {
+            // First the marker: removals made between two directory fsyncs may reach the disk
+            // in any order, and only the marker tells recovery that the gap they leave is
+            // this truncation's rather than a lost segment.
+            let marker = TruncationMarker {
+                kind: TruncationKind::Prefix,
+                keep_lsn,
+            };
+            if let Err(error) = marker::write(&*self.fs, &self.dir, marker) {
+                failure = Some((doomed[0].first_lsn(), error));
             }
-            removed += 1;
+        }
+        if failure.is_none() {
+            for segment in &doomed {
+                if let Err(error) = self.fs.remove(&segment.path) {
+                    failure = Some((segment.first_lsn(), error));
+                    break;
+                }
+                removed += 1;
+            }
         }
         if failure.is_none() && removed > 0 {
-            if let Err(error) = self.fs.sync_dir(&self.dir) {
+            // The marker goes only once every removal is durable.
+            if let Err(error) = self
+                .fs
+                .sync_dir(&self.dir)
+                .and_then(|()| marker::remove(&*self.fs, &self.dir))
+            {
                 failure = Some((doomed[0].first_lsn(), error));
             }
         }
         let mut st = self.lock();
         // Segments removed from the directory are gone from the log whether or not the
-        // directory fsync worked (recovery drops segments before a gap anyway).
+        // directory fsync worked: the marker makes recovery finish the truncation. A failure
+        // poisons the log, even one before any removal: the marker may exist, and it must not
+        // outlive this truncation.
         for _ in 0..removed {
             st.segments.pop_front();
         }
