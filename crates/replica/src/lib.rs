@@ -219,6 +219,18 @@ impl ReplicaConfig {
                 "must be a power of two of at least 4 KiB holding at least two blocks".into(),
             );
         }
+        // The wal batches up to a segment (at most 4 MiB) at a time; a batch of a single block
+        // cannot take the padding a record moved to the next block leaves, and an append then
+        // spins forever.
+        if self.segment_bytes < 2 * self.block_bytes {
+            return bad(
+                "segment_bytes",
+                format!(
+                    "must hold at least two blocks of {} bytes",
+                    self.block_bytes
+                ),
+            );
+        }
         if self.max_snapshot_bytes + 8 > crate::storage::MAX_SNAPSHOT_FILE_BYTES {
             return bad("max_snapshot_bytes", "must be below 1 GiB".into());
         }
@@ -332,4 +344,23 @@ pub enum ReplicaError {
         /// The index the latest checkpoint covers.
         checkpoint_index: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A segment of one block made every append that moves a record to the next block spin
+    /// forever in the wal (the batch cannot take the padding): refused at validation.
+    #[test]
+    fn a_segment_of_one_block_is_refused() {
+        let mut cfg = ReplicaConfig::new(1, vec![1], 7, PathBuf::from("/d"));
+        cfg.segment_bytes = cfg.block_bytes;
+        match cfg.validate() {
+            Err(ReplicaError::Config { field, .. }) => assert_eq!(field, "segment_bytes"),
+            other => panic!("expected a segment_bytes error, got {other:?}"),
+        }
+        cfg.segment_bytes = 2 * cfg.block_bytes;
+        cfg.validate().unwrap();
+    }
 }

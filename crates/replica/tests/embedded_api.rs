@@ -123,7 +123,7 @@ fn appends_wait_await_batch_and_subscribe() {
 
 #[test]
 fn a_subscriber_behind_a_checkpoint_is_told_to_restore_from_it() {
-    let (_net, stop, logs) = cluster_with(PollMode::Event, 256 << 10);
+    let (_net, stop, logs) = cluster_with(PollMode::Event, 512 << 10);
     let l = leader(&logs);
     let mut sub = logs[l].subscribe(1);
     let mut last = 0;
