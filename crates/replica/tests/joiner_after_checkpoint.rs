@@ -16,7 +16,7 @@ use replica::sim::SimCluster;
 #[test]
 fn a_node_added_after_a_checkpoint_catches_up_from_it() {
     let mut c = SimCluster::new(3, 51, SimConfig::default(), |cfg: &mut ReplicaConfig| {
-        cfg.segment_bytes = 256 << 10;
+        cfg.segment_bytes = 512 << 10;
     })
     .unwrap();
     let leader = c.elect().unwrap();

@@ -17,7 +17,7 @@ use wal::fs::FileSystem;
 fn cluster(seed: u64) -> SimCluster {
     SimCluster::new(3, seed, SimConfig::default(), |cfg: &mut ReplicaConfig| {
         // Small segments, so that a checkpoint really deletes entries.
-        cfg.segment_bytes = 256 << 10;
+        cfg.segment_bytes = 512 << 10;
     })
     .unwrap()
 }
