@@ -59,6 +59,9 @@ pub struct SimConfig {
     /// places a random subset of its words (the NIC was mid-DMA when access changed) and
     /// completes `RemoteAccess` at its sender.
     pub tear_writes_at_revoke: bool,
+    /// Chance, in parts per million, that a write lands with one byte flipped (memory or
+    /// DMA corruption past the wire's checksum): what the receiver's record checks are for.
+    pub corrupt_write_ppm: u64,
 }
 
 impl Default for SimConfig {
@@ -72,6 +75,7 @@ impl Default for SimConfig {
             max_outstanding: 256,
             read_source_at_delivery: false,
             tear_writes_at_revoke: false,
+            corrupt_write_ppm: 0,
         }
     }
 }
@@ -234,6 +238,8 @@ pub struct SimStats {
     pub connects: u64,
     /// Writes cut short by their writer's crash: a random subset of their words landed.
     pub writes_torn: u64,
+    /// Writes that landed with a flipped byte (`SimConfig::corrupt_write_ppm`).
+    pub writes_corrupted: u64,
 }
 
 impl Net {
@@ -520,6 +526,11 @@ impl Net {
             } => {
                 if let Some((memory, offset)) = &source {
                     read_bytes(memory.as_ref(), *offset, &mut data);
+                }
+                if !data.is_empty() && self.rng.below(1_000_000) < self.config.corrupt_write_ppm {
+                    let at = self.rng.below(data.len() as u64) as usize;
+                    data[at] ^= 1 << self.rng.below(8);
+                    self.stats.writes_corrupted += 1;
                 }
                 let n = self.nodes.get(&dst).expect("dst exists");
                 let grant = n.conns.get(&src).is_some_and(|c| c.remote_write);

@@ -9,12 +9,12 @@
 use replica::Mutation;
 
 /// Seeds the simulator gets to catch a broken rule: inside the CI budget of 1,000 seeds
-/// (`ci_seeds.rs`). The first catching seeds today: ack-without-fsync 2 (a restart finds its
-/// synced data missing), private-ring 2 and no-recovering-guard 31 (state machine safety),
-/// skip-revoke 147 (liveness: a deposed leader's stale writes keep landing in a follower's
-/// ring, which that follower then cannot recover), ack-before-crc 49 (log matching: a
-/// follower took a torn write's descriptor as its entries), snapshot-own-lsn 74 (Lsn
-/// agreement after an install).
+/// (`ci_seeds.rs`). The first catching seeds today, and the checker that caught each:
+/// ack-without-fsync 2 (a restart finds synced data missing), private-ring 9 and
+/// no-recovering-guard 36 (state machine safety), skip-revoke 32 (ring integrity: a deposed
+/// leader's write landed over a record a follower had accepted), ack-before-crc 24 (log
+/// matching: a follower took a corrupted write's descriptor as its entries), snapshot-own-lsn
+/// 34 (Lsn agreement after an install).
 const WITHIN: u64 = 300;
 
 fn first_failure(mutation: Mutation) -> Option<(u64, String)> {
