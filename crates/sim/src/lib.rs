@@ -1030,6 +1030,10 @@ impl Run {
             self.c.disks[&id].set_space_limit(None);
         }
         self.full_disks.clear();
+        // A read failure no read took yet would keep its node out of the checkers' sight.
+        for disk in self.c.disks.values() {
+            disk.clear_read_failure();
+        }
         for id in self.down.clone() {
             self.restart(id)?;
         }

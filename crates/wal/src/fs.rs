@@ -254,6 +254,11 @@ impl FaultFs {
         self.lock().fail_next_read = true;
     }
 
+    /// Disarms a read failure no read has taken yet.
+    pub fn clear_read_failure(&self) {
+        self.lock().fail_next_read = false;
+    }
+
     /// Whether a read failure is armed and no read has taken it yet.
     pub fn read_failure_armed(&self) -> bool {
         self.lock().fail_next_read
