@@ -531,8 +531,9 @@ fn walk(
 /// segments from index `keep_from` of the layout on.
 fn hole_corruption(hole: Hole, kept: &[Listed], keep_from: usize, last_good: Index) -> Corruption {
     const REFUSED: &str = "recovery refuses to open the log and deletes nothing; restore the \
-                           missing file, or move the data directory aside and let the node \
-                           catch up from the leader";
+                           missing file, or else remove the node from the cluster, delete its \
+                           data directory and add it back as a new member (under its old id \
+                           an empty node could vote away entries it acknowledged)";
     let header = |i: usize| {
         kept[i - keep_from]
             .header

@@ -437,7 +437,7 @@ fn a_segment_missing_from_the_middle_is_corruption_naming_the_hole() {
         clean.segments[0].name.as_str(),
         "no interrupted prefix truncation explains",
         "restore the missing file",
-        "catch up from the leader",
+        "add it back as a new member",
     ] {
         assert!(
             corruption.what.contains(needle),

@@ -94,7 +94,7 @@ fn a_segment_missing_from_the_middle_refuses_open_and_deletes_nothing() {
     for needle in [
         "nothing was deleted",
         "Restore the missing segment file",
-        "move the data directory aside and let the node catch up from the leader",
+        "remove this node from the cluster on the leader",
     ] {
         assert!(message.contains(needle), "{needle:?} in {message}");
     }
