@@ -231,6 +231,12 @@ struct Peer {
     /// showed its log ending exactly at `index` (our match for it) plus what we have written
     /// after it on this connection since; `lsn` is where its next record goes.
     fast_end: Option<(u64, u64)>,
+    /// Leader: the highest index sent to this peer on this connection in this term, by
+    /// either path. A response re-opens the fast path only when it shows the peer holding at
+    /// least this much: an append still in flight could otherwise land after a fast write
+    /// aimed at the end the response reported, and the write would go over records the peer
+    /// accepted from it.
+    sent_to: u64,
     ring_head: u64,
     last_connect_tick: Option<u64>,
     /// Tick since which the connection has been down, as the higher id of the pair sees it.
@@ -1393,6 +1399,7 @@ impl<F: Fabric> Replica<F> {
             self.fast_epoch = now;
             for p in self.peers.values_mut() {
                 p.fast_end = None;
+                p.sent_to = 0;
             }
         }
     }
@@ -1478,6 +1485,7 @@ impl<F: Fabric> Replica<F> {
                 let p = self.peers.entry(peer.0).or_default();
                 p.remote = remote;
                 p.fast_end = None;
+                p.sent_to = 0;
                 p.ring_head = 0;
                 // A new connection starts without remote write: grant again if it is the leader's.
                 if self.granted == Some(peer.0) {
@@ -1495,6 +1503,7 @@ impl<F: Fabric> Replica<F> {
                 }
                 if let Some(p) = self.peers.get_mut(&peer.0) {
                     p.fast_end = None;
+                    p.sent_to = 0;
                     p.outbox.clear();
                 }
                 if self.granted == Some(peer.0) {
@@ -1721,10 +1730,12 @@ impl<F: Fabric> Replica<F> {
         if m.reject {
             p.fast_end = None;
         } else if r.last_index == m.index {
-            match p.fast_end {
-                // Our own fast appends after this one are in flight on this connection.
-                Some((i, _)) if i > r.last_index => {}
-                _ => p.fast_end = Some((r.last_index, r.ring_end)),
+            // Only when nothing we sent lies beyond the end it reports (our own fast appends
+            // after it, or a slow append it has not answered yet): raft may send the next
+            // append from this very index again, and a write aimed there would go over
+            // records that append placed (issue 13, defect 7; simulator seed 53809).
+            if r.last_index >= p.sent_to {
+                p.fast_end = Some((r.last_index, r.ring_end));
             }
         } else if p.fast_end.is_some_and(|(i, _)| i < r.last_index) {
             // The follower holds entries we did not write: never write over them.
@@ -2205,11 +2216,17 @@ impl<F: Fabric> Replica<F> {
             return;
         }
         if m.get_msg_type() == MessageType::MsgSnapshot {
+            if let Some(p) = self.peers.get_mut(&to) {
+                p.sent_to = p.sent_to.max(m.get_snapshot().get_metadata().index);
+            }
             self.send_snapshot(m);
             return;
         }
         let is_append = m.get_msg_type() == MessageType::MsgAppend && !m.entries.is_empty();
         if is_append {
+            if let (Some(p), Some(last)) = (self.peers.get_mut(&to), m.entries.last()) {
+                p.sent_to = p.sent_to.max(last.index);
+            }
             if self.try_fast_append(&m) {
                 return;
             }

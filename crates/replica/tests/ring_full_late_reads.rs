@@ -11,11 +11,11 @@
 //! hold every acknowledged entry. The ring-full path must have run, or the test proves
 //! nothing.
 //!
-//! Why it holds (ARCHITECTURE.md, "Fast path"): the leader writes to a follower only when
-//! raft's next message starts exactly at the end the follower last reported on this
-//! connection (`fast_end`), and responses arrive in order on a connection, so a stale
-//! response can set `fast_end` only to a point raft has already sent past; the next append
-//! then does not match it and goes the slow way.
+//! The suspicion was right in general: the simulator later found (seed 53809) raft sending an
+//! append again from the end an older response reported while a slow append was still in
+//! flight, and the fast write went over the records that append placed. A response now
+//! re-opens the fast path only when the follower holds everything sent to it on the
+//! connection (`Peer::sent_to` in `replica::node`).
 
 use fabric::NodeId;
 use fabric::sim::SimConfig;

@@ -436,21 +436,39 @@ impl Run {
         let memory =
             self.c.configs.values().next().map(|c| c.durability) == Some(Durability::Memory);
         let (unavailable, max_unavailable) = if memory {
-            // The smallest configuration any live node holds (a node added but never made a
-            // voter is a member to the driver, not to the quorum).
-            let voters = self
+            // Every configuration a live node holds must keep a majority that can vote: count
+            // the voters any of them lists that are down, recovering or retired (removed by
+            // the driver while another node still counts them), against the smallest of
+            // those configurations (a node added but never made a voter is a member to the
+            // driver, not to the quorum).
+            let configs: Vec<Vec<u64>> = self
                 .c
                 .nodes
                 .values()
                 .flatten()
-                .map(|r| r.status().voters.len() as u64)
-                .filter(|&n| n > 0)
+                .map(|r| r.status().voters)
+                .filter(|v| !v.is_empty())
+                .collect();
+            let smallest = configs
+                .iter()
+                .map(|v| v.len() as u64)
                 .min()
                 .unwrap_or(members.len() as u64);
-            (
-                self.down.len() as u64 + self.recovering() as u64,
-                ((voters.min(members.len() as u64) - 1) / 2).max(1),
-            )
+            let listed: BTreeSet<u64> = configs.into_iter().flatten().collect();
+            let out = listed
+                .iter()
+                .filter(|id| {
+                    self.down.contains(id)
+                        || self.retired.contains(id)
+                        || self
+                            .c
+                            .nodes
+                            .get(id)
+                            .and_then(Option::as_ref)
+                            .is_some_and(|r| r.status().recovering.is_some())
+                })
+                .count() as u64;
+            (out, ((smallest - 1) / 2).max(1))
         } else {
             (self.down.len() as u64, max_down)
         };

@@ -127,3 +127,21 @@ fn seeds_4334_50616_read_failures_armed_to_the_end() {
         }
     }
 }
+
+/// Found by the long run:
+/// - 53809 and 5759 (ring integrity, issue 13 defect 7): after a follower's restart raft sent
+///   an append again from the end an older response reported while a slow append was still
+///   in flight; the fast write went over the record that append had placed, and a corrupted
+///   write there damaged an accepted record. A response now re-opens the fast path only when
+///   the follower holds everything sent to it on the connection (`Peer::sent_to`).
+/// - 7487 (liveness, driver): under Memory a machine crash left a recovering node while a
+///   retired node was still a voter of every configuration: the documented stall. The driver
+///   counts retired and recovering voters against every configuration's majority.
+#[test]
+fn seeds_53809_5759_7487_stale_fast_end_and_retired_voters() {
+    for seed in [53809, 5759, 7487] {
+        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+            panic!("\n{f}\n");
+        }
+    }
+}
