@@ -455,11 +455,16 @@ impl Run {
                 .min()
                 .unwrap_or(members.len() as u64);
             let listed: BTreeSet<u64> = configs.into_iter().flatten().collect();
+            // A removal in flight shrinks the configuration once it commits: count the nodes
+            // being removed as gone already, and the smallest configuration without them.
+            let leaving = listed.iter().filter(|id| self.removed.contains(id)).count() as u64;
+            let smallest = smallest.saturating_sub(leaving).max(1);
             let out = listed
                 .iter()
                 .filter(|id| {
                     self.down.contains(id)
                         || self.retired.contains(id)
+                        || self.removed.contains(id)
                         || self
                             .c
                             .nodes

@@ -145,3 +145,13 @@ fn seeds_53809_5759_7487_stale_fast_end_and_retired_voters() {
         }
     }
 }
+
+/// Liveness (driver), found by the long run: under Memory two machine crashes while a voter's
+/// removal was in flight; once it committed, the two recovering nodes were half of the smaller
+/// configuration (the documented stall). The driver counts nodes being removed as gone.
+#[test]
+fn seed_20514_recovering_nodes_and_a_removal_in_flight() {
+    if let Err(f) = sim::run(20514, sim::Options::default(), false) {
+        panic!("\n{f}\n");
+    }
+}
