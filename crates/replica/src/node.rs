@@ -728,15 +728,10 @@ impl<F: Fabric> Replica<F> {
         if !r.caught_up(commit_term) {
             return Ok(());
         }
-        let guard = Guard {
+        self.store_guard(Guard {
             recovering_above_term: None,
             ..self.state_file.guard()
-        };
-        let hs = self.raw.store().hard_state().clone();
-        let cs = self.raw.store().conf_state().clone();
-        self.state_file
-            .store_guard(guard, &hs, &cs, &self.conf_history)
-            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e)))?;
+        })?;
         self.recovering = None;
         tracing::info!(
             node = self.cfg.id,
@@ -1278,17 +1273,10 @@ impl<F: Fabric> Replica<F> {
                 }
                 // The segment files hold everything: the next start has nothing to lose.
                 if removed {
-                    let guard = Guard {
+                    self.store_guard(Guard {
                         ring_in_use: false,
                         ..self.state_file.guard()
-                    };
-                    let hs = self.raw.store().hard_state().clone();
-                    let cs = self.raw.store().conf_state().clone();
-                    self.state_file
-                        .store_guard(guard, &hs, &cs, &self.conf_history)
-                        .map_err(|e| {
-                            ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e))
-                        })?;
+                    })?;
                 }
             }
         }
@@ -2168,6 +2156,15 @@ impl<F: Fabric> Replica<F> {
         self.raw.mut_store().set_conf_state(cs);
         self.sync_peers(&members);
         Ok(())
+    }
+
+    /// Persists the raft state with a new amnesia guard.
+    fn store_guard(&mut self, guard: Guard) -> Result<(), ReplicaError> {
+        let hs = self.raw.store().hard_state().clone();
+        let cs = self.raw.store().conf_state().clone();
+        self.state_file
+            .store_guard(guard, &hs, &cs, &self.conf_history)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e)))
     }
 
     /// Persists the hard state, the membership and its history.
