@@ -80,6 +80,16 @@ impl Default for SimConfig {
     }
 }
 
+/// Places a random subset of `data`'s 8-byte words at `base` of `memory`: a write torn on the
+/// wire (its writer crashed, or its target revoked access mid-DMA).
+fn place_torn(rng: &mut SplitMix64, memory: &dyn Memory, base: u64, data: &[u8]) {
+    for (k, chunk) in data.chunks(8).enumerate() {
+        if rng.below(2) == 1 {
+            write_bytes(memory, base + 8 * k as u64, chunk);
+        }
+    }
+}
+
 /// A small, fast, seedable generator (SplitMix64) so runs replay exactly from a seed.
 #[derive(Clone, Debug)]
 pub struct SplitMix64(u64);
@@ -295,11 +305,7 @@ impl Net {
             if let Some(r) = region {
                 let memory = r.memory.clone();
                 let base = addr - r.remote.addr;
-                for (k, chunk) in data.chunks(8).enumerate() {
-                    if self.rng.below(2) == 1 {
-                        write_bytes(memory.as_ref(), base + 8 * k as u64, chunk);
-                    }
-                }
+                place_torn(&mut self.rng, memory.as_ref(), base, &data);
                 self.stats.writes_torn += 1;
             }
             // The answer takes the write's place on the wire, so per-wire order holds.
@@ -895,11 +901,7 @@ impl SimNet {
                 }
                 let memory = r.memory.clone();
                 let base = addr - r.remote.addr;
-                for (k, chunk) in data.chunks(8).enumerate() {
-                    if n.rng.below(2) == 1 {
-                        write_bytes(memory.as_ref(), base + 8 * k as u64, chunk);
-                    }
-                }
+                place_torn(&mut n.rng, memory.as_ref(), base, &data);
                 torn += 1;
             }
             n.stats.writes_torn += torn;
