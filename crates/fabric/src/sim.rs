@@ -226,6 +226,12 @@ struct Net {
     queue: BinaryHeap<Reverse<(u64, u64)>>,
     actions: BTreeMap<u64, Action>,
     blocked: BTreeSet<(NodeId, NodeId)>,
+    /// Wires `(src, dst, epoch)` that lost a request. RC delivers a connection's requests in
+    /// order or not at all: after a lost one the responder takes nothing later of that
+    /// connection (it would NAK the sequence gap), so the sender's oldest operation fails
+    /// after the retry bound. Without this, a later send's cumulative ack would retire the
+    /// lost one and its receive credit would never come back.
+    lost_requests: BTreeSet<(NodeId, NodeId, u64)>,
     extra_delay: BTreeMap<(NodeId, NodeId), u64>,
     last_delivery: BTreeMap<(NodeId, NodeId), u64>,
     next_rkey: u32,
@@ -447,6 +453,7 @@ impl Net {
     /// fails after the retry bound, so a half-open connection is always detected.
     fn deliverable(&self, src: NodeId, dst: NodeId, epoch: u64) -> bool {
         !self.blocked.contains(&(src, dst))
+            && !self.lost_requests.contains(&(src, dst, epoch))
             && self.nodes.get(&dst).is_some_and(|n| n.up)
             && self.nodes.get(&src).is_some_and(|n| n.up)
             && self
@@ -483,6 +490,9 @@ impl Net {
         }
         if !self.deliverable(src, dst, epoch) {
             self.stats.packets_dropped += 1;
+            if matches!(packet, Packet::Write { .. } | Packet::Send { .. }) {
+                self.lost_requests.insert((src, dst, epoch));
+            }
             let errored_side = !self.blocked.contains(&(src, dst))
                 && self.nodes.get(&dst).is_some_and(|n| n.up)
                 && self
@@ -703,6 +713,7 @@ impl SimNet {
                 queue: BinaryHeap::new(),
                 actions: BTreeMap::new(),
                 blocked: BTreeSet::new(),
+                lost_requests: BTreeSet::new(),
                 extra_delay: BTreeMap::new(),
                 last_delivery: BTreeMap::new(),
                 next_rkey: 0x100,

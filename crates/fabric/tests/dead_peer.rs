@@ -123,3 +123,35 @@ fn partition_then_heal_and_reconnect() {
     settle(&net, &mut [&mut a, &mut b], net.now() + 1_000_000);
     assert_eq!(completions(&a), [(2, WcStatus::Success)]);
 }
+
+/// RC delivers a connection's requests in order or not at all. A send lost on a blocked link
+/// is not overtaken by one posted after the link heals: the later one's ack would otherwise
+/// retire the lost one as a success, and the receive credit it never consumed would never
+/// come back (simulator seeds 44395 and 55510 starved a leader's heartbeats that way).
+#[test]
+fn a_send_lost_on_a_blocked_link_is_never_overtaken_by_a_later_one() {
+    let (net, mut a, mut b) = connected_pair(14);
+    net.set_link(A, B, false);
+    a.ep.post_send(B, 1, b"lost").unwrap();
+    settle(&net, &mut [&mut a, &mut b], net.now() + 1_000_000);
+    net.set_link(A, B, true);
+    a.ep.post_send(B, 2, b"after the heal").unwrap();
+    settle(
+        &net,
+        &mut [&mut a, &mut b],
+        net.now() + SimConfig::default().retry_timeout_ns + 1_000_000,
+    );
+    assert_eq!(
+        completions(&a),
+        [(1, WcStatus::RetryExceeded), (2, WcStatus::Flushed)]
+    );
+    assert!(
+        !b.events.iter().any(|e| matches!(
+            e,
+            Event::Completion(c) if c.op == fabric::WcOp::Recv
+        )),
+        "the send after the gap was delivered: {:?}",
+        b.events
+    );
+    assert_eq!(a.ep.conn_state(B), ConnState::Down);
+}

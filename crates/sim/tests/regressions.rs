@@ -155,3 +155,20 @@ fn seed_20514_recovering_nodes_and_a_removal_in_flight() {
         panic!("\n{f}\n");
     }
 }
+
+/// Liveness (fabric simulator), found by the long run: a one-way block dropped a send, the
+/// link healed, and the next send on the same connection was delivered; its cumulative ack
+/// retired the lost one as a success, so the receive credit it never consumed never came
+/// back. After enough of those the leader sat at zero credits with 152 frames queued and its
+/// follower, hearing nothing, stayed a pre-candidate. RC delivers a connection's requests in
+/// order or not at all: `fabric::sim` now drops everything after a lost request on that
+/// connection, so the oldest fails `RetryExceeded` and the connection is rebuilt
+/// (`fabric/tests/dead_peer.rs` has the focused test).
+#[test]
+fn seeds_44395_55510_a_lost_send_overtaken_leaks_a_credit() {
+    for seed in [44395, 55510] {
+        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+            panic!("\n{f}\n");
+        }
+    }
+}
