@@ -482,6 +482,13 @@ impl RdmaEndpoint {
         self.refusals
     }
 
+    /// Entries of the send and the receive CQ reserved by this endpoint's live QPs (adopted
+    /// connections and dials in progress). A broken or replaced connection gives its share
+    /// back when its QP is destroyed; a leak would refuse a later reconnect.
+    pub fn cq_reserved(&self) -> (u32, u32) {
+        (self.send_cq.reserved(), self.recv_cq.reserved())
+    }
+
     /// The device in use.
     pub fn device(&self) -> &str {
         self.ctx.name()

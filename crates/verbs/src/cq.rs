@@ -260,6 +260,11 @@ impl CompletionQueue {
         self.capacity
     }
 
+    /// Entries reserved by the live QPs that use this CQ; a destroyed QP gives its share back.
+    pub fn reserved(&self) -> u32 {
+        self.reserved.load(Ordering::Acquire)
+    }
+
     /// The device context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
