@@ -394,6 +394,10 @@ fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
     }
 }
 
+/// Ticks the driver may fall behind before it logs a warning: well under an election
+/// timeout's worth at the node's defaults (20 to 30 ticks).
+const STALL_TICKS: u32 = 10;
+
 fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
     if let Some(core) = o.pin_core {
         let pinned = core_affinity::get_core_ids()
@@ -412,11 +416,24 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
     let mut armed = false;
     while !s.stop.load(Ordering::Acquire) {
         let (result, commit, busy) = {
+            let asked = Instant::now();
             let mut r = s.lock();
             if s.panic_for_test.swap(false, Ordering::AcqRel) {
                 panic!("a panic injected by a test");
             }
             let now = Instant::now();
+            // A driver that falls many ticks behind lets followers time out (or, as a
+            // follower, misses the leader): say why, so an unexpected election can be traced.
+            let behind = now.saturating_duration_since(next_tick);
+            if behind >= o.tick * STALL_TICKS {
+                tracing::warn!(
+                    node = r.id(),
+                    behind_ms = behind.as_millis() as u64,
+                    lock_wait_ms = now.duration_since(asked).as_millis() as u64,
+                    "the driver fell behind its ticks (lock_wait_ms: time spent waiting for \
+                     the replica lock held by a caller; the rest: a long pass or no CPU)"
+                );
+            }
             if now >= next_tick {
                 r.tick();
                 // After a stall (a long fsync, a pause) tick once and move on: a burst of
