@@ -76,3 +76,57 @@ fn bad_crc_on_the_last_entry_is_a_torn_tail() {
             .any(|n| n.ends_with(".broken"))
     );
 }
+
+/// A torn restart can lose the only record of a segment the log had just moved to; the log
+/// then goes on in the previous segment's padding. The emptied segment must not survive with
+/// its header: its first entry would come later than the header says, the next open would
+/// refuse the log, and a prefix truncation by that header would keep entries whose records it
+/// deleted (a panic in `read`; simulator seed 627).
+#[test]
+fn a_torn_first_record_of_a_new_segment_leaves_no_stale_segment() {
+    let fs = FaultFs::new();
+    let wal = open(&fs).unwrap();
+    // 150 B payloads: one 184 B record per 256 B block, 8 per 2 KiB segment.
+    for i in 1..=8 {
+        wal.append_next(Term(1), &[i as u8; 150], Durability::Fsync)
+            .unwrap();
+    }
+    let ninth = wal
+        .append_next(Term(1), &[9; 150], Durability::Fsync)
+        .unwrap();
+    assert_eq!(ninth.lsn.0, 2048, "entry 9 opens the second segment");
+    wal.close().unwrap();
+    drop(wal);
+    let second = Path::new(DIR).join("00000000000000002048.wal");
+    fs.corrupt(&second, DATA_OFFSET + 40, &[0xEE]);
+
+    let wal = open(&fs).unwrap();
+    assert_eq!(wal.last_index().0, 8);
+    assert!(
+        !fs.names(Path::new(DIR))
+            .contains(&"00000000000000002048.wal".to_string()),
+        "the segment left without an entry is gone: {:?}",
+        fs.names(Path::new(DIR))
+    );
+    // A small entry fits in the first segment's padding; the next ones open a new segment.
+    let small = wal
+        .append_next(Term(2), b"fits the padding", Durability::Fsync)
+        .unwrap();
+    assert!(small.lsn.0 < 2048, "{small:?}");
+    for i in 10..=12 {
+        wal.append_next(Term(2), &[i as u8; 150], Durability::Fsync)
+            .unwrap();
+    }
+    let all = read_all(&wal);
+    assert_eq!(all.len(), 12);
+    assert_eq!(all[8].2, b"fits the padding");
+    // A prefix truncation by the new segment's header keeps exactly what it still holds.
+    let first = wal.truncate_prefix(wal::Index(11)).unwrap();
+    let kept = read_all(&wal);
+    assert_eq!(kept.first().map(|e| e.0), Some(first.0));
+    assert_eq!(kept.last().map(|e| e.0), Some(12));
+    wal.close().unwrap();
+    drop(wal);
+    let wal = open(&fs).unwrap();
+    assert_eq!(read_all(&wal), kept, "the log reopens as it was");
+}

@@ -327,6 +327,7 @@ fn scan(
             tracing::warn!(lsn = bad_at, bytes = cut_end - bad_at, %error, "wal: cut a torn tail");
         }
     }
+    drop_empty_tail_segments(fs, dir, &mut segments, entry_end)?;
     Ok(Recovered {
         start: log_start,
         segments,
@@ -334,6 +335,37 @@ fn scan(
         position,
         report,
     })
+}
+
+/// Deletes the segments that start beyond `entry_end`, the end of the last entry recovered
+/// (last-first, each with a directory fsync): they hold no entry, only a header naming the
+/// index the next entry was to have. Kept, that header would lie: the log goes on at
+/// `entry_end`, in the padding of the segment before them, so their first entry would come
+/// later than their header says, and a prefix truncation by their header would keep entries
+/// whose records it deleted (simulator seed 627: a torn restart lost the first record of a new
+/// segment, and the next entry fit in the previous one). The next rotation makes them again.
+fn drop_empty_tail_segments(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    segments: &mut VecDeque<Arc<Segment>>,
+    entry_end: u64,
+) -> Result<(), WalError> {
+    while segments.len() > 1 && segments.back().is_some_and(|s| s.first_lsn().0 > entry_end) {
+        let last = segments.pop_back().expect("len checked");
+        let fail = |source| WalError::Recover {
+            segment: last.first_lsn(),
+            lsn: Lsn(entry_end),
+            source,
+        };
+        fs.remove(&last.path).map_err(fail)?;
+        fs.sync_dir(dir).map_err(fail)?;
+        tracing::info!(
+            segment = last.first_lsn().0,
+            entry_end,
+            "wal: removed a segment that holds no entry after recovery"
+        );
+    }
+    Ok(())
 }
 
 /// Cuts `[bad_at, cut_end)`: saves the bytes to `LSN.broken`, deletes later segments
