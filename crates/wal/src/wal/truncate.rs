@@ -290,11 +290,14 @@ impl Wal {
         }
     }
 
-    /// Deletes whole segments all of whose entries have an index below `checkpoint` (entries
-    /// covered by a snapshot), oldest first, between a durable truncation marker and its
-    /// durable removal, so that recovery finishes an interrupted truncation and can tell its
-    /// leftovers from a lost segment. The segment holding `checkpoint` and the last segment
-    /// stay. A failure poisons the log.
+    /// Deletes whole segments all of whose entries have an index below `checkpoint - 1`
+    /// (entries covered by a snapshot), oldest first, between a durable truncation marker and
+    /// its durable removal, so that recovery finishes an interrupted truncation and can tell
+    /// its leftovers from a lost segment. The segment holding `checkpoint - 1` and the last
+    /// segment stay: the entries from `checkpoint` on may still be cut (uncommitted ones of a
+    /// deposed leader), and the log must then go on right after `checkpoint - 1`, at the Lsn
+    /// every other replica placed the next entry at, which only its record tells (simulator
+    /// seed 1765). A failure poisons the log.
     /// Returns the new first index. Appends go on while it runs; those that wait for
     /// durability are served once it is done.
     pub fn truncate_prefix(&self, checkpoint: Index) -> Result<Index, WalError> {
@@ -303,7 +306,7 @@ impl Wal {
             .segments
             .iter()
             .zip(st.segments.iter().skip(1))
-            .take_while(|(_, next)| next.header.first_index <= checkpoint)
+            .take_while(|(_, next)| next.header.first_index < checkpoint)
             .count();
         let doomed: Vec<Arc<Segment>> = st.segments.iter().take(removable).cloned().collect();
         // The last segment always stays, so there is a first segment kept.
