@@ -145,6 +145,9 @@ pub enum Mutation {
     /// A follower installing a snapshot restarts its log at its own stream position instead
     /// of the leader's Lsn after the snapshot.
     SnapshotOwnLsn,
+    /// Reads of stored records skip their check (`WalConfig::unchecked_reads`): a record
+    /// whose bytes rotted on disk is served as data.
+    UncheckedReads,
 }
 
 impl ReplicaConfig {

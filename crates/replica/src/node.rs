@@ -412,6 +412,7 @@ impl<F: Fabric> Replica<F> {
             max_batch_bytes: cfg.segment_bytes.min(4 << 20).max(cfg.block_bytes),
             max_batch_delay: std::time::Duration::ZERO,
             start: Position::default(),
+            unchecked_reads: cfg.mutation == crate::Mutation::UncheckedReads,
         };
         let wal_fs: Arc<dyn FileSystem> = match cfg.mutation {
             crate::Mutation::AckWithoutFsync => Arc::new(crate::mutation::NoSyncFs(fs.clone())),

@@ -51,6 +51,10 @@ pub const MAX_IN_FLIGHT: usize = 4;
 /// and catching up take a few each, and a crashed node's restart one more.
 pub const LIVENESS_ELECTION_TIMEOUTS: u64 = 30;
 
+/// Virtual time after which the removal of a lost node that is still a voter is proposed
+/// again (the first proposal may have died with its leader).
+const REMOVAL_RETRY_NS: u64 = 20 * STEP_NS;
+
 /// What one run does.
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
@@ -131,6 +135,14 @@ pub enum Fault {
     PowerCutMidOp,
     /// A node's next read of its disk fails with EIO.
     ReadEio,
+    /// A byte of a record stored on a node's disk rots (Fsync seeds): reads of it must fail
+    /// its check, and the node must refuse to start on it.
+    RecordRot,
+    /// A read of a rotten record was refused by its check (the checker's or the node's).
+    RotDetected,
+    /// A node refused to start on a rotten record; the operator removes it and adds a fresh
+    /// node in its place (ops/GUIDE.md).
+    DiskReplaced,
 }
 
 /// What a run did.
@@ -245,6 +257,16 @@ struct Run {
     incarnations: BTreeMap<u64, u64>,
     /// Nodes whose removal a leader proposed.
     removed: BTreeSet<u64>,
+    /// The seed's second generator: rot decisions, so seeds without rot run as before.
+    rot_rng: SplitMix64,
+    /// Per node, the Lsns of records whose stored bytes rotted.
+    rotted: BTreeMap<u64, BTreeSet<u64>>,
+    /// Nodes that refused to start on a rotten record, waiting for the operator's removal.
+    lost: BTreeSet<u64>,
+    /// Fresh nodes added in place of lost ones.
+    replaced: u64,
+    /// When the removal of each lost node was last proposed (virtual ns).
+    removal_asked: BTreeMap<u64, u64>,
     trace: std::collections::VecDeque<String>,
     verbose: bool,
     options: Options,
@@ -364,6 +386,9 @@ impl Run {
     }
 
     fn restart(&mut self, id: u64) -> Result<(), Violation> {
+        if self.lost.contains(&id) {
+            return Ok(());
+        }
         if self.full_disks.remove(&id) {
             self.c.disks[&id].set_space_limit(None);
         }
@@ -375,6 +400,10 @@ impl Run {
         if self.killed.contains(&id) {
             match self.c.restart_killed(id) {
                 Ok(()) => {}
+                Err(e) if self.refused_on_rot(id, &e) => {
+                    self.lose_disk(id, &e);
+                    return Ok(());
+                }
                 Err(e) if self.c.disks[&id].is_crashed() => {
                     self.killed.remove(&id);
                     self.c.net.crash(NodeId(id));
@@ -406,9 +435,14 @@ impl Run {
             return Ok(());
         }
         let tear = self.rng.next_u64();
-        self.c
-            .restart_torn(id, Some(tear))
-            .map_err(|e| format!("node {id} cannot restart from its disk: {e}"))?;
+        match self.c.restart_torn(id, Some(tear)) {
+            Ok(()) => {}
+            Err(e) if self.refused_on_rot(id, &e) => {
+                self.lose_disk(id, &e);
+                return Ok(());
+            }
+            Err(e) => return Err(format!("node {id} cannot restart from its disk: {e}")),
+        }
         self.down.remove(&id);
         self.checker.node_restarted(id);
         *self.incarnations.entry(id).or_default() += 1;
@@ -644,6 +678,9 @@ impl Run {
                 self.fault(Fault::ReadEio, format!("node {id}'s next disk read fails"));
             }
         }
+        if self.rot_rng.below(1_000_000) < self.rates.rot_ppm {
+            self.rot();
+        }
         // A power cut of one machine mid-write, under Fsync only: under Memory it is a machine
         // crash that cannot be timed against the recovering nodes' count.
         if !memory && self.chance(r.power_cut_ppm) {
@@ -769,6 +806,177 @@ impl Run {
             next_try_ns: self.now(),
         });
         self.attempt(op, id);
+    }
+
+    /// Rots one byte of a committed record on a live node's disk: a record with more than
+    /// one unsynced window of committed records after it, so that recovery must call it
+    /// corruption (docs/FORMAT.md, crash case 9). From then on every read of it must fail its
+    /// check (the checker tolerates exactly that, and compares anything served), and the
+    /// node must refuse to start on it.
+    fn rot(&mut self) {
+        // A node that refuses to start on rot is gone until the operator replaced it: one at
+        // a time, as with any machine lost for good, so a majority always remains.
+        let pending = self
+            .rotted
+            .keys()
+            .filter(|id| !self.retired.contains(id))
+            .count();
+        if pending > 0 || self.replaced < self.lost.len() as u64 {
+            return;
+        }
+        // And only while every voter holds the whole committed log: a rot before a fresh
+        // node caught up would lose a second copy of the data, more than a majority survives.
+        let Some(l) = self.leader() else {
+            return;
+        };
+        let s = self.c.node(l).status();
+        let caught_up = s.voters.iter().all(|&v| {
+            self.c
+                .nodes
+                .get(&v)
+                .and_then(Option::as_ref)
+                .is_some_and(|r| r.status().commit >= s.commit)
+        });
+        if !caught_up || s.voters.len() < 3 {
+            return;
+        }
+        let live: Vec<u64> = self
+            .live()
+            .into_iter()
+            .filter(|id| !self.c.paused.contains(id) && !self.c.disks[id].is_crashed())
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        let id = live[self.rot_rng.below(live.len() as u64) as usize];
+        let dir = self.c.configs[&id].data_dir.clone();
+        let r = self.c.node(id);
+        let s = r.status();
+        let first = s.first_index.max(1);
+        if s.commit < first {
+            return;
+        }
+        let mut buf = Vec::new();
+        let k = first + self.rot_rng.below(s.commit - first + 1);
+        let Ok(Some((_, lsn))) = r.read_persisted_at(k, &mut buf) else {
+            return;
+        };
+        if buf.is_empty() {
+            return;
+        }
+        // Only in a segment with two newer ones: the next one is sealed (synced when the
+        // wal moved on) and a whole segment long, which is the wal's unsynced window here
+        // (`max_batch_bytes`), so valid records lie more than a window beyond the rot even
+        // after a torn restart, and recovery must call it corruption, not a torn tail.
+        let disk = self.c.disks[&id].clone();
+        let mut segments: Vec<(u64, String)> = disk
+            .names(&dir)
+            .into_iter()
+            .filter_map(|n| Some((n.strip_suffix(".wal")?.parse::<u64>().ok()?, n)))
+            .collect();
+        segments.sort();
+        let Some(at) = segments.iter().rposition(|(f, _)| *f <= lsn) else {
+            return;
+        };
+        if at + 2 >= segments.len() {
+            return;
+        }
+        let (seg_first, name) = segments.swap_remove(at);
+        let path = dir.join(name);
+        let offset = wal::format::SEGMENT_DATA_OFFSET
+            + (lsn - seg_first)
+            + wal::format::HEADER_BYTES as u64
+            + self.rot_rng.below(buf.len() as u64);
+        let Some(byte) = disk
+            .read_file(&path)
+            .and_then(|d| d.get(offset as usize).copied())
+        else {
+            return;
+        };
+        disk.corrupt(&path, offset, &[byte ^ (1 << self.rot_rng.below(8))]);
+        self.rotted.entry(id).or_default().insert(lsn);
+        self.checker.rotted.insert((id, k));
+        self.fault(
+            Fault::RecordRot,
+            format!("a stored byte of node {id}'s committed entry {k} rots (Lsn {lsn})"),
+        );
+    }
+
+    /// Whether `e`, from starting node `id`, is its recovery refusing a record that rotted.
+    fn refused_on_rot(&self, id: u64, e: &ReplicaError) -> bool {
+        match e {
+            ReplicaError::Wal(wal::WalError::Corrupt { lsn, .. }) => {
+                self.rotted.get(&id).is_some_and(|l| l.contains(&lsn.0))
+            }
+            _ => false,
+        }
+    }
+
+    /// A node refused to start on a rotten record (detected, never served). The operator's
+    /// way out (ops/GUIDE.md): remove it from the cluster and add a fresh node in its place.
+    /// It stays in `down` until its removal commits, so the fault budget counts it.
+    fn lose_disk(&mut self, id: u64, e: &ReplicaError) {
+        self.lost.insert(id);
+        self.killed.remove(&id);
+        self.fault(
+            Fault::DiskReplaced,
+            format!(
+                "node {id} refuses to start ({e}); the operator removes it and adds a fresh node"
+            ),
+        );
+    }
+
+    /// Proposes the removal of lost nodes (again, while a proposal was lost to a leader
+    /// change), and adds a fresh node for each lost one that left.
+    fn replace_lost(&mut self) {
+        let Some(l) = self.leader() else {
+            return;
+        };
+        let now = self.now();
+        let voters = self.c.node(l).status().voters;
+        for id in self.lost.clone() {
+            let due = self
+                .removal_asked
+                .get(&id)
+                .is_none_or(|&at| now >= at + REMOVAL_RETRY_NS);
+            if !voters.contains(&id) || !due {
+                continue;
+            }
+            if self.c.node(l).change_membership(id, false).is_ok() {
+                self.removed.insert(id);
+                self.removal_asked.insert(id, now);
+                self.fault(
+                    Fault::RemoveVoter,
+                    format!("leader {l} removes node {id}, whose disk is lost"),
+                );
+                return;
+            }
+        }
+        let gone = self
+            .lost
+            .iter()
+            .filter(|id| self.retired.contains(id))
+            .count() as u64;
+        if gone > self.replaced && self.lost.iter().all(|id| self.retired.contains(id)) {
+            let id = self.next_node;
+            if self.c.add_node(id).is_err() {
+                return;
+            }
+            self.next_node += 1;
+            match self.c.node(l).change_membership(id, true) {
+                Ok(_) => {
+                    self.replaced += 1;
+                    self.fault(
+                        Fault::AddVoter,
+                        format!("leader {l} adds node {id} in place of a lost one"),
+                    );
+                }
+                Err(e) => {
+                    // The empty node stays a non-voting member; the next try adds another.
+                    self.event(format!("leader {l} cannot add node {id}: {e}"));
+                }
+            }
+        }
     }
 
     fn change_membership(&mut self) -> Result<(), Violation> {
@@ -1123,6 +1331,20 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         // (and stall), not a fault this mode survives. Process kills of every node are.
         rates.power_loss_ppm = 0;
     }
+    // Rot, from a second generator: under Fsync, half the seeds let stored bytes rot, and
+    // those get 16 KiB blocks and segments of two blocks, whose unsynced window (one segment)
+    // is small enough that a rotten record has valid ones beyond it, so recovery can tell rot
+    // from a torn tail (docs/FORMAT.md, crash case 9: within the last window it cannot).
+    let mut rot_rng = SplitMix64::new(seed ^ 0x0d15_c0de_b17e_5eed);
+    let rots = durability == Durability::Fsync && options.rates.is_none() && rot_rng.below(2) == 0;
+    if rots {
+        rates.rot_ppm = 5_000 + rot_rng.below(15_001);
+    }
+    let (block_bytes, segment_bytes) = if rots {
+        (16 << 10, 32 << 10)
+    } else {
+        (64 << 10, 512 << 10)
+    };
     let fail = |v: Violation, at_ns: u64, trace: Vec<String>| {
         Box::new(Failure {
             seed,
@@ -1140,8 +1362,8 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     let ring_bytes = [1 << 20, 256 << 10, 128 << 10][rng.below(3) as usize];
     let mut c = SimCluster::new(nodes, seed, fabric, |cfg| {
         cfg.ring_bytes = ring_bytes;
-        cfg.block_bytes = 64 << 10;
-        cfg.segment_bytes = 512 << 10;
+        cfg.block_bytes = block_bytes;
+        cfg.segment_bytes = segment_bytes;
         cfg.max_entry_bytes = 8 << 10;
         cfg.mutation = mutation;
         cfg.durability = durability;
@@ -1173,6 +1395,11 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         options,
         removed: BTreeSet::new(),
         incarnations: BTreeMap::new(),
+        rot_rng,
+        rotted: BTreeMap::new(),
+        lost: BTreeSet::new(),
+        replaced: 0,
+        removal_asked: BTreeMap::new(),
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.drive()))
         .unwrap_or_else(|panic| {
@@ -1186,6 +1413,10 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     let at = run.now();
     match result {
         Ok(()) => {
+            if run.checker.rot_detected > 0 {
+                *run.summary.faults.entry(Fault::RotDetected).or_default() +=
+                    run.checker.rot_detected;
+            }
             let s = run.c.net.stats();
             run.summary.writes_refused = s.writes_refused;
             run.summary.writes_torn = s.writes_torn;
@@ -1219,6 +1450,7 @@ impl Run {
             self.drive_clients(true);
             self.step()?;
             self.retire_removed();
+            self.replace_lost();
         }
         // Liveness: once every fault is repaired and the whole cluster is connected, all
         // pending work finishes within a bounded number of election timeouts.
@@ -1256,6 +1488,7 @@ impl Run {
             }
             self.step()?;
             self.retire_removed();
+            self.replace_lost();
             // A node that fail-stopped during the repair (an EIO armed before) restarts.
             for id in self.down.clone() {
                 self.restart(id)?;

@@ -40,7 +40,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
-    /// private-ring, no-recovering-guard, ack-before-crc or snapshot-own-lsn.
+    /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn or unchecked-reads.
     #[arg(long)]
     mutation: Option<String>,
     /// Print every event of the run (useful with --seed).
@@ -58,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Some("no-recovering-guard") => replica::Mutation::NoRecoveringGuard,
         Some("ack-before-crc") => replica::Mutation::AckBeforeCrc,
         Some("snapshot-own-lsn") => replica::Mutation::SnapshotOwnLsn,
+        Some("unchecked-reads") => replica::Mutation::UncheckedReads,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {

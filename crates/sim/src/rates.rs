@@ -44,6 +44,9 @@ pub struct FaultRates {
     pub power_cut_ppm: u64,
     /// A node's next read of its disk fails with EIO.
     pub read_eio_ppm: u64,
+    /// A byte of a stored record rots (Fsync seeds only; drawn from the seed's second
+    /// generator, so older seeds keep their runs until the first rot).
+    pub rot_ppm: u64,
     /// A client starts an append.
     pub append_ppm: u64,
 }
@@ -60,6 +63,7 @@ impl FaultRates {
             checkpoint_ppm: 0,
             power_cut_ppm: 0,
             read_eio_ppm: 0,
+            rot_ppm: 0,
             restart_ppm: r(20_000, 200_000),
             torn_write_ppm: r(0, 1_000_000),
             partition_ppm: r(0, 20_000),
@@ -95,6 +99,7 @@ impl FaultRates {
             checkpoint_ppm: 0,
             power_cut_ppm: 0,
             read_eio_ppm: 0,
+            rot_ppm: 0,
             restart_ppm: 0,
             torn_write_ppm: 0,
             partition_ppm: 0,
@@ -118,7 +123,7 @@ impl std::fmt::Display for FaultRates {
             f,
             "ppm/step: crash {} power-loss {} kill {} restart {} torn-write {} partition {} heal {} break {} delay {} \
              pause {} resume {} eio {} enospc {} transfer {} membership {} checkpoint {} \
-             power-cut {} read-eio {} append {}",
+             power-cut {} read-eio {} rot {} append {}",
             self.crash_ppm,
             self.power_loss_ppm,
             self.kill_ppm,
@@ -137,6 +142,7 @@ impl std::fmt::Display for FaultRates {
             self.checkpoint_ppm,
             self.power_cut_ppm,
             self.read_eio_ppm,
+            self.rot_ppm,
             self.append_ppm
         )
     }

@@ -14,7 +14,8 @@ use replica::Mutation;
 /// no-recovering-guard 36 (state machine safety), skip-revoke 32 (ring integrity: a deposed
 /// leader's write landed over a record a follower had accepted), ack-before-crc 24 (log
 /// matching: a follower took a corrupted write's descriptor as its entries), snapshot-own-lsn
-/// 34 (Lsn agreement after an install).
+/// 34 (Lsn agreement after an install), unchecked-reads 10 (durability: a committed entry
+/// re-read after its stored bytes rotted).
 const WITHIN: u64 = 300;
 
 fn first_failure(mutation: Mutation) -> Option<(u64, String)> {
@@ -90,5 +91,15 @@ fn a_snapshot_install_at_the_wrong_lsn_is_caught() {
         caught.is_some(),
         "followers restarting their log at their own position after a snapshot went \
          unnoticed for {WITHIN} seeds"
+    );
+}
+
+#[test]
+fn serving_a_rotten_record_is_caught() {
+    let caught = first_failure(Mutation::UncheckedReads);
+    eprintln!("unchecked reads: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "reads that skip the record check served rotten bytes unnoticed for {WITHIN} seeds"
     );
 }

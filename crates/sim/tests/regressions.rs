@@ -172,3 +172,21 @@ fn seeds_44395_55510_a_lost_send_overtaken_leaks_a_credit() {
         }
     }
 }
+
+/// Found when rot seeds got 16 KiB blocks and 32 KiB segments (segment rotation within a
+/// seed):
+/// - 627 (wal recovery): a torn restart lost the only record of a new segment; the log went on
+///   in the previous segment's padding, and the emptied segment's header named the wrong first
+///   entry, so a prefix truncation kept the locations of records it deleted (a panic in
+///   `Wal::read`). Recovery now deletes segments left without an entry.
+/// - 1765 (Lsn agreement): a deposed leader's checkpoint deleted the segment holding the
+///   checkpoint's entry; when its uncommitted entries after it were replaced, its log could
+///   only go on at the next segment's start. A prefix truncation now keeps that segment.
+#[test]
+fn seeds_627_1765_small_segments() {
+    for seed in [627, 1765] {
+        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+            panic!("\n{f}\n");
+        }
+    }
+}

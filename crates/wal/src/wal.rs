@@ -68,6 +68,11 @@ pub struct WalConfig {
     pub max_batch_delay: Duration,
     /// Where an empty log starts (the Lsn must be block-aligned).
     pub start: Position,
+    /// Test-only mutation (`rdmalog-sim --mutation unchecked-reads`): reads of stored records
+    /// skip their check and return the stored payload as it is, so a rotten record is served
+    /// as data. The simulator must catch it. Never set it.
+    #[doc(hidden)]
+    pub unchecked_reads: bool,
 }
 
 impl Default for WalConfig {
@@ -79,6 +84,7 @@ impl Default for WalConfig {
             max_batch_bytes: 4 << 20,
             max_batch_delay: Duration::ZERO,
             start: Position::default(),
+            unchecked_reads: false,
         }
     }
 }
