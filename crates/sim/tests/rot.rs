@@ -15,7 +15,8 @@ use sim::Fault;
 fn rot_is_detected_and_the_node_replaced_within_the_ci_budget() {
     let mut faults = std::collections::BTreeMap::new();
     for seed in 1..=200 {
-        let s = sim::run(seed, sim::Options::default(), false).unwrap_or_else(|f| panic!("\n{f}\n"));
+        let s =
+            sim::run(seed, sim::Options::default(), false).unwrap_or_else(|f| panic!("\n{f}\n"));
         for (k, v) in s.faults {
             *faults.entry(k).or_insert(0u64) += v;
         }
@@ -28,6 +29,12 @@ fn rot_is_detected_and_the_node_replaced_within_the_ci_budget() {
         n(Fault::DiskReplaced)
     );
     assert!(n(Fault::RecordRot) > 0, "no record rotted");
-    assert!(n(Fault::RotDetected) > 0, "no read of a rotten record was refused");
-    assert!(n(Fault::DiskReplaced) > 0, "no node refused to start on rot");
+    assert!(
+        n(Fault::RotDetected) > 0,
+        "no read of a rotten record was refused"
+    );
+    assert!(
+        n(Fault::DiskReplaced) > 0,
+        "no node refused to start on rot"
+    );
 }
