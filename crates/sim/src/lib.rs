@@ -821,7 +821,9 @@ impl Run {
             .keys()
             .filter(|id| !self.retired.contains(id))
             .count();
-        if pending > 0 || self.replaced < self.lost.len() as u64 {
+        // Nor while a removal of the driver's is in flight.
+        let removing = self.removed.iter().any(|id| !self.retired.contains(id));
+        if pending > 0 || removing || self.replaced < self.lost.len() as u64 {
             return;
         }
         // And only while every voter holds the whole committed log: a rot before a fresh
@@ -980,6 +982,12 @@ impl Run {
     }
 
     fn change_membership(&mut self) -> Result<(), Violation> {
+        // No changes of the driver's own while a rotten node is still a member: it is about
+        // to be lost for good, and a removal in flight beside it would leave the
+        // configuration without a majority (seeds 43139, 88155).
+        if self.rotted.keys().any(|id| !self.retired.contains(id)) {
+            return Ok(());
+        }
         let Some(l) = self.leader() else {
             return Ok(());
         };

@@ -190,3 +190,17 @@ fn seeds_627_1765_small_segments() {
         }
     }
 }
+
+/// Liveness (driver), found by the 100,000-seed run with the rot fault: a random removal was
+/// in flight while a node that had a rotten record was about to be lost for good; the removed
+/// node was shut down before every configuration had dropped it, and with the lost one the
+/// configuration had no majority left. The driver makes no membership change of its own while
+/// a rotten node is still a member, and rots nothing while a removal is in flight.
+#[test]
+fn seeds_43139_88155_a_removal_beside_a_lost_node() {
+    for seed in [43139, 88155] {
+        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+            panic!("\n{f}\n");
+        }
+    }
+}
