@@ -119,20 +119,30 @@ impl SimServers {
         self.addrs[id as usize - 1].clone()
     }
 
-    /// The leader among the running servers, waiting up to 20 s for one.
+    /// The leader among the running servers, waiting up to 20 s for one that is established:
+    /// it has committed everything it holds (its election's entry included) and no running
+    /// node knows a later term. A node that only just won, or one a later election already
+    /// deposed without its knowing, would answer the test's first append with an error on a
+    /// loaded machine.
     pub fn leader(&self) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            for id in 1..=3u64 {
-                if let Some(s) = &self.servers[id as usize - 1] {
-                    if s.log().status().role == replica::Role::Leader {
-                        return id;
-                    }
-                }
+            let statuses: Vec<(u64, replica::Status)> = (1..=3u64)
+                .filter_map(|id| Some((id, self.servers[id as usize - 1].as_ref()?.log().status())))
+                .collect();
+            let top = statuses.iter().map(|(_, s)| s.term).max().unwrap_or(0);
+            let established = statuses.iter().find(|(_, s)| {
+                s.role == replica::Role::Leader
+                    && s.term == top
+                    && s.commit > 0
+                    && s.commit >= s.last_index
+            });
+            if let Some((id, _)) = established {
+                return *id;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        panic!("no leader within 20 s");
+        panic!("no established leader within 20 s");
     }
 
     /// Stops node `id`'s server (its clients get `ShuttingDown`); the replica keeps running.
