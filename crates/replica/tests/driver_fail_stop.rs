@@ -46,27 +46,43 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 #[test]
 fn a_driver_panic_fails_every_waiter_with_its_cause() {
     let (net, stop, logs) = cluster();
-    let mut l = 0;
-    wait_for("an election", || {
-        match logs.iter().position(|g| g.status().role == Role::Leader) {
-            Some(k) => {
-                l = k;
-                true
+    // On a loaded machine the realtime cluster may change leader at any moment: find one,
+    // commit through it, cut it off and give it an append; start over if it was no longer
+    // the leader by then.
+    let mut attempt = 0;
+    let (l, pending) = loop {
+        attempt += 1;
+        assert!(attempt <= 10, "no leader took an append in 10 tries");
+        let mut l = 0;
+        wait_for("an election", || {
+            match logs.iter().position(|g| g.status().role == Role::Leader) {
+                Some(k) => {
+                    l = k;
+                    true
+                }
+                None => false,
             }
-            None => false,
+        });
+        let committed = logs[l]
+            .append(b"before")
+            .and_then(|h| h.wait(Duration::from_secs(5)));
+        if committed.is_err() {
+            continue;
         }
-    });
-    logs[l]
-        .append(b"before")
-        .unwrap()
-        .wait(Duration::from_secs(5))
-        .unwrap();
-    let me = NodeId(l as u64 + 1);
-    for other in (1..=3).map(NodeId).filter(|&o| o != me) {
-        net.set_link(me, other, false);
-        net.set_link(other, me, false);
-    }
-    let pending = logs[l].append(b"pending").unwrap();
+        let me = NodeId(l as u64 + 1);
+        let cut = |up: bool| {
+            for other in (1..=3).map(NodeId).filter(|&o| o != me) {
+                net.set_link(me, other, up);
+                net.set_link(other, me, up);
+            }
+        };
+        cut(false);
+        match logs[l].append(b"pending") {
+            Ok(pending) => break (l, pending),
+            Err(ReplicaError::NotLeader { .. }) => cut(true),
+            Err(e) => panic!("the cut-off leader refused an append: {e}"),
+        }
+    };
     let mut sub = logs[l].subscribe(2);
     logs[l].inject_driver_panic();
     wait_for("the fail-stop", || logs[l].failure().is_some());
