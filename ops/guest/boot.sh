@@ -4,7 +4,8 @@
 # 1. Reads the run's settings from /mnt/.lab/env.sh (written by the host tool).
 # 2. Brings up the fabric: per host i a veth pair v$i/b$i, b$i on bridge br0, v$i at
 #    192.0.2.1$i/24 with an rxe$i device on it, and per-host policy routing so that
-#    host-to-host traffic really crosses the veths (RDMA-NOTES §1).
+#    host-to-host traffic really crosses the veths (RDMA-NOTES §1); every veth end gets a
+#    pass-through netem root qdisc for the fault hooks to change.
 # 3. Mounts the optional ext4 disk at /run/lab/disk.
 # 4. Prints "@@LAB:READY", runs the job, and records its exit status in /mnt/.lab/rc.
 set -u
@@ -47,6 +48,13 @@ for i in $(seq 1 "$LAB_HOSTS"); do
   setsys "net/ipv4/conf/v$i/arp_announce" 2
   ip route add 192.0.2.0/24 dev "v$i" src "$addr" table "10$i" || fail "cannot add route table 10$i"
   ip rule add pref "10$i" from "$addr" iif lo lookup "10$i" || fail "cannot add rule 10$i"
+  # A pass-through netem as the root qdisc of both veth ends: the fault hooks (lab::guest)
+  # only ever `tc qdisc change` it. Grafting a qdisc later drops the packets sent while the
+  # kernel swaps them, and rxe turns a dropped MAD into a dead QP1 (rdma_cm gone on that host).
+  for dev in "v$i" "b$i"; do
+    tc qdisc add dev "$dev" root netem limit 10000 \
+      || fail "cannot add the pass-through netem qdisc on $dev (sch_netem missing?)"
+  done
   rdma link add "rxe$i" type rxe netdev "v$i" || fail "rdma link add rxe$i on v$i failed (rdma_rxe not loaded?)"
 done
 ip rule add pref 1000 lookup local || fail "cannot move the local rule"

@@ -175,10 +175,25 @@ pub fn wait_with_deadline(mut child: Child, deadline: Instant, name: &str) -> Re
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
-            let _ = child.wait();
+            // A process stuck in the kernel (state D) ignores SIGKILL: reap it if it goes
+            // within a few seconds, and otherwise leave it rather than hang with it.
+            let reap_by = Instant::now() + Duration::from_secs(5);
+            let mut reaped = false;
+            while !reaped && Instant::now() < reap_by {
+                reaped = matches!(child.try_wait(), Ok(Some(_)));
+                thread::sleep(Duration::from_millis(20));
+            }
             return Err(LabError::Command {
                 command: name.to_string(),
-                detail: "did not finish before its deadline and was killed".into(),
+                detail: if reaped {
+                    "did not finish before its deadline and was killed".into()
+                } else {
+                    format!(
+                        "did not finish before its deadline and is stuck in the kernel \
+                         (pid {}, unkillable)",
+                        child.id()
+                    )
+                },
             });
         }
         thread::sleep(Duration::from_millis(20));
@@ -191,6 +206,11 @@ pub fn wait_with_deadline(mut child: Child, deadline: Instant, name: &str) -> Re
 }
 
 fn run_tool(program: &str, args: &[String]) -> Result<()> {
+    tool_output(program, args).map(drop)
+}
+
+/// Runs `program` (30 s at most) and returns its standard output.
+fn tool_output(program: &str, args: &[String]) -> Result<String> {
     let child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -200,7 +220,7 @@ fn run_tool(program: &str, args: &[String]) -> Result<()> {
         .map_err(io_err(format!("cannot start {program}")))?;
     let out = wait_with_deadline(child, Instant::now() + Duration::from_secs(30), program)?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(LabError::Command {
             command: format!("{program} {}", args.join(" ")),
@@ -224,7 +244,19 @@ pub struct Netem {
     pub jitter: Duration,
 }
 
-/// The `tc` arguments that apply `netem` to `dev`. `replace` makes the call idempotent.
+/// How many packets a lab veth's netem qdisc holds before it drops (the kernel's default is
+/// 1,000; a dropped packet at the qdisc is a local send error to rxe, see [`netem_args`]).
+pub const NETEM_LIMIT: u32 = 10_000;
+
+/// The `tc` arguments that set `dev`'s netem to `netem` (no impairment: pass-through).
+///
+/// Every lab veth end boots with a pass-through netem as its root qdisc (ops/guest/boot.sh),
+/// and the hooks only ever `change` its parameters. Adding, replacing or deleting a root qdisc
+/// grafts a new one, and while the kernel swaps them it drops every packet sent (the noop
+/// qdisc). rxe turns such a local drop into an error of the sending QP: when the packet was a
+/// MAD, the port's QP1 stays in the error state and rdma_cm on that host never connects again
+/// (seen in a full lab run after the netem test; reproduced by churning qdiscs under rping
+/// traffic). `change` edits the live qdisc in place and drops nothing.
 pub fn netem_args(dev: &str, netem: &Netem) -> Result<Vec<String>> {
     if !(0.0..=100.0).contains(&netem.loss_pct) {
         return Err(LabError::Config(format!(
@@ -232,9 +264,10 @@ pub fn netem_args(dev: &str, netem: &Netem) -> Result<Vec<String>> {
             netem.loss_pct
         )));
     }
-    let mut args: Vec<String> = ["qdisc", "replace", "dev", dev, "root", "netem"]
+    let mut args: Vec<String> = ["qdisc", "change", "dev", dev, "root", "netem", "limit"]
         .map(String::from)
         .to_vec();
+    args.push(NETEM_LIMIT.to_string());
     if netem.loss_pct > 0.0 {
         args.extend(["loss".into(), format!("{}%", netem.loss_pct)]);
     }
@@ -245,6 +278,23 @@ pub fn netem_args(dev: &str, netem: &Netem) -> Result<Vec<String>> {
         }
     }
     Ok(args)
+}
+
+/// Sets `dev`'s netem, with an error that says what is wrong when the veth has no netem root
+/// to change (a lab not booted by ops/guest/boot.sh, or a qdisc someone replaced by hand).
+fn change_netem(dev: &str, netem: &Netem) -> Result<()> {
+    run_tool("tc", &netem_args(dev, netem)?).map_err(|e| match e {
+        LabError::Command { command, detail } => LabError::Command {
+            command,
+            detail: format!(
+                "{detail} (the lab's fault hooks change the pass-through netem qdisc that \
+                 ops/guest/boot.sh puts on every veth end; they never add, replace or delete \
+                 a root qdisc, because swapping qdiscs drops packets in flight and can leave \
+                 rxe's QP1 dead)"
+            ),
+        },
+        other => other,
+    })
 }
 
 fn check_host(host: u8) -> Result<()> {
@@ -260,13 +310,13 @@ fn check_host(host: u8) -> Result<()> {
 /// Applies loss/delay to everything host `host` sends (its veth's egress).
 pub fn set_netem(host: u8, netem: &Netem) -> Result<()> {
     check_host(host)?;
-    run_tool("tc", &netem_args(&netdev_name(host), netem)?)
+    change_netem(&netdev_name(host), netem)
 }
 
-/// Removes any netem from host `host`.
+/// Removes any impairment from what host `host` sends (its netem passes everything again).
 pub fn clear_netem(host: u8) -> Result<()> {
     check_host(host)?;
-    clear_qdisc(&netdev_name(host))
+    change_netem(&netdev_name(host), &Netem::default())
 }
 
 /// Cuts (or restores) host `host`'s cable: every packet it sends and every packet sent to it is
@@ -278,16 +328,12 @@ pub fn clear_netem(host: u8) -> Result<()> {
 pub fn cut_cable(host: u8, cut: bool) -> Result<()> {
     check_host(host)?;
     let ends = [netdev_name(host), bridge_port_name(host)];
+    let netem = Netem {
+        loss_pct: if cut { 100.0 } else { 0.0 },
+        ..Default::default()
+    };
     for dev in &ends {
-        if cut {
-            let all = Netem {
-                loss_pct: 100.0,
-                ..Default::default()
-            };
-            run_tool("tc", &netem_args(dev, &all)?)?;
-        } else {
-            clear_qdisc(dev)?;
-        }
+        change_netem(dev, &netem)?;
     }
     Ok(())
 }
@@ -297,20 +343,15 @@ pub fn bridge_port_name(host: u8) -> String {
     format!("b{host}")
 }
 
-fn clear_qdisc(dev: &str) -> Result<()> {
-    let args: Vec<String> = ["qdisc", "del", "dev", dev, "root"]
+/// The root qdisc of `dev` as `tc qdisc show` prints it (`qdisc netem 8001: root refcnt 2
+/// limit 10000`): its kind and handle say whether a hook swapped it, its parameters what it
+/// does now.
+pub fn root_qdisc(dev: &str) -> Result<String> {
+    let args: Vec<String> = ["qdisc", "show", "dev", dev, "root"]
         .map(String::from)
         .to_vec();
-    match run_tool("tc", &args) {
-        // Deleting a qdisc that is not there is what "clear" means.
-        Err(LabError::Command { detail, .. })
-            if detail.contains("No such file")
-                || detail.contains("Cannot delete qdisc with handle of zero") =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
+    let out = tool_output("tc", &args)?;
+    Ok(out.lines().next().unwrap_or_default().trim().to_string())
 }
 
 /// Takes host `host`'s link down or up (its rxe port follows). Taking a link down flushes its
@@ -408,6 +449,155 @@ pub fn install_neighbours(host: u8) -> Result<()> {
     }
     Ok(())
 }
+/// The state of QP1 (the GSI QP that carries rdma_cm's MADs) of `device`, from an
+/// `rdma res show qp` listing; `None` when the listing has no QP1 for it.
+pub fn parse_gsi_state(listing: &str, device: &str) -> Option<String> {
+    let link = format!("{device}/1");
+    listing.lines().find_map(|line| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let field = |name: &str| {
+            words
+                .iter()
+                .position(|w| *w == name)
+                .and_then(|i| words.get(i + 1))
+                .copied()
+        };
+        (field("link") == Some(link.as_str()) && field("lqpn") == Some("1"))
+            .then(|| field("state").map(str::to_string))
+            .flatten()
+    })
+}
+
+/// The state of host `host`'s QP1 (`RTS` when its rdma_cm can talk). Soft-RoCE moves QP1 to
+/// `ERR` for good when sending a MAD fails locally (a link taken down, a packet dropped by the
+/// host's own qdisc), and from then on nothing connects to or from that host until its rxe
+/// device is re-created ([`recreate_device`]).
+pub fn gsi_qp_state(host: u8) -> Result<String> {
+    check_host(host)?;
+    let dev = crate::config::device_name(host);
+    let listing = tool_output("rdma", &["res".into(), "show".into(), "qp".into()])?;
+    parse_gsi_state(&listing, &dev)
+        .ok_or_else(|| LabError::Guest(format!("`rdma res show qp` lists no QP1 for {dev}")))
+}
+
+/// How many packets host `host`'s rxe failed to hand to its netdev (its `send_err` counter).
+pub fn send_errors(host: u8) -> Result<u64> {
+    check_host(host)?;
+    let path = format!(
+        "{SYSFS_IB}/{}/ports/1/hw_counters/send_err",
+        crate::config::device_name(host)
+    );
+    let raw = fs::read_to_string(&path).map_err(io_err(format!("cannot read {path}")))?;
+    raw.trim()
+        .parse()
+        .map_err(|_| LabError::Guest(format!("{path} holds `{}`, not a count", raw.trim())))
+}
+
+/// Deletes and re-adds host `host`'s rxe device on its veth, then waits (15 s at most) until
+/// its port is `ACTIVE` with its RoCE v2 GID, as the lab boots it. This is the only repair for
+/// a QP1 in the error state. No process may hold the device open: the kernel waits for every
+/// user of a device being removed, so call it between tests, never under running nodes.
+pub fn recreate_device(host: u8) -> Result<()> {
+    check_host(host)?;
+    let dev = crate::config::device_name(host);
+    let holders = device_holders(&dev)?;
+    if !holders.is_empty() {
+        return Err(LabError::Guest(format!(
+            "cannot re-create {dev}: processes {holders:?} hold it open, and the kernel would \
+             wait for them to exit (librdmacm opens every device in a process that used \
+             rdma_cm, until that process exits)"
+        )));
+    }
+    run_tool("rdma", &["link".into(), "delete".into(), dev.clone()])?;
+    run_tool(
+        "rdma",
+        &[
+            "link".into(),
+            "add".into(),
+            dev.clone(),
+            "type".into(),
+            "rxe".into(),
+            "netdev".into(),
+            netdev_name(host),
+        ],
+    )?;
+    let addr = crate::config::host_addr(host);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let state = port_state(&dev).unwrap_or_default();
+        if state == "ACTIVE" && require_gid_index(&dev, addr).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(LabError::Guest(format!(
+                "re-created {dev} on {}, but its port is `{state}` without a RoCE v2 GID \
+                 for {addr} after 15 s",
+                netdev_name(host)
+            )));
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The processes holding `device` open: those with an fd on its `/dev/infiniband/uverbsN`.
+pub fn device_holders(device: &str) -> Result<Vec<u32>> {
+    let class = "/sys/class/infiniband_verbs";
+    let mut node = None;
+    for entry in fs::read_dir(class).map_err(io_err(format!("cannot list {class}")))? {
+        let entry = entry.map_err(io_err(format!("cannot list {class}")))?;
+        let ibdev = fs::read_to_string(entry.path().join("ibdev")).unwrap_or_default();
+        if ibdev.trim() == device {
+            node = Some(format!(
+                "/dev/infiniband/{}",
+                entry.file_name().to_string_lossy()
+            ));
+        }
+    }
+    let Some(node) = node else {
+        return Ok(Vec::new());
+    };
+    let mut pids = Vec::new();
+    for proc_entry in fs::read_dir("/proc").map_err(io_err("cannot list /proc"))? {
+        let Ok(proc_entry) = proc_entry else { continue };
+        let Ok(pid) = proc_entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(proc_entry.path().join("fd")) else {
+            continue; // gone, or not ours to read
+        };
+        let holds = fds
+            .flatten()
+            .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == node.as_str()));
+        if holds {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    Ok(pids)
+}
+
+/// Checks every host's QP1 and re-creates the rxe device of each host whose QP1 is not `RTS`,
+/// saying so on stderr; returns the hosts it repaired. Test harnesses call it before they
+/// start processes, so a Soft-RoCE artifact left by one test cannot fail the tests after it
+/// (the run still shows it). Same precondition as [`recreate_device`].
+pub fn repair_dead_rdma_cm() -> Result<Vec<u8>> {
+    let mut repaired = Vec::new();
+    for host in 1..=hosts()? {
+        let state = gsi_qp_state(host)?;
+        if state == "RTS" {
+            continue;
+        }
+        eprintln!(
+            "lab: {}'s QP1 is in state {state}, so rdma_cm on host {host} can neither connect \
+             nor accept; re-creating the device",
+            crate::config::device_name(host)
+        );
+        recreate_device(host)?;
+        repaired.push(host);
+    }
+    Ok(repaired)
+}
+
 /// A signal a fault hook sends to a process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
@@ -510,6 +700,16 @@ mod tests {
     }
 
     #[test]
+    fn the_gsi_state_is_read_per_device() {
+        let listing = "link rxe1/1 lqpn 1 type GSI state ERR sq-psn 160 comm [ib_core] \n\
+                       link rxe1/1 lqpn 17 type RC state RTS rq-psn 1 sq-psn 9 pid 7 comm x\n\
+                       link rxe2/1 lqpn 1 type GSI state RTS sq-psn 121 comm [ib_core] \n";
+        assert_eq!(parse_gsi_state(listing, "rxe1").as_deref(), Some("ERR"));
+        assert_eq!(parse_gsi_state(listing, "rxe2").as_deref(), Some("RTS"));
+        assert_eq!(parse_gsi_state(listing, "rxe3"), None);
+    }
+
+    #[test]
     fn netem_arguments_are_built_and_checked() {
         let n = Netem {
             loss_pct: 5.0,
@@ -518,7 +718,7 @@ mod tests {
         };
         assert_eq!(
             netem_args("v2", &n).unwrap().join(" "),
-            "qdisc replace dev v2 root netem loss 5% delay 2000us 500us"
+            "qdisc change dev v2 root netem limit 10000 loss 5% delay 2000us 500us"
         );
         let loss_only = Netem {
             loss_pct: 1.0,
@@ -526,7 +726,12 @@ mod tests {
         };
         assert_eq!(
             netem_args("v1", &loss_only).unwrap().join(" "),
-            "qdisc replace dev v1 root netem loss 1%"
+            "qdisc change dev v1 root netem limit 10000 loss 1%"
+        );
+        assert_eq!(
+            netem_args("b3", &Netem::default()).unwrap().join(" "),
+            "qdisc change dev b3 root netem limit 10000",
+            "no impairment is the pass-through the lab boots with"
         );
         let bad = Netem {
             loss_pct: 150.0,

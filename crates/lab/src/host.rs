@@ -888,6 +888,16 @@ mod tests {
     }
 
     #[test]
+    fn every_veth_end_boots_with_the_netem_the_fault_hooks_change() {
+        let add = format!(
+            "tc qdisc add dev \"$dev\" root netem limit {}",
+            crate::guest::NETEM_LIMIT
+        );
+        assert!(GUEST_BOOT.contains(&add), "boot.sh lacks `{add}`");
+        assert!(GUEST_BOOT.contains(r#"for dev in "v$i" "b$i"; do"#));
+    }
+
+    #[test]
     fn cache_dir_honours_the_override() {
         // Only reads the environment; RDMALOG_LAB_CACHE is set by callers, not by this test.
         let d = default_cache_dir();

@@ -167,6 +167,12 @@ enum FaultCmd {
         #[arg(value_parser = ["on", "off"])]
         state: String,
     },
+    /// Re-create a host's rxe device (the repair for a QP1 in the error state, after which
+    /// rdma_cm on that host is dead); no process may hold the device open.
+    Repair {
+        #[arg(long)]
+        host: u8,
+    },
     /// Send kill, stop, cont or term to a process.
     Signal {
         #[arg(value_parser = ["kill", "stop", "cont", "term"])]
@@ -332,15 +338,19 @@ fn guest_perftest(pt: &PerftestArgs) -> Result<u8, LabError> {
 fn info() -> Result<u8, LabError> {
     let hosts = guest::hosts()?;
     println!(
-        "{:<6} {:<10} {:<14} {:>9}",
-        "device", "state", "address", "v2 gid"
+        "{:<6} {:<10} {:<14} {:>9} {:>6}",
+        "device", "state", "address", "v2 gid", "qp1"
     );
     for h in 1..=hosts {
         let dev = config::device_name(h);
         let addr = config::host_addr(h);
         let state = guest::port_state(&dev)?;
         let gid = guest::require_gid_index(&dev, addr)?;
-        println!("{dev:<6} {state:<10} {:<14} {gid:>9}", addr.to_string());
+        let qp1 = guest::gsi_qp_state(h)?;
+        println!(
+            "{dev:<6} {state:<10} {:<14} {gid:>9} {qp1:>6}",
+            addr.to_string()
+        );
     }
     Ok(0)
 }
@@ -370,6 +380,7 @@ fn fault(cmd: &FaultCmd) -> Result<u8, LabError> {
                 guest::unblock_path(*from, *to)?
             }
         }
+        FaultCmd::Repair { host } => guest::recreate_device(*host)?,
         FaultCmd::Signal { signal, pid } => {
             let s = match signal.as_str() {
                 "kill" => Signal::Kill,
@@ -524,6 +535,11 @@ mod tests {
         assert!(matches!(cli.command, Cmd::Fault(FaultCmd::Link { .. })));
         assert!(Cli::try_parse_from(["lab", "fault", "link", "--host", "1", "sideways"]).is_err());
         assert!(Cli::try_parse_from(["lab", "fault", "signal", "hup", "5"]).is_err());
+        let cli = Cli::try_parse_from(["lab", "fault", "repair", "--host", "3"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Cmd::Fault(FaultCmd::Repair { host: 3 })
+        ));
     }
 
     #[test]
