@@ -12,6 +12,15 @@
 //! faults are lifted, and then a connection is made from each side in turn, each carrying a
 //! message both ways. Asserted: every connection comes up within 60 s of the lift, and after
 //! every settled connection both endpoints hold exactly the CQ reservation of one QP.
+//!
+//! The cause of the lab breaking was found with qdisc churn under rping traffic: the hooks
+//! used to add and delete root qdiscs, the kernel drops what is sent while it swaps them, and
+//! rxe turns a dropped MAD into a QP1 in the error state (rdma_cm dead on that host both
+//! ways). So the test also asserts that the hooks never swap a veth's qdisc (same kind and
+//! handle throughout), that QP1 stays `RTS` and rxe counts no local send error, also over a
+//! burst of rapid apply/lift cycles with dials in flight. A second test kills a host's QP1 on
+//! purpose (a MAD sent while its link is down) and shows the repair the harnesses run before
+//! each cluster test: re-creating the rxe device.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -195,9 +204,69 @@ impl Hook {
     }
 }
 
+/// Kind and handle of the root qdisc of both veth ends of hosts 1 and 2 (`netem 8001:`).
+fn qdisc_identities() -> Vec<(String, String)> {
+    [1u8, 2]
+        .iter()
+        .flat_map(|&h| [lab::config::netdev_name(h), guest::bridge_port_name(h)])
+        .map(|dev| {
+            let line = guest::root_qdisc(&dev).unwrap();
+            let id: Vec<&str> = line.split_whitespace().skip(1).take(2).collect();
+            (dev, id.join(" "))
+        })
+        .collect()
+}
+
+/// Asserts the lab's link layer is as the hooks promise after a lift: no veth's qdisc was
+/// swapped, none impairs anything, both QP1s are `RTS`, and rxe counted no local send error.
+fn assert_lab_intact(what: &str, qdiscs: &[(String, String)], send_errors: &[u64]) {
+    assert_eq!(
+        qdisc_identities(),
+        qdiscs,
+        "{what}: a hook swapped a root qdisc (the swap drops packets in flight)"
+    );
+    for (dev, _) in qdiscs {
+        let line = guest::root_qdisc(dev).unwrap();
+        assert!(
+            !line.contains("loss") && !line.contains("delay"),
+            "{what}: {dev} still impairs after the lift: {line}"
+        );
+    }
+    for h in [1u8, 2] {
+        assert_eq!(
+            guest::gsi_qp_state(h).unwrap(),
+            "RTS",
+            "{what}: host {h}'s QP1 left RTS, so its rdma_cm is dead"
+        );
+        assert_eq!(
+            guest::send_errors(h).unwrap(),
+            send_errors[h as usize - 1],
+            "{what}: host {h}'s rxe failed to send a packet locally"
+        );
+    }
+}
+
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn fault_hooks_leave_connection_setup_working_and_cq_reservations_come_back() {
+    for h in [1u8, 2] {
+        assert_eq!(
+            guest::gsi_qp_state(h).unwrap(),
+            "RTS",
+            "host {h} before any hook"
+        );
+    }
+    let qdiscs = qdisc_identities();
+    for (dev, id) in &qdiscs {
+        assert!(
+            id.starts_with("netem "),
+            "{dev} boots without its netem: {id}"
+        );
+    }
+    let send_errors = [
+        guest::send_errors(1).unwrap(),
+        guest::send_errors(2).unwrap(),
+    ];
     let mut a = node(A, B);
     let mut b = node(B, A);
     connect_and_talk(&mut a, &mut b, "before any fault");
@@ -241,6 +310,7 @@ fn fault_hooks_leave_connection_setup_working_and_cq_reservations_come_back() {
             h.lift();
         }
         println!("{what}: applied, a send and a dial during it, lifted");
+        assert_lab_intact(what, &qdiscs, &send_errors);
         connect_and_talk(&mut a, &mut b, &format!("{what}, then dialled from 1"));
         drop_connection(&mut a, &mut b);
         connect_and_talk(&mut b, &mut a, &format!("{what}, then dialled from 2"));
@@ -255,6 +325,40 @@ fn fault_hooks_leave_connection_setup_working_and_cq_reservations_come_back() {
         );
         drop_connection(&mut a, &mut b);
     }
+
+    // A burst of apply/lift cycles of every hook with dials and sends in flight: a hook that
+    // swapped qdiscs would drop packets here, and a dropped MAD kills QP1.
+    let started = Instant::now();
+    for round in 0..6 {
+        let hooks = [
+            Hook::Netem(2),
+            Hook::Cable(2),
+            Hook::Netem(1),
+            Hook::Cable(1),
+        ];
+        for h in &hooks {
+            if a.ep.conn_state(B) == ConnState::Down {
+                let _ = a.ep.connect(B);
+            }
+            if round % 2 == 1 && b.ep.conn_state(A) == ConnState::Down {
+                let _ = b.ep.connect(A);
+            }
+            let _ = a.ep.post_send(B, 9, b"churn");
+            h.apply();
+            pump(&mut [&mut a, &mut b]);
+            h.lift();
+            pump(&mut [&mut a, &mut b]);
+        }
+    }
+    println!(
+        "24 apply/lift cycles with dials in flight took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_lab_intact("after the churn", &qdiscs, &send_errors);
+    drop_connection(&mut a, &mut b);
+    connect_and_talk(&mut b, &mut a, "after the churn, dialled from 2");
+    drop_connection(&mut a, &mut b);
+
     let none = wait(&mut [&mut a, &mut b], Duration::from_secs(10), |n| {
         n.iter().all(|x| x.ep.cq_reserved() == (0, 0))
     });
@@ -263,4 +367,73 @@ fn fault_hooks_leave_connection_setup_working_and_cq_reservations_come_back() {
         "with every connection down, CQ entries are still reserved: {:?}",
         (a.ep.cq_reserved(), b.ep.cq_reserved())
     );
+}
+
+/// Set in the child process that `a_host_whose_qp1_died_is_repaired_by_recreating_its_rxe_device`
+/// runs to break host 2's QP1.
+const BREAK_QP1: &str = "RDMALOG_TEST_BREAK_QP1";
+
+/// Not a test of its own: the child-process half of the repair test below, which sets
+/// [`BREAK_QP1`] (a process that used rdma_cm holds every rxe device open until it exits, and
+/// a held device cannot be re-created, so the breaking runs in a process of its own).
+#[test]
+#[ignore = "lab: the repair test below runs this in a child process"]
+fn break_host_2s_qp1_in_a_child_process() {
+    if std::env::var_os(BREAK_QP1).is_none() {
+        println!("only does something in the child process of the repair test");
+        return;
+    }
+    let mut a = node(A, B);
+    let mut b = node(B, A);
+    connect_and_talk(&mut a, &mut b, "before the link goes down");
+    // The known Soft-RoCE artifact: a MAD sent while the host's netdev is down (here the DREQ
+    // of a local disconnect, and a dial) fails locally, and QP1 goes to the error state.
+    guest::set_link(2, false).unwrap();
+    b.ep.disconnect(A);
+    let _ = b.ep.connect(A);
+    wait(&mut [&mut a, &mut b], Duration::from_secs(3), |_| false);
+    guest::set_link(2, true).unwrap();
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn a_host_whose_qp1_died_is_repaired_by_recreating_its_rxe_device() {
+    // This process must not touch rdma_cm before the repair (see BREAK_QP1).
+    guest::repair_dead_rdma_cm().unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "break_host_2s_qp1_in_a_child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(BREAK_QP1, "1")
+        .status()
+        .unwrap();
+    assert!(child.success(), "the child that breaks QP1 failed: {child}");
+    let state = guest::gsi_qp_state(2).unwrap();
+    println!("host 2's QP1 after a disconnect and a dial with its link down: {state}");
+    assert_ne!(
+        state, "RTS",
+        "the artifact this test repairs did not happen: host 2's QP1 is still RTS"
+    );
+
+    let t = Instant::now();
+    assert_eq!(guest::repair_dead_rdma_cm().unwrap(), vec![2]);
+    println!(
+        "re-created rxe2 in {:.1} s; its QP1 is {}",
+        t.elapsed().as_secs_f64(),
+        guest::gsi_qp_state(2).unwrap()
+    );
+    assert_eq!(guest::gsi_qp_state(2).unwrap(), "RTS");
+
+    let mut a = node(A, B);
+    let mut b = node(B, A);
+    connect_and_talk(&mut a, &mut b, "after the repair, dialled from 1");
+    drop_connection(&mut a, &mut b);
+    connect_and_talk(&mut b, &mut a, "after the repair, dialled from 2");
+    // And a held device is refused with a reason instead of hanging the caller.
+    let err = guest::recreate_device(2).unwrap_err().to_string();
+    assert!(err.contains("hold it open"), "{err}");
 }

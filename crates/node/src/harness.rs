@@ -155,6 +155,11 @@ impl Cluster {
             .with_context(|| format!("creating {}", cfg.dir.display()))?;
         let secret = cfg.dir.join("secret");
         write_secret(&secret, b"lab cluster secret for node tests\n")?;
+        if lab::guest::in_lab() {
+            // Before any node holds a device: a Soft-RoCE artifact left by an earlier test (a
+            // dead QP1, so no rdma_cm on that host) is repaired here, not failed on.
+            lab::guest::repair_dead_rdma_cm().context("checking the lab's rdma_cm")?;
+        }
         let mut c = Cluster {
             cfg,
             procs: BTreeMap::new(),
