@@ -112,5 +112,13 @@ fn netem_applies_and_clears() {
         .args(["qdisc", "show", "dev", "v3"])
         .output()
         .unwrap();
-    assert!(!String::from_utf8_lossy(&show.stdout).contains("netem"));
+    let cleared = String::from_utf8_lossy(&show.stdout);
+    // Cleared is the pass-through netem the lab boots with, the same qdisc (same handle):
+    // the hooks change it in place and never swap it.
+    let handle = |t: &str| t.split_whitespace().nth(2).map(str::to_string);
+    assert!(
+        cleared.contains("netem") && !cleared.contains("loss"),
+        "{cleared}"
+    );
+    assert_eq!(handle(&cleared), handle(&text), "{text} then {cleared}");
 }
