@@ -9,9 +9,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use fabric::{
-    ConnState, Event, Fabric, LocalRegion, NodeId, RemoteRegion, WcOp, WcStatus, WriteRequest,
-};
+use fabric::{ConnState, Event, Fabric, LocalRegion, NodeId, RemoteRegion, WcOp, WcStatus};
 use protobuf::Message as _;
 use raft::prelude::{
     ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, HardState, Message,
@@ -23,11 +21,14 @@ use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term
 
 use crate::recovering::Recovering;
 use crate::storage::{
-    ConfHistory, Guard, SnapshotFile, StateFile, StoredState, TAG_NORMAL, WalStorage,
-    entry_from_payload, payload_of, snapshot_lsn,
+    ConfHistory, Guard, SnapshotFile, StateFile, StoredState, TAG_NORMAL, WalStorage, payload_of,
+    snapshot_lsn,
 };
 use crate::wire::{self, Body, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{Durability, ReplicaConfig, ReplicaError};
+use fast::{FastPeer, Inflight};
+
+mod fast;
 
 /// How many fabric events one poll takes (the array is allocated once).
 const POLL_BATCH: usize = 64;
@@ -227,16 +228,8 @@ struct RingEntry {
 #[derive(Debug, Default)]
 struct Peer {
     remote: Option<RemoteRegion>,
-    /// The fast-path invariant: `Some((index, lsn))` only while this peer's latest response
-    /// showed its log ending exactly at `index` (our match for it) plus what we have written
-    /// after it on this connection since; `lsn` is where its next record goes.
-    fast_end: Option<(u64, u64)>,
-    /// Leader: the highest index sent to this peer on this connection in this term, by
-    /// either path. A response re-opens the fast path only when it shows the peer holding at
-    /// least this much: an append still in flight could otherwise land after a fast write
-    /// aimed at the end the response reported, and the write would go over records the peer
-    /// accepted from it.
-    sent_to: u64,
+    /// The leader's fast-path state for this peer's connection.
+    fast: FastPeer,
     ring_head: u64,
     last_connect_tick: Option<u64>,
     /// Tick since which the connection has been down, as the higher id of the pair sees it.
@@ -307,7 +300,7 @@ pub struct Replica<F: Fabric> {
     /// Follower: highest index whose ring bytes were accepted from the leader's write.
     fast_accepted_to: u64,
     peers: BTreeMap<u64, Peer>,
-    writes_in_flight: BTreeMap<u64, (u64, u64)>,
+    writes_in_flight: Inflight,
     next_wr_id: u64,
     granted: Option<u64>,
     ticks: u64,
@@ -562,7 +555,7 @@ impl<F: Fabric> Replica<F> {
             ring_entries: VecDeque::new(),
             fast_accepted_to: 0,
             peers,
-            writes_in_flight: BTreeMap::new(),
+            writes_in_flight: Inflight::default(),
             next_wr_id: 1,
             granted: None,
             ticks: 0,
@@ -1173,7 +1166,7 @@ impl<F: Fabric> Replica<F> {
                     id,
                     conn: self.fabric.conn_state(NodeId(id)),
                     has_ring: p.remote.is_some(),
-                    fast_path: p.fast_end.is_some(),
+                    fast_path: p.fast.end().is_some(),
                     matched: self.raw.raft.prs().get(id).map_or(0, |pr| pr.matched),
                 })
                 .collect(),
@@ -1380,19 +1373,6 @@ impl<F: Fabric> Replica<F> {
         }
     }
 
-    /// A leader's fast-path state belongs to its term: after any change of term or role it
-    /// is dropped, so a re-elected former leader never writes from a stale `fast_end`.
-    fn forget_stale_fast_paths(&mut self) {
-        let now = (self.raw.raft.term, self.raw.raft.state == StateRole::Leader);
-        if now != self.fast_epoch {
-            self.fast_epoch = now;
-            for p in self.peers.values_mut() {
-                p.fast_end = None;
-                p.sent_to = 0;
-            }
-        }
-    }
-
     fn maintain_connections(&mut self) {
         let me = self.cfg.id;
         let every = self.cfg.reconnect_ticks;
@@ -1453,19 +1433,7 @@ impl<F: Fabric> Replica<F> {
                         Err(_) => self.reject_peer(peer.0),
                     }
                 }
-                WcOp::Write => {
-                    let entry = self.writes_in_flight.remove(&c.wr_id);
-                    if c.status != WcStatus::Success {
-                        if c.status == WcStatus::RemoteAccess {
-                            self.stats.fenced_writes += 1;
-                        }
-                        if let Some((peer, _)) = entry {
-                            if let Some(p) = self.peers.get_mut(&peer) {
-                                p.fast_end = None;
-                            }
-                        }
-                    }
-                }
+                WcOp::Write => self.on_write_completion(c.wr_id, c.status),
                 WcOp::Send => {}
             },
             Event::Connected { peer, remote } => {
@@ -1473,8 +1441,7 @@ impl<F: Fabric> Replica<F> {
                 // membership yet); raft ignores messages from non-members.
                 let p = self.peers.entry(peer.0).or_default();
                 p.remote = remote;
-                p.fast_end = None;
-                p.sent_to = 0;
+                p.fast.reset();
                 p.ring_head = 0;
                 // A new connection starts without remote write: grant again if it is the leader's.
                 if self.granted == Some(peer.0) {
@@ -1491,14 +1458,13 @@ impl<F: Fabric> Replica<F> {
                     self.snapshot_rx = None;
                 }
                 if let Some(p) = self.peers.get_mut(&peer.0) {
-                    p.fast_end = None;
-                    p.sent_to = 0;
+                    p.fast.reset();
                     p.outbox.clear();
                 }
                 if self.granted == Some(peer.0) {
                     self.granted = None;
                 }
-                self.writes_in_flight.retain(|_, (p, _)| *p != peer.0);
+                self.writes_in_flight.forget_peer(peer.0);
                 self.raw.report_unreachable(peer.0);
             }
         }
@@ -1689,148 +1655,6 @@ impl<F: Fabric> Replica<F> {
         let _ = self.raw.step(m);
     }
 
-    fn on_ring_info(&mut self, peer: u64, m: &Message, r: RingInfo) {
-        if self.raw.raft.state != StateRole::Leader {
-            return;
-        }
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return;
-        };
-        p.ring_head = r.ring_head;
-        if m.term != self.raw.raft.term {
-            return;
-        }
-        // raft-rs never lowers what it counts as a follower's: one that lost entries (a
-        // record cut at recovery, a lost ring) would never be sent them again. Count only
-        // what it holds, and probe it from there.
-        if let Some(pr) = self.raw.raft.mut_prs().get_mut(peer) {
-            if r.last_index < pr.matched {
-                pr.matched = r.last_index;
-                pr.become_probe();
-                self.stats.followers_rewound += 1;
-                p.fast_end = None;
-                self.raw.raft.send_append(peer);
-                return;
-            }
-        }
-        if m.get_msg_type() != MessageType::MsgAppendResponse {
-            return;
-        }
-        if m.reject {
-            p.fast_end = None;
-        } else if r.last_index == m.index {
-            // Only when nothing we sent lies beyond the end it reports (our own fast appends
-            // after it, or a slow append it has not answered yet): raft may send the next
-            // append from this very index again, and a write aimed there would go over
-            // records that append placed (issue 13, defect 7; simulator seed 53809).
-            if r.last_index >= p.sent_to {
-                p.fast_end = Some((r.last_index, r.ring_end));
-            }
-        } else if p.fast_end.is_some_and(|(i, _)| i < r.last_index) {
-            // The follower holds entries we did not write: never write over them.
-            p.fast_end = None;
-        }
-    }
-
-    fn on_fast_append(
-        &mut self,
-        peer: u64,
-        mut m: Message,
-        lsn_start: u64,
-        lsn_end: u64,
-    ) -> Result<(), ReplicaError> {
-        if m.term > self.raw.raft.term {
-            self.revoke();
-        }
-        let log = &self.raw.raft.raft_log;
-        let pos = self.producer.position();
-        let ok = m.term == self.raw.raft.term
-            && self.raw.raft.state == StateRole::Follower
-            && self.raw.raft.leader_id == peer
-            && self.granted == Some(peer)
-            && log.last_index() == m.index
-            && log.term(m.index).ok() == Some(m.log_term)
-            && pos.lsn.0 == lsn_start
-            && pos.last_index.0 == m.index
-            && !m.entries.is_empty()
-            && lsn_end > lsn_start;
-        if ok {
-            match self.accept_fast(&m, lsn_end) {
-                Ok(entries) => {
-                    m.set_entries(entries.into());
-                    self.step(m);
-                    return Ok(());
-                }
-                Err(())
-                    if self.cfg.mutation == crate::Mutation::AckBeforeCrc
-                        && self.cfg.durability == Durability::Memory =>
-                {
-                    // The mutation: take what the descriptor claims without the bytes that
-                    // failed their checks, and acknowledge it.
-                    self.producer.rewind(pos)?;
-                    self.step(m);
-                    return Ok(());
-                }
-                Err(()) => {
-                    self.producer.rewind(pos)?;
-                    self.stats.fast_rejected += 1;
-                }
-            }
-        } else {
-            self.stats.fast_rejected += 1;
-        }
-        if m.term < self.raw.raft.term {
-            return Ok(()); // a stale leader's descriptor: ignore it.
-        }
-        // Let raft answer as if the append carried no entries: it acks the prefix it has or
-        // rejects with a hint, and the leader falls back to the slow path.
-        m.set_entries(Vec::new().into());
-        self.step(m);
-        Ok(())
-    }
-
-    /// Validates the leader's bytes and builds raft's entries from them.
-    fn accept_fast(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, ()> {
-        let kept = self.ring_entries.len();
-        let r = self.accept_fast_inner(m, lsn_end);
-        if r.is_err() {
-            self.ring_entries.truncate(kept);
-        }
-        r
-    }
-
-    fn accept_fast_inner(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, ()> {
-        let before = self.producer.position();
-        let after = self.producer.accept_written(Lsn(lsn_end)).map_err(|_| ())?;
-        let want_last = m.entries.last().map(|e| e.index).unwrap_or(0);
-        if after.last_index.0 != want_last {
-            return Err(());
-        }
-        let mut out = Vec::with_capacity(m.entries.len());
-        let mut pos = before.lsn;
-        for want in m.entries.iter() {
-            let Ok(Some((lsn, d))) = self.consumer.next_entry(pos) else {
-                return Err(());
-            };
-            let (index, term) = (d.header.index.0, d.header.term.0);
-            if index != want.index || term != want.term {
-                return Err(());
-            }
-            let entry = entry_from_payload(index, term, d.payload).map_err(|_| ())?;
-            let end = lsn.0 + d.record_len;
-            out.push(entry);
-            self.ring_entries.push_back(RingEntry {
-                index,
-                term,
-                start: lsn.0,
-                end,
-            });
-            pos = Lsn(end);
-        }
-        self.fast_accepted_to = want_last;
-        Ok(out)
-    }
-
     fn handle_ready(&mut self) -> Result<(), ReplicaError> {
         let mut rd = self.raw.ready();
         if !rd.snapshot().is_empty() {
@@ -1898,7 +1722,7 @@ impl<F: Fabric> Replica<F> {
         self.producer = p;
         self.consumer = c;
         self.ring_entries.clear();
-        self.writes_in_flight.clear();
+        self.writes_in_flight = Inflight::default();
         self.fast_accepted_to = meta.index;
         let cs = meta.get_conf_state().clone();
         let mut hs = self.raw.store().hard_state().clone();
@@ -2075,16 +1899,6 @@ impl<F: Fabric> Replica<F> {
         Ok(())
     }
 
-    /// Stops in-flight writes from pinning ring space; their peers leave the fast path until
-    /// their next response re-establishes it.
-    fn unpin_writes(&mut self) {
-        for (_, (peer, _)) in std::mem::take(&mut self.writes_in_flight) {
-            if let Some(p) = self.peers.get_mut(&peer) {
-                p.fast_end = None;
-            }
-        }
-    }
-
     fn release_ring(&mut self) -> Result<(), ReplicaError> {
         // Under Memory the ring is the copy of record until the segment files are synced:
         // after a crash of this process, recovery takes from it what the files lack.
@@ -2092,12 +1906,7 @@ impl<F: Fabric> Replica<F> {
             Durability::Memory => self.wal.durable_lsn().0,
             _ => self.wal.position().lsn.0,
         };
-        let pinned = self
-            .writes_in_flight
-            .values()
-            .map(|(_, start)| *start)
-            .min()
-            .unwrap_or(u64::MAX);
+        let pinned = self.writes_in_flight.pinned_from().unwrap_or(u64::MAX);
         let up_to = persisted.min(pinned).min(self.producer.position().lsn.0);
         if up_to > self.consumer.head().0 {
             self.consumer.release(Lsn(up_to))?;
@@ -2215,7 +2024,7 @@ impl<F: Fabric> Replica<F> {
         }
         if m.get_msg_type() == MessageType::MsgSnapshot {
             if let Some(p) = self.peers.get_mut(&to) {
-                p.sent_to = p.sent_to.max(m.get_snapshot().get_metadata().index);
+                p.fast.sent(m.get_snapshot().get_metadata().index);
             }
             self.send_snapshot(m);
             return;
@@ -2223,13 +2032,13 @@ impl<F: Fabric> Replica<F> {
         let is_append = m.get_msg_type() == MessageType::MsgAppend && !m.entries.is_empty();
         if is_append {
             if let (Some(p), Some(last)) = (self.peers.get_mut(&to), m.entries.last()) {
-                p.sent_to = p.sent_to.max(last.index);
+                p.fast.sent(last.index);
             }
             if self.try_fast_append(&m) {
                 return;
             }
             if let Some(p) = self.peers.get_mut(&to) {
-                p.fast_end = None;
+                p.fast.close();
             }
             self.stats.slow_appends += 1;
         }
@@ -2347,91 +2156,6 @@ impl<F: Fabric> Replica<F> {
                 }
             }
         }
-    }
-
-    /// Sends `m` by RDMA Write plus descriptor if the fast-path invariant holds for its peer.
-    fn try_fast_append(&mut self, m: &Message) -> bool {
-        let to = m.to;
-        let peer = NodeId(to);
-        let Some(p) = self.peers.get(&to) else {
-            return false;
-        };
-        let (Some(remote), Some((fi, flsn))) = (p.remote, p.fast_end) else {
-            return false;
-        };
-        // Writes need no send credits: with none left (or frames already queued) the bytes go
-        // out now and the descriptor waits in the outbox. It is posted later on the same
-        // connection, so it still arrives after the bytes are visible.
-        if fi != m.index
-            || p.outbox.len() >= MAX_OUTBOX
-            || self.fabric.conn_state(peer) != ConnState::Up
-        {
-            return false;
-        }
-        // Our ring must hold every entry of the message, with the same terms, contiguous from
-        // the follower's end.
-        let first = m.entries[0].index;
-        let Some((k, _)) = self.ring_entry(first) else {
-            return false;
-        };
-        let mut last_end = 0;
-        for (j, e) in m.entries.iter().enumerate() {
-            match self.ring_entries.get(k + j) {
-                Some(r) if r.index == e.index && r.term == e.term => last_end = r.end,
-                _ => return false,
-            }
-        }
-        let start = flsn;
-        let first_start = self.ring_entries[k].start;
-        let prev_end_ok = k == 0 || self.ring_entries[k - 1].end == start;
-        if start < self.consumer.head().0 || start > first_start || !prev_end_ok {
-            return false;
-        }
-        let end = last_end;
-        // Flow control: never past the follower's head plus its capacity.
-        if end.saturating_sub(p.ring_head) > remote.len_bytes {
-            return false;
-        }
-        let cap_local = self.cfg.ring_bytes;
-        let cap_remote = remote.len_bytes;
-        let mut pos = start;
-        while pos < end {
-            let loff = pos % cap_local;
-            let roff = pos % cap_remote;
-            let n = (end - pos).min(cap_local - loff).min(cap_remote - roff);
-            let wr_id = self.next_wr_id;
-            self.next_wr_id += 1;
-            let wr = WriteRequest {
-                wr_id,
-                local: self.ring_local,
-                local_offset: loff,
-                remote,
-                remote_offset: roff,
-                len_bytes: n,
-                signaled: true,
-            };
-            if self.fabric.post_write(peer, wr).is_err() {
-                if let Some(p) = self.peers.get_mut(&to) {
-                    p.fast_end = None;
-                }
-                return false;
-            }
-            self.writes_in_flight.insert(wr_id, (to, pos));
-            pos += n;
-        }
-        let body = Body::FastAppend {
-            msg: wire::to_wire(m, false),
-            lsn_start: start,
-            lsn_end: end,
-        };
-        self.send_body(to, &body);
-        let last = m.entries.last().expect("non-empty").index;
-        if let Some(p) = self.peers.get_mut(&to) {
-            p.fast_end = Some((last, end));
-        }
-        self.stats.fast_appends += 1;
-        self.stats.fast_bytes += end - start;
-        true
     }
 
     fn revoke(&mut self) {

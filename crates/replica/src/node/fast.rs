@@ -1,0 +1,616 @@
+//! The fast path: a leader writes a follower's entries straight into its ring with one-sided
+//! RDMA Writes, then sends a `FastAppend` descriptor behind them on the same connection; the
+//! follower validates the bytes it finds there and steps raft as if the append had carried
+//! them. Everything else (a probe, a rejected append, a follower behind) takes the slow path:
+//! a raft message with its entries.
+//!
+//! The leader's side is a [`FastPeer`] per connection and the [`Inflight`] writes; the
+//! follower's side answers each descriptor with its entries or a [`FastReject`] that names
+//! the cause.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use fabric::{ConnState, Fabric, NodeId, WcStatus, WriteRequest};
+use raft::StateRole;
+use raft::prelude::{Entry, Message, MessageType};
+use wal::Lsn;
+
+use super::{MAX_OUTBOX, Replica, RingEntry};
+use crate::storage::entry_from_payload;
+use crate::wire::{self, Body, RingInfo};
+use crate::{Durability, Mutation, ReplicaError};
+
+/// Where a follower's log ends as far as the leader may write after it: `index` is its last
+/// entry (our match for it), `lsn` where its next record goes in its ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct FastEnd {
+    pub(super) index: u64,
+    pub(super) lsn: u64,
+}
+
+/// The leader's fast-path state for one peer, valid for one connection in one term.
+#[derive(Debug, Default)]
+pub(super) struct FastPeer {
+    /// The fast-path invariant: `Some` only while this peer's latest response showed its log
+    /// ending exactly at `end.index` (our match for it), plus what we have written after it
+    /// on this connection since.
+    end: Option<FastEnd>,
+    /// The highest index sent to this peer on this connection in this term, by either path.
+    /// A response re-opens the fast path only when it shows the peer holding at least this
+    /// much: an append still in flight could otherwise land after a fast write aimed at the
+    /// end the response reported, and the write would go over records the peer accepted
+    /// from it.
+    sent_to: u64,
+}
+
+impl FastPeer {
+    /// Where the next fast write to this peer goes, if the invariant holds.
+    pub(super) fn end(&self) -> Option<FastEnd> {
+        self.end
+    }
+
+    /// Leaves the fast path until a response re-opens it (a failed write, a slow append).
+    pub(super) fn close(&mut self) {
+        self.end = None;
+    }
+
+    /// A new connection, term or role: nothing was sent on it yet.
+    pub(super) fn reset(&mut self) {
+        *self = FastPeer::default();
+    }
+
+    /// Records that an append (or a snapshot) up to `index` went to this peer.
+    pub(super) fn sent(&mut self, index: u64) {
+        self.sent_to = self.sent_to.max(index);
+    }
+
+    /// Records a fast write that leaves the peer's log ending at `end`.
+    fn wrote(&mut self, end: FastEnd) {
+        self.end = Some(end);
+    }
+
+    /// An append response of the current term: `reject`, the index it answers (`acked`),
+    /// and the follower's log and ring end as its ring info reports them.
+    pub(super) fn on_response(&mut self, reject: bool, acked: u64, last_index: u64, ring_end: u64) {
+        if reject {
+            self.close();
+        } else if last_index == acked {
+            // Only when nothing we sent lies beyond the end it reports (our own fast appends
+            // after it, or a slow append it has not answered yet): raft may send the next
+            // append from this very index again, and a write aimed there would go over
+            // records that append placed (issue 13, defect 7; simulator seed 53809).
+            if last_index >= self.sent_to {
+                self.end = Some(FastEnd {
+                    index: last_index,
+                    lsn: ring_end,
+                });
+            }
+        } else if self.end.is_some_and(|e| e.index < last_index) {
+            // The follower holds entries we did not write: never write over them.
+            self.close();
+        }
+    }
+}
+
+/// A signaled RDMA Write still in flight: which peer it goes to, and the Lsn it starts at
+/// (our ring may not be reused from there until it completes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct InflightWrite {
+    pub(super) peer: u64,
+    pub(super) lsn: u64,
+}
+
+/// The leader's in-flight fast writes, by work-request id.
+#[derive(Debug, Default)]
+pub(super) struct Inflight(BTreeMap<u64, InflightWrite>);
+
+impl Inflight {
+    fn insert(&mut self, wr_id: u64, w: InflightWrite) {
+        self.0.insert(wr_id, w);
+    }
+
+    /// The write a completion belongs to.
+    pub(super) fn complete(&mut self, wr_id: u64) -> Option<InflightWrite> {
+        self.0.remove(&wr_id)
+    }
+
+    /// Forgets the writes to `peer` (its connection is gone, so they never complete).
+    pub(super) fn forget_peer(&mut self, peer: u64) {
+        self.0.retain(|_, w| w.peer != peer);
+    }
+
+    /// Forgets every write, returning them.
+    pub(super) fn take_all(&mut self) -> Vec<InflightWrite> {
+        std::mem::take(&mut self.0).into_values().collect()
+    }
+
+    /// The lowest Lsn an in-flight write still reads from.
+    pub(super) fn pinned_from(&self) -> Option<u64> {
+        self.0.values().map(|w| w.lsn).min()
+    }
+}
+
+/// Why a follower refused a fast append. It then answers as if the append had carried no
+/// entries (raft acks the prefix it has or rejects with a hint), and the leader falls back to
+/// the slow path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum FastReject {
+    /// Not from the leader of our term on the connection we granted.
+    NotGranted,
+    /// The descriptor does not continue our log (its previous index or term differs).
+    LogEnd,
+    /// The descriptor's first byte is not where our ring ends.
+    RingPosition { ours: u64, descriptor: u64 },
+    /// No entries, or an empty byte range.
+    Empty,
+    /// The bytes failed the ring's checks (crc, index chain, term).
+    Records(String),
+    /// The records end at another index than the descriptor's last entry.
+    LastIndex { records: u64, descriptor: u64 },
+    /// A record the descriptor names is not in the ring.
+    MissingRecord { lsn: u64 },
+    /// A record's header differs from the descriptor's entry.
+    Header {
+        index: u64,
+        term: u64,
+        want_index: u64,
+        want_term: u64,
+    },
+    /// A record's payload is not an entry.
+    Payload(String),
+}
+
+impl FastReject {
+    /// Whether the ring's records were read (and the producer moved) before the refusal.
+    fn looked_at_the_bytes(&self) -> bool {
+        !matches!(
+            self,
+            FastReject::NotGranted
+                | FastReject::LogEnd
+                | FastReject::RingPosition { .. }
+                | FastReject::Empty
+        )
+    }
+}
+
+impl fmt::Display for FastReject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FastReject::NotGranted => {
+                write!(
+                    f,
+                    "not from the leader of our term on its granted connection"
+                )
+            }
+            FastReject::LogEnd => write!(f, "does not continue our log"),
+            FastReject::RingPosition { ours, descriptor } => {
+                write!(f, "starts at Lsn {descriptor}, our ring ends at Lsn {ours}")
+            }
+            FastReject::Empty => write!(f, "carries no entries"),
+            FastReject::Records(e) => write!(f, "records fail their checks: {e}"),
+            FastReject::LastIndex {
+                records,
+                descriptor,
+            } => write!(
+                f,
+                "records end at index {records}, the descriptor at {descriptor}"
+            ),
+            FastReject::MissingRecord { lsn } => write!(f, "no record at Lsn {lsn}"),
+            FastReject::Header {
+                index,
+                term,
+                want_index,
+                want_term,
+            } => write!(
+                f,
+                "record of index {index} term {term} where the descriptor has index \
+                 {want_index} term {want_term}"
+            ),
+            FastReject::Payload(e) => write!(f, "a record's payload is not an entry: {e}"),
+        }
+    }
+}
+
+impl<F: Fabric> Replica<F> {
+    /// A leader's fast-path state belongs to its term: after any change of term or role it
+    /// is dropped, so a re-elected former leader never writes from a stale end.
+    pub(super) fn forget_stale_fast_paths(&mut self) {
+        let now = (self.raw.raft.term, self.raw.raft.state == StateRole::Leader);
+        if now != self.fast_epoch {
+            self.fast_epoch = now;
+            for p in self.peers.values_mut() {
+                p.fast.reset();
+            }
+        }
+    }
+
+    /// Leader: a follower's ring info, riding on its raft message.
+    pub(super) fn on_ring_info(&mut self, peer: u64, m: &Message, r: RingInfo) {
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        p.ring_head = r.ring_head;
+        if m.term != self.raw.raft.term {
+            return;
+        }
+        // raft-rs never lowers what it counts as a follower's: one that lost entries (a
+        // record cut at recovery, a lost ring) would never be sent them again. Count only
+        // what it holds, and probe it from there.
+        if let Some(pr) = self.raw.raft.mut_prs().get_mut(peer) {
+            if r.last_index < pr.matched {
+                pr.matched = r.last_index;
+                pr.become_probe();
+                self.stats.followers_rewound += 1;
+                p.fast.close();
+                self.raw.raft.send_append(peer);
+                return;
+            }
+        }
+        if m.get_msg_type() == MessageType::MsgAppendResponse {
+            p.fast
+                .on_response(m.reject, m.index, r.last_index, r.ring_end);
+        }
+    }
+
+    /// Follower: a leader's descriptor of entries it wrote into our ring.
+    pub(super) fn on_fast_append(
+        &mut self,
+        peer: u64,
+        mut m: Message,
+        lsn_start: u64,
+        lsn_end: u64,
+    ) -> Result<(), ReplicaError> {
+        if m.term > self.raw.raft.term {
+            self.revoke();
+        }
+        let pos = self.producer.position();
+        let checked = self
+            .check_fast_descriptor(peer, &m, lsn_start, lsn_end)
+            .and_then(|()| self.accept_fast(&m, lsn_end));
+        let why = match checked {
+            Ok(entries) => {
+                m.set_entries(entries.into());
+                self.step(m);
+                return Ok(());
+            }
+            Err(why) => why,
+        };
+        if why.looked_at_the_bytes() {
+            if self.cfg.mutation == Mutation::AckBeforeCrc
+                && self.cfg.durability == Durability::Memory
+            {
+                // The mutation: take what the descriptor claims without the bytes that
+                // failed their checks, and acknowledge it.
+                self.producer.rewind(pos)?;
+                self.step(m);
+                return Ok(());
+            }
+            self.producer.rewind(pos)?;
+        }
+        tracing::debug!(peer, index = m.index, %why, "fast append refused");
+        self.stats.fast_rejected += 1;
+        if m.term < self.raw.raft.term {
+            return Ok(()); // a stale leader's descriptor: ignore it.
+        }
+        // Let raft answer as if the append carried no entries: it acks the prefix it has or
+        // rejects with a hint, and the leader falls back to the slow path.
+        m.set_entries(Vec::new().into());
+        self.step(m);
+        Ok(())
+    }
+
+    /// What a descriptor must satisfy before its bytes are looked at.
+    fn check_fast_descriptor(
+        &self,
+        peer: u64,
+        m: &Message,
+        lsn_start: u64,
+        lsn_end: u64,
+    ) -> Result<(), FastReject> {
+        let r = &self.raw.raft;
+        if m.term != r.term
+            || r.state != StateRole::Follower
+            || r.leader_id != peer
+            || self.granted != Some(peer)
+        {
+            return Err(FastReject::NotGranted);
+        }
+        let log = &r.raft_log;
+        if log.last_index() != m.index || log.term(m.index).ok() != Some(m.log_term) {
+            return Err(FastReject::LogEnd);
+        }
+        let pos = self.producer.position();
+        if pos.lsn.0 != lsn_start || pos.last_index.0 != m.index {
+            return Err(FastReject::RingPosition {
+                ours: pos.lsn.0,
+                descriptor: lsn_start,
+            });
+        }
+        if m.entries.is_empty() || lsn_end <= lsn_start {
+            return Err(FastReject::Empty);
+        }
+        Ok(())
+    }
+
+    /// Validates the leader's bytes and builds raft's entries from them.
+    fn accept_fast(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, FastReject> {
+        let kept = self.ring_entries.len();
+        let r = self.accept_fast_inner(m, lsn_end);
+        if r.is_err() {
+            self.ring_entries.truncate(kept);
+        }
+        r
+    }
+
+    fn accept_fast_inner(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, FastReject> {
+        let before = self.producer.position();
+        let after = self
+            .producer
+            .accept_written(Lsn(lsn_end))
+            .map_err(|e| FastReject::Records(e.to_string()))?;
+        let want_last = m.entries.last().map(|e| e.index).unwrap_or(0);
+        if after.last_index.0 != want_last {
+            return Err(FastReject::LastIndex {
+                records: after.last_index.0,
+                descriptor: want_last,
+            });
+        }
+        let mut out = Vec::with_capacity(m.entries.len());
+        let mut pos = before.lsn;
+        for want in m.entries.iter() {
+            let Ok(Some((lsn, d))) = self.consumer.next_entry(pos) else {
+                return Err(FastReject::MissingRecord { lsn: pos.0 });
+            };
+            let (index, term) = (d.header.index.0, d.header.term.0);
+            if index != want.index || term != want.term {
+                return Err(FastReject::Header {
+                    index,
+                    term,
+                    want_index: want.index,
+                    want_term: want.term,
+                });
+            }
+            let entry = entry_from_payload(index, term, d.payload)
+                .map_err(|e| FastReject::Payload(e.to_string()))?;
+            let end = lsn.0 + d.record_len;
+            out.push(entry);
+            self.ring_entries.push_back(RingEntry {
+                index,
+                term,
+                start: lsn.0,
+                end,
+            });
+            pos = Lsn(end);
+        }
+        self.fast_accepted_to = want_last;
+        Ok(out)
+    }
+
+    /// Leader: sends `m` (a non-empty append) by the fast path if the invariant holds for its
+    /// peer; `false` means nothing was sent and the caller takes the slow path.
+    pub(super) fn try_fast_append(&mut self, m: &Message) -> bool {
+        let to = m.to;
+        let peer = NodeId(to);
+        let Some(p) = self.peers.get(&to) else {
+            return false;
+        };
+        let (Some(remote), Some(fast_end)) = (p.remote, p.fast.end()) else {
+            return false;
+        };
+        // Writes need no send credits: with none left (or frames already queued) the bytes go
+        // out now and the descriptor waits in the outbox. It is posted later on the same
+        // connection, so it still arrives after the bytes are visible.
+        if fast_end.index != m.index
+            || p.outbox.len() >= MAX_OUTBOX
+            || self.fabric.conn_state(peer) != ConnState::Up
+        {
+            return false;
+        }
+        // Our ring must hold every entry of the message, with the same terms, contiguous from
+        // the follower's end.
+        let first = m.entries[0].index;
+        let Some((k, _)) = self.ring_entry(first) else {
+            return false;
+        };
+        let mut last_end = 0;
+        for (j, e) in m.entries.iter().enumerate() {
+            match self.ring_entries.get(k + j) {
+                Some(r) if r.index == e.index && r.term == e.term => last_end = r.end,
+                _ => return false,
+            }
+        }
+        let start = fast_end.lsn;
+        let first_start = self.ring_entries[k].start;
+        let prev_end_ok = k == 0 || self.ring_entries[k - 1].end == start;
+        if start < self.consumer.head().0 || start > first_start || !prev_end_ok {
+            return false;
+        }
+        let end = last_end;
+        // Flow control: never past the follower's head plus its capacity.
+        if end.saturating_sub(p.ring_head) > remote.len_bytes {
+            return false;
+        }
+        let cap_local = self.cfg.ring_bytes;
+        let cap_remote = remote.len_bytes;
+        let mut pos = start;
+        while pos < end {
+            let loff = pos % cap_local;
+            let roff = pos % cap_remote;
+            let n = (end - pos).min(cap_local - loff).min(cap_remote - roff);
+            let wr_id = self.next_wr_id;
+            self.next_wr_id += 1;
+            let wr = WriteRequest {
+                wr_id,
+                local: self.ring_local,
+                local_offset: loff,
+                remote,
+                remote_offset: roff,
+                len_bytes: n,
+                signaled: true,
+            };
+            if self.fabric.post_write(peer, wr).is_err() {
+                if let Some(p) = self.peers.get_mut(&to) {
+                    p.fast.close();
+                }
+                return false;
+            }
+            self.writes_in_flight
+                .insert(wr_id, InflightWrite { peer: to, lsn: pos });
+            pos += n;
+        }
+        let body = Body::FastAppend {
+            msg: wire::to_wire(m, false),
+            lsn_start: start,
+            lsn_end: end,
+        };
+        self.send_body(to, &body);
+        let last = m.entries.last().expect("non-empty").index;
+        if let Some(p) = self.peers.get_mut(&to) {
+            p.fast.wrote(FastEnd {
+                index: last,
+                lsn: end,
+            });
+        }
+        self.stats.fast_appends += 1;
+        self.stats.fast_bytes += end - start;
+        true
+    }
+
+    /// Leader: a fast write completed. A failed one (fenced, retries exceeded, flushed)
+    /// closes its peer's fast path.
+    pub(super) fn on_write_completion(&mut self, wr_id: u64, status: WcStatus) {
+        let write = self.writes_in_flight.complete(wr_id);
+        if status == WcStatus::Success {
+            return;
+        }
+        if status == WcStatus::RemoteAccess {
+            self.stats.fenced_writes += 1;
+        }
+        if let Some(p) = write.and_then(|w| self.peers.get_mut(&w.peer)) {
+            p.fast.close();
+        }
+    }
+
+    /// Stops in-flight writes from pinning ring space; their peers leave the fast path until
+    /// their next response re-establishes it.
+    pub(super) fn unpin_writes(&mut self) {
+        for w in self.writes_in_flight.take_all() {
+            if let Some(p) = self.peers.get_mut(&w.peer) {
+                p.fast.close();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_at(index: u64, lsn: u64) -> FastPeer {
+        let mut p = FastPeer::default();
+        p.sent(index);
+        p.on_response(false, index, index, lsn);
+        assert_eq!(p.end(), Some(FastEnd { index, lsn }));
+        p
+    }
+
+    #[test]
+    fn a_response_opens_the_fast_path_at_the_end_it_reports() {
+        let p = open_at(10, 4096);
+        assert_eq!(
+            p.end(),
+            Some(FastEnd {
+                index: 10,
+                lsn: 4096
+            })
+        );
+    }
+
+    #[test]
+    fn a_response_behind_what_was_sent_does_not_reopen_it() {
+        // An append up to 12 is in flight; a response showing the log at 10 must not aim the
+        // next write at 10's end, where that append's records will land.
+        let mut p = FastPeer::default();
+        p.sent(12);
+        p.on_response(false, 10, 10, 4096);
+        assert_eq!(p.end(), None);
+        p.on_response(false, 12, 12, 5000);
+        assert_eq!(p.end().map(|e| e.index), Some(12));
+    }
+
+    #[test]
+    fn a_reject_closes_it_and_so_does_a_follower_holding_more() {
+        let mut p = open_at(10, 4096);
+        p.on_response(true, 10, 10, 4096);
+        assert_eq!(p.end(), None);
+
+        let mut p = open_at(10, 4096);
+        // The follower answers an older append while holding entries we did not write.
+        p.on_response(false, 8, 11, 4500);
+        assert_eq!(p.end(), None);
+
+        let mut p = open_at(10, 4096);
+        p.wrote(FastEnd {
+            index: 14,
+            lsn: 6000,
+        });
+        // An ack of an earlier append that our writes already went past keeps the end.
+        p.on_response(false, 9, 12, 5000);
+        assert_eq!(p.end().map(|e| e.index), Some(14));
+    }
+
+    #[test]
+    fn a_reset_forgets_what_was_sent() {
+        let mut p = open_at(10, 4096);
+        p.sent(20);
+        p.reset();
+        assert_eq!(p.end(), None);
+        p.on_response(false, 5, 5, 100);
+        assert_eq!(
+            p.end().map(|e| e.index),
+            Some(5),
+            "a new term starts from scratch"
+        );
+    }
+
+    #[test]
+    fn inflight_writes_pin_from_their_lowest_lsn_until_completed_or_forgotten() {
+        let mut w = Inflight::default();
+        assert_eq!(w.pinned_from(), None);
+        w.insert(1, InflightWrite { peer: 2, lsn: 300 });
+        w.insert(2, InflightWrite { peer: 3, lsn: 100 });
+        w.insert(3, InflightWrite { peer: 2, lsn: 500 });
+        assert_eq!(w.pinned_from(), Some(100));
+        assert_eq!(w.complete(2), Some(InflightWrite { peer: 3, lsn: 100 }));
+        assert_eq!(w.complete(2), None);
+        assert_eq!(w.pinned_from(), Some(300));
+        w.forget_peer(2);
+        assert_eq!(w.pinned_from(), None);
+        w.insert(4, InflightWrite { peer: 3, lsn: 700 });
+        assert_eq!(w.take_all(), vec![InflightWrite { peer: 3, lsn: 700 }]);
+        assert_eq!(w.pinned_from(), None);
+    }
+
+    #[test]
+    fn rejects_name_their_cause() {
+        let r = FastReject::RingPosition {
+            ours: 10,
+            descriptor: 20,
+        };
+        assert_eq!(r.to_string(), "starts at Lsn 20, our ring ends at Lsn 10");
+        assert!(
+            FastReject::Header {
+                index: 5,
+                term: 2,
+                want_index: 5,
+                want_term: 3
+            }
+            .to_string()
+            .contains("term 3")
+        );
+    }
+}
