@@ -374,54 +374,9 @@ impl<F: Fabric> Replica<F> {
         fs: Arc<dyn FileSystem>,
     ) -> Result<Self, ReplicaError> {
         cfg.validate()?;
-        fs.create_dir_all(&cfg.data_dir)
-            .map_err(|e| ReplicaError::Config {
-                field: "data_dir",
-                reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
-            })?;
-        let mut state_file = StateFile::new(fs.clone(), &cfg.data_dir);
-        let loaded = state_file.load().map_err(ReplicaError::Poisoned)?;
-        let existed = loaded.is_some();
-        let (hs, cs, conf_history) = match loaded {
-            Some(StoredState {
-                hs, cs, history, ..
-            }) => (hs, cs, history),
-            None => {
-                let hs = HardState::default();
-                let mut cs = ConfState::default();
-                cs.voters = cfg.voters.clone();
-                let history = ConfHistory::new(0, cs.clone());
-                state_file
-                    .store(&hs, &cs, &history)
-                    .map_err(ReplicaError::Poisoned)?;
-                (hs, cs, history)
-            }
-        };
-        let mut conf_history = conf_history;
-        let wal_cfg = WalConfig {
-            cluster_id: cfg.cluster_id,
-            block_bytes: cfg.block_bytes,
-            segment_data_bytes: cfg.segment_bytes,
-            max_batch_bytes: cfg.segment_bytes.min(4 << 20).max(cfg.block_bytes),
-            max_batch_delay: std::time::Duration::ZERO,
-            start: Position::default(),
-            unchecked_reads: cfg.mutation == crate::Mutation::UncheckedReads,
-        };
-        let wal_fs: Arc<dyn FileSystem> = match cfg.mutation {
-            crate::Mutation::AckWithoutFsync => Arc::new(crate::mutation::NoSyncFs(fs.clone())),
-            _ => fs.clone(),
-        };
-        let (wal, _report) = Wal::open(wal_fs, &cfg.data_dir, wal_cfg)?;
-        let wal = Arc::new(wal);
-        // The latest checkpoint. If the log ends before it, this node was installing a
-        // snapshot from the leader when it stopped (the snapshot is stored first): finish.
-        let snapshot_file = SnapshotFile::new(fs.clone(), &cfg.data_dir);
-        let snapshot = snapshot_file.load().map_err(|e| {
-            ReplicaError::Poisoned(format!(
-                "cannot load {}: {e}",
-                cfg.data_dir.join("snapshot").display()
-            ))
-        })?;
+        let (mut state_file, existed, hs, mut cs, mut conf_history) = Self::open_state(&cfg, &fs)?;
+        let wal = Self::open_wal(&cfg, &fs)?;
+        let (snapshot_file, snapshot) = Self::load_snapshot(&cfg, &fs)?;
         let persistent =
             cfg.durability == Durability::Memory && cfg.mutation != crate::Mutation::PrivateRing;
         // A ring left by a crashed process of this data dir holds the entries it accepted (and
@@ -446,33 +401,13 @@ impl<F: Fabric> Replica<F> {
         // The latest checkpoint. If the log (ring included) does not reach it with the same
         // term, this node was installing a snapshot from the leader when it stopped (the
         // snapshot is stored first): finish, on a fresh ring at the snapshot's position.
-        let mut cs = cs;
         if let Some(snap) = &snapshot {
-            let meta = snap.get_metadata();
-            let holds_it = wal.last_index().0 >= meta.index
-                && wal.term(Index(meta.index)).map(|t| t.0) == Some(meta.term);
-            if !holds_it {
-                let lsn = snapshot_lsn(snap).filter(|l| l % 8 == 0).ok_or_else(|| {
-                    ReplicaError::Poisoned("the snapshot file records no valid log position".into())
-                })?;
-                let start = Position {
-                    lsn: Lsn(lsn),
-                    last_index: Index(meta.index),
-                    last_term: Term(meta.term),
-                };
-                wal.restart_at(start)?;
-                let ring_cfg = RingConfig {
-                    capacity_bytes: cfg.ring_bytes,
-                    block_bytes: cfg.block_bytes,
-                };
-                (producer, consumer) = wal::ring(memory.clone(), ring_cfg, start)?;
-                cs = meta.get_conf_state().clone();
-                conf_history = ConfHistory::new(meta.index, cs.clone());
-                let mut hs = hs.clone();
-                hs.commit = hs.commit.max(meta.index);
-                state_file
-                    .store(&hs, &cs, &conf_history)
-                    .map_err(ReplicaError::Poisoned)?;
+            if let Some((ring, snap_cs, history)) =
+                Self::finish_snapshot_install(&cfg, &wal, &memory, snap, &hs, &mut state_file)?
+            {
+                (producer, consumer) = ring;
+                cs = snap_cs;
+                conf_history = history;
             }
         }
         let (hs, recovering) = Self::guard_amnesia(
@@ -497,24 +432,7 @@ impl<F: Fabric> Replica<F> {
         let prefix_term = wal
             .position_after(Index(applied))
             .map_or(0, |p| p.last_term.0);
-        let mut rc = raft::Config {
-            id: cfg.id,
-            election_tick: cfg.election_tick,
-            heartbeat_tick: cfg.heartbeat_tick,
-            applied,
-            max_size_per_msg: cfg.max_size_per_msg,
-            max_inflight_msgs: cfg.max_inflight_msgs,
-            check_quorum: true,
-            pre_vote: true,
-            skip_bcast_commit: !cfg.broadcast_commit,
-            max_uncommitted_size: (cfg.ring_bytes / 2).max(1 << 20),
-            ..Default::default()
-        };
-        if let Some((min, max)) = cfg.election_window {
-            rc.min_election_tick = min;
-            rc.max_election_tick = max;
-        }
-        rc.validate()?;
+        let rc = Self::raft_config(&cfg, applied)?;
         let mut peers = BTreeMap::new();
         for id in members_of(&cs) {
             if id != cfg.id {
@@ -574,6 +492,138 @@ impl<F: Fabric> Replica<F> {
         };
         r.maintain_connections();
         Ok(r)
+    }
+
+    /// Opens the data dir's raft-state (term, vote, commit, membership, guard), creating it
+    /// with the configured voters on a first start. Also says whether it existed.
+    fn open_state(
+        cfg: &ReplicaConfig,
+        fs: &Arc<dyn FileSystem>,
+    ) -> Result<(StateFile, bool, HardState, ConfState, ConfHistory), ReplicaError> {
+        fs.create_dir_all(&cfg.data_dir)
+            .map_err(|e| ReplicaError::Config {
+                field: "data_dir",
+                reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
+            })?;
+        let mut state_file = StateFile::new(fs.clone(), &cfg.data_dir);
+        let loaded = state_file.load().map_err(ReplicaError::Poisoned)?;
+        let existed = loaded.is_some();
+        let (hs, cs, history) = match loaded {
+            Some(StoredState {
+                hs, cs, history, ..
+            }) => (hs, cs, history),
+            None => {
+                let hs = HardState::default();
+                let mut cs = ConfState::default();
+                cs.voters = cfg.voters.clone();
+                let history = ConfHistory::new(0, cs.clone());
+                state_file
+                    .store(&hs, &cs, &history)
+                    .map_err(ReplicaError::Poisoned)?;
+                (hs, cs, history)
+            }
+        };
+        Ok((state_file, existed, hs, cs, history))
+    }
+
+    /// Opens (recovers) the segment files.
+    fn open_wal(cfg: &ReplicaConfig, fs: &Arc<dyn FileSystem>) -> Result<Arc<Wal>, ReplicaError> {
+        let wal_cfg = WalConfig {
+            cluster_id: cfg.cluster_id,
+            block_bytes: cfg.block_bytes,
+            segment_data_bytes: cfg.segment_bytes,
+            max_batch_bytes: cfg.segment_bytes.min(4 << 20).max(cfg.block_bytes),
+            max_batch_delay: std::time::Duration::ZERO,
+            start: Position::default(),
+            unchecked_reads: cfg.mutation == crate::Mutation::UncheckedReads,
+        };
+        let wal_fs: Arc<dyn FileSystem> = match cfg.mutation {
+            crate::Mutation::AckWithoutFsync => Arc::new(crate::mutation::NoSyncFs(fs.clone())),
+            _ => fs.clone(),
+        };
+        let (wal, _report) = Wal::open(wal_fs, &cfg.data_dir, wal_cfg)?;
+        Ok(Arc::new(wal))
+    }
+
+    /// Loads the latest checkpoint, if any.
+    fn load_snapshot(
+        cfg: &ReplicaConfig,
+        fs: &Arc<dyn FileSystem>,
+    ) -> Result<(SnapshotFile, Option<Snapshot>), ReplicaError> {
+        let snapshot_file = SnapshotFile::new(fs.clone(), &cfg.data_dir);
+        let snapshot = snapshot_file.load().map_err(|e| {
+            ReplicaError::Poisoned(format!(
+                "cannot load {}: {e}",
+                cfg.data_dir.join("snapshot").display()
+            ))
+        })?;
+        Ok((snapshot_file, snapshot))
+    }
+
+    /// When the log (ring included) does not hold the checkpoint `snap` with its term, this
+    /// node stopped while installing it: restarts the wal and a fresh ring at the snapshot's
+    /// position and stores the snapshot's membership, returning the new ring ends, membership
+    /// and history. `None` when the log holds the checkpoint.
+    #[allow(clippy::type_complexity)]
+    fn finish_snapshot_install(
+        cfg: &ReplicaConfig,
+        wal: &Wal,
+        memory: &Arc<dyn RingMemory>,
+        snap: &Snapshot,
+        hs: &HardState,
+        state_file: &mut StateFile,
+    ) -> Result<Option<((Producer, Consumer), ConfState, ConfHistory)>, ReplicaError> {
+        let meta = snap.get_metadata();
+        let holds_it = wal.last_index().0 >= meta.index
+            && wal.term(Index(meta.index)).map(|t| t.0) == Some(meta.term);
+        if holds_it {
+            return Ok(None);
+        }
+        let lsn = snapshot_lsn(snap).filter(|l| l % 8 == 0).ok_or_else(|| {
+            ReplicaError::Poisoned("the snapshot file records no valid log position".into())
+        })?;
+        let start = Position {
+            lsn: Lsn(lsn),
+            last_index: Index(meta.index),
+            last_term: Term(meta.term),
+        };
+        wal.restart_at(start)?;
+        let ring_cfg = RingConfig {
+            capacity_bytes: cfg.ring_bytes,
+            block_bytes: cfg.block_bytes,
+        };
+        let ring = wal::ring(memory.clone(), ring_cfg, start)?;
+        let cs = meta.get_conf_state().clone();
+        let history = ConfHistory::new(meta.index, cs.clone());
+        let mut hs = hs.clone();
+        hs.commit = hs.commit.max(meta.index);
+        state_file
+            .store(&hs, &cs, &history)
+            .map_err(ReplicaError::Poisoned)?;
+        Ok(Some((ring, cs, history)))
+    }
+
+    /// raft-rs's configuration for this replica, starting from `applied`.
+    fn raft_config(cfg: &ReplicaConfig, applied: u64) -> Result<raft::Config, ReplicaError> {
+        let mut rc = raft::Config {
+            id: cfg.id,
+            election_tick: cfg.election_tick,
+            heartbeat_tick: cfg.heartbeat_tick,
+            applied,
+            max_size_per_msg: cfg.max_size_per_msg,
+            max_inflight_msgs: cfg.max_inflight_msgs,
+            check_quorum: true,
+            pre_vote: true,
+            skip_bcast_commit: !cfg.broadcast_commit,
+            max_uncommitted_size: (cfg.ring_bytes / 2).max(1 << 20),
+            ..Default::default()
+        };
+        if let Some((min, max)) = cfg.election_window {
+            rc.min_election_tick = min;
+            rc.max_election_tick = max;
+        }
+        rc.validate()?;
+        Ok(rc)
     }
 
     /// Allocates and registers-to-be the ring: shared memory under `Durability::Memory`
