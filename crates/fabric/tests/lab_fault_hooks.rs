@@ -210,9 +210,8 @@ fn qdisc_identities() -> Vec<(String, String)> {
         .iter()
         .flat_map(|&h| [lab::config::netdev_name(h), guest::bridge_port_name(h)])
         .map(|dev| {
-            let line = guest::root_qdisc(&dev).unwrap();
-            let id: Vec<&str> = line.split_whitespace().skip(1).take(2).collect();
-            (dev, id.join(" "))
+            let q = guest::root_qdisc(&dev).unwrap();
+            (dev, format!("{} {}", q.kind, q.handle))
         })
         .collect()
 }
@@ -226,7 +225,7 @@ fn assert_lab_intact(what: &str, qdiscs: &[(String, String)], send_errors: &[u64
         "{what}: a hook swapped a root qdisc (the swap drops packets in flight)"
     );
     for (dev, _) in qdiscs {
-        let line = guest::root_qdisc(dev).unwrap();
+        let line = guest::root_qdisc(dev).unwrap().line;
         assert!(
             !line.contains("loss") && !line.contains("delay"),
             "{what}: {dev} still impairs after the lift: {line}"

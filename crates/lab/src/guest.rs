@@ -343,15 +343,36 @@ pub fn bridge_port_name(host: u8) -> String {
     format!("b{host}")
 }
 
-/// The root qdisc of `dev` as `tc qdisc show` prints it (`qdisc netem 8001: root refcnt 2
-/// limit 10000`): its kind and handle say whether a hook swapped it, its parameters what it
-/// does now.
-pub fn root_qdisc(dev: &str) -> Result<String> {
+/// A root qdisc as `tc qdisc show` prints it (`qdisc netem 8001: root refcnt 2 limit 10000`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootQdisc {
+    /// `netem`, `noqueue`, ...: with the handle, says whether a hook swapped the qdisc.
+    pub kind: String,
+    /// `8001:`; a new qdisc gets a new one.
+    pub handle: String,
+    /// The whole line, parameters included: what the qdisc does now.
+    pub line: String,
+}
+
+impl RootQdisc {
+    /// Parses the first line of `tc qdisc show dev DEV root`.
+    pub fn parse(line: &str) -> RootQdisc {
+        let mut words = line.split_whitespace().skip(1);
+        RootQdisc {
+            kind: words.next().unwrap_or_default().to_string(),
+            handle: words.next().unwrap_or_default().to_string(),
+            line: line.trim().to_string(),
+        }
+    }
+}
+
+/// The root qdisc of `dev`.
+pub fn root_qdisc(dev: &str) -> Result<RootQdisc> {
     let args: Vec<String> = ["qdisc", "show", "dev", dev, "root"]
         .map(String::from)
         .to_vec();
     let out = tool_output("tc", &args)?;
-    Ok(out.lines().next().unwrap_or_default().trim().to_string())
+    Ok(RootQdisc::parse(out.lines().next().unwrap_or_default()))
 }
 
 /// Takes host `host`'s link down or up (its rxe port follows). Taking a link down flushes its
@@ -449,6 +470,7 @@ pub fn install_neighbours(host: u8) -> Result<()> {
     }
     Ok(())
 }
+
 /// The state of QP1 (the GSI QP that carries rdma_cm's MADs) of `device`, from an
 /// `rdma res show qp` listing; `None` when the listing has no QP1 for it.
 pub fn parse_gsi_state(listing: &str, device: &str) -> Option<String> {
@@ -462,9 +484,11 @@ pub fn parse_gsi_state(listing: &str, device: &str) -> Option<String> {
                 .and_then(|i| words.get(i + 1))
                 .copied()
         };
-        (field("link") == Some(link.as_str()) && field("lqpn") == Some("1"))
-            .then(|| field("state").map(str::to_string))
-            .flatten()
+        if field("link") == Some(link.as_str()) && field("lqpn") == Some("1") {
+            field("state").map(str::to_string)
+        } else {
+            None
+        }
     })
 }
 
@@ -697,6 +721,14 @@ mod tests {
         ];
         assert_eq!(find_roce_v2_gid(&table, addr), Some(3));
         assert_eq!(find_roce_v2_gid(&table, Ipv4Addr::new(10, 0, 0, 1)), None);
+    }
+
+    #[test]
+    fn a_root_qdisc_line_gives_kind_handle_and_parameters() {
+        let q = RootQdisc::parse("qdisc netem 8003: root refcnt 3 limit 10000 loss 5%\n");
+        assert_eq!((q.kind.as_str(), q.handle.as_str()), ("netem", "8003:"));
+        assert!(q.line.ends_with("loss 5%"));
+        assert_eq!(RootQdisc::parse("").kind, "");
     }
 
     #[test]

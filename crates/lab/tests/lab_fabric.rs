@@ -100,25 +100,18 @@ fn netem_applies_and_clears() {
         },
     )
     .unwrap();
-    let show = std::process::Command::new("tc")
-        .args(["qdisc", "show", "dev", "v3"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&show.stdout);
+    let set = guest::root_qdisc("v3").unwrap();
+    let text = &set.line;
     assert!(text.contains("netem") && text.contains("loss 5%"), "{text}");
     guest::clear_netem(3).unwrap();
     guest::clear_netem(3).unwrap(); // idempotent
-    let show = std::process::Command::new("tc")
-        .args(["qdisc", "show", "dev", "v3"])
-        .output()
-        .unwrap();
-    let cleared = String::from_utf8_lossy(&show.stdout);
+    let after = guest::root_qdisc("v3").unwrap();
+    let cleared = &after.line;
     // Cleared is the pass-through netem the lab boots with, the same qdisc (same handle):
     // the hooks change it in place and never swap it.
-    let handle = |t: &str| t.split_whitespace().nth(2).map(str::to_string);
     assert!(
         cleared.contains("netem") && !cleared.contains("loss"),
         "{cleared}"
     );
-    assert_eq!(handle(&cleared), handle(&text), "{text} then {cleared}");
+    assert_eq!(after.handle, set.handle, "{text} then {cleared}");
 }

@@ -111,7 +111,7 @@ impl Inflight {
     }
 
     /// The write a completion belongs to.
-    pub(super) fn complete(&mut self, wr_id: u64) -> Option<InflightWrite> {
+    fn complete(&mut self, wr_id: u64) -> Option<InflightWrite> {
         self.0.remove(&wr_id)
     }
 
@@ -135,7 +135,7 @@ impl Inflight {
 /// entries (raft acks the prefix it has or rejects with a hint), and the leader falls back to
 /// the slow path.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum FastReject {
+pub(super) enum FastReject {
     /// Not from the leader of our term on the connection we granted.
     NotGranted,
     /// The descriptor does not continue our log (its previous index or term differs).
