@@ -859,18 +859,29 @@ impl Report {
         self.bytes as f64 / (1 << 20) as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// The longest gap between two consecutive acknowledgements after `t`: the first
-    /// acknowledgement at or before `t` to the first one after it (a failover's cost as the
-    /// client sees it). `None` if no acknowledgement came after `t`.
-    pub fn gap_after(&self, t: Instant) -> Option<(Duration, u64, u64)> {
-        let k = self.acks.iter().position(|a| a.at > t)?;
-        let before = if k == 0 {
-            t
-        } else {
-            self.acks[k - 1].at.min(t)
+    /// A failover's cost as the client sees it: the gap between the first acknowledgement
+    /// after `t` served by a leader other than `old` and the acknowledgement just before it.
+    /// Returns that gap, the leader of the acknowledgement before the gap, and the new leader;
+    /// `None` if no other leader acknowledged anything after `t`.
+    ///
+    /// Acknowledgements from `old` that arrive after `t` are skipped, not counted as the
+    /// failover: with a window of appends in flight, a leader killed at `t` may already have
+    /// committed and answered some of them, and the client reads those answers later.
+    pub fn failover_after(&self, t: Instant, old: u64) -> Option<(Duration, u64, u64)> {
+        let k = self.acks.iter().position(|a| a.at > t && a.leader != old)?;
+        let (before, prev_leader) = match k.checked_sub(1) {
+            Some(j) => (self.acks[j].at.min(self.acks[k].at), self.acks[j].leader),
+            None => (t, 0),
         };
-        let prev_leader = if k == 0 { 0 } else { self.acks[k - 1].leader };
         Some((self.acks[k].at - before, prev_leader, self.acks[k].leader))
+    }
+
+    /// How many acknowledgements `leader` served after `t`.
+    pub fn acks_from_after(&self, t: Instant, leader: u64) -> usize {
+        self.acks
+            .iter()
+            .filter(|a| a.at > t && a.leader == leader)
+            .count()
     }
 }
 
@@ -1094,7 +1105,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_is_measured_from_the_last_ack_before_the_fault() {
+    fn a_gap_is_measured_from_the_last_ack_before_the_new_leaders_first() {
         let t0 = Instant::now();
         let ack = |index, ms, leader| Ack {
             seq: index,
@@ -1110,9 +1121,22 @@ mod tests {
             bytes: 24,
             retries: 1,
         };
-        let (gap, from, to) = r.gap_after(t0 + Duration::from_millis(20)).unwrap();
+        let (gap, from, to) = r.failover_after(t0 + Duration::from_millis(20), 1).unwrap();
         assert_eq!(gap, Duration::from_millis(890));
         assert_eq!((from, to), (1, 2));
-        assert!(r.gap_after(t0 + Duration::from_secs(2)).is_none());
+        assert!(r.failover_after(t0 + Duration::from_secs(2), 1).is_none());
+        // Answers the killed leader had already sent, read after the kill, are not the
+        // failover (the CI run of 2026-12-01 read one 36 ms after the kill).
+        let late = Report {
+            acks: vec![ack(1, 0, 1), ack(2, 36, 1), ack(3, 900, 2), ack(4, 905, 2)],
+            ..r
+        };
+        let (gap, from, to) = late
+            .failover_after(t0 + Duration::from_millis(20), 1)
+            .unwrap();
+        assert_eq!(gap, Duration::from_millis(864));
+        assert_eq!((from, to), (1, 2));
+        assert_eq!(late.acks_from_after(t0 + Duration::from_millis(20), 1), 1);
+        assert!(late.failover_after(t0, 2).is_some_and(|(_, _, to)| to == 1));
     }
 }

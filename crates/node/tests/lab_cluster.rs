@@ -198,14 +198,20 @@ fn leader_crash_mid_load_fails_over_and_rejoins() {
     .unwrap();
     println!("{r}");
     let (old, at) = killed.unwrap();
-    let (gap, from, to) = r.gap_after(at).unwrap();
+    let (gap, from, to) = r
+        .failover_after(at, old)
+        .expect("no other node acknowledged an append after the kill");
     println!(
         "failover: last commit under node {from} -> first commit under node {to}: {:.0} ms",
         gap.as_secs_f64() * 1000.0
     );
-    assert_ne!(
-        to, old,
-        "the first commit after the kill came from the killed node"
+    // The killed leader may have answered appends of the window in flight before it died;
+    // the client reads those later. It cannot answer more than one window of them.
+    let late = r.acks_from_after(at, old);
+    assert!(
+        late <= w.window,
+        "node {old} answered {late} appends after its kill -9, more than the {} in flight",
+        w.window
     );
     let last = r.acks.iter().map(|a| a.index).max().unwrap();
     let s = c.wait_commit(old, last, Duration::from_secs(120)).unwrap();

@@ -135,7 +135,7 @@ fn main() -> anyhow::Result<()> {
     })?;
     println!("demo: {r}");
     let (old, at) = killed.context("the workload ended before the leader was killed")?;
-    if let Some((gap, from, to)) = r.gap_after(at) {
+    if let Some((gap, from, to)) = r.failover_after(at, old) {
         println!(
             "demo: node {to} took over from node {from}; failover (last commit before the kill -> first commit after) {:.0} ms",
             gap.as_secs_f64() * 1000.0
