@@ -41,7 +41,7 @@ use crate::format::{
     self, ChainCheck, DecodeError, Decoded, HEADER_BYTES, MAX_BLOCK_BYTES, MIN_BLOCK_BYTES,
     RawHeader, RecordKind,
 };
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use crate::{Index, Lsn, Position, Term};
 
 /// Largest ring: 64 GiB, far above any registered region we plan for, and small enough that
@@ -84,8 +84,23 @@ pub trait RingMemory: Send + Sync + fmt::Debug {
 /// the memory has one. Read it before building a ring over the memory with
 /// [`ring_recovering`], then hand it to [`Producer::recover_published`].
 pub fn published_tail(memory: &dyn RingMemory) -> Option<Lsn> {
-    memory.tail_mirror().map(|w| Lsn(w.load(Ordering::Acquire)))
+    memory
+        .tail_mirror()
+        .map(|w| Lsn(w.load(Ordering::Acquire) & !OPEN_TO_REMOTE))
 }
+
+/// Whether a crashed process left `memory` open to remote writes
+/// ([`Producer::set_open_to_remote`]): records past the published tail may then have been
+/// placed by a writer that counted them as held, and recovery must take them with
+/// [`Producer::accept_placed`]. `false` for memory without a tail mirror.
+pub fn open_to_remote(memory: &dyn RingMemory) -> bool {
+    memory
+        .tail_mirror()
+        .is_some_and(|w| w.load(Ordering::Acquire) & OPEN_TO_REMOTE != 0)
+}
+
+/// The tail mirror's top bit: the ring is open to remote writes (an Lsn never reaches 2^63).
+const OPEN_TO_REMOTE: u64 = 1 << 63;
 
 /// Anonymous, private memory, zeroed and touched at creation so that its pages exist before
 /// registration pins them. Large allocations come from an anonymous `mmap` by the allocator.
@@ -137,6 +152,8 @@ struct Shared {
     block: u64,
     head: CachePadded<AtomicU64>,
     tail: CachePadded<AtomicU64>,
+    /// Mirrored in the tail mirror's top bit: see [`Producer::set_open_to_remote`].
+    open_to_remote: AtomicBool,
 }
 
 impl Shared {
@@ -262,6 +279,7 @@ fn build(
         block,
         head: CachePadded::new(AtomicU64::new(start.lsn.0)),
         tail: CachePadded::new(AtomicU64::new(start.lsn.0)),
+        open_to_remote: AtomicBool::new(false),
     });
     let producer = Producer {
         shared: Arc::clone(&shared),
@@ -284,7 +302,12 @@ impl Shared {
     /// stored after the records (Release), so a crash after it finds them in place.
     fn publish(&self, tail: u64) {
         if let Some(mirror) = self.memory.tail_mirror() {
-            mirror.store(tail, Ordering::Release);
+            let open = if self.open_to_remote.load(Ordering::Relaxed) {
+                OPEN_TO_REMOTE
+            } else {
+                0
+            };
+            mirror.store(tail | open, Ordering::Release);
         }
         self.tail.store(tail, Ordering::Release);
     }
@@ -460,6 +483,96 @@ impl Producer {
         self.last_term = chain.last_term;
         self.shared.publish(pos);
         Ok((pos, chain))
+    }
+
+    /// Takes every record a remote writer placed past the tail that is valid and continues
+    /// the chain (the checks of [`Producer::accept_written`]), up to the first that is not,
+    /// or the first entry of a term above `max_term`, and publishes them. Unlike
+    /// `accept_written` it is given no end: it is how a follower takes what a leader wrote
+    /// and counted as held although no descriptor said so (the leader's completion came
+    /// back, the follower has not seen the descriptor yet, or never will). The log then ends
+    /// at the last entry taken: a padding record after it is left, because the next entry
+    /// may still fit before the block's end. Never fails: a record that is not valid is
+    /// where the placed bytes end. Returns the new end and how many entries were taken.
+    pub fn accept_placed(&mut self, max_term: Term) -> (Position, u64) {
+        let head = self.shared.head.load(Ordering::Acquire);
+        let limit = head + self.shared.capacity;
+        let block = self.shared.block;
+        let before = self.last_index;
+        let mut chain = ChainCheck {
+            last_index: self.last_index,
+            last_term: self.last_term,
+        };
+        let mut pos = self.tail;
+        let mut end = self.tail;
+        while pos < limit {
+            let rest = format::block_rest(pos, block);
+            if rest < HEADER_BYTES as u64 {
+                pos += rest;
+                continue;
+            }
+            let available = (limit - pos).min(rest) as usize;
+            let scratch = &mut self.scratch[..available];
+            let head_len = HEADER_BYTES.min(available);
+            self.shared.load(pos, &mut scratch[..head_len]);
+            let Ok(header) = <&[u8; HEADER_BYTES]>::try_from(&scratch[..head_len]) else {
+                break;
+            };
+            let want = RawHeader::read(header).copy_len(available);
+            self.shared
+                .load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
+            let Ok(decoded) = format::decode_record(scratch, Lsn(pos), block) else {
+                break;
+            };
+            let header = decoded.header;
+            match header.kind {
+                RecordKind::Entry if header.term > max_term => break,
+                RecordKind::Entry => {}
+                RecordKind::Padding => {
+                    pos += decoded.record_len;
+                    continue;
+                }
+                // A start record is only ever the first of a segment, never placed.
+                _ => break,
+            }
+            if chain.advance(&header).is_err() {
+                break;
+            }
+            pos += decoded.record_len;
+            end = pos;
+        }
+        self.tail = end;
+        self.last_index = chain.last_index;
+        self.last_term = chain.last_term;
+        self.shared.publish(end);
+        (self.position(), self.last_index.0 - before.0)
+    }
+
+    /// Zeroes the free part of the ring, `[tail, head + capacity)`: whatever an earlier
+    /// writer left there (records of a log this ring no longer follows, placed bytes nobody
+    /// took) can then never pass for a record that [`Producer::accept_placed`] takes.
+    pub fn clear_free(&mut self) {
+        let head = self.shared.head.load(Ordering::Acquire);
+        let mut pos = self.tail;
+        let limit = head + self.shared.capacity;
+        while pos < limit {
+            let n = (limit - pos).min(self.shared.capacity - (pos & self.shared.mask));
+            for w in self.shared.span(pos, n as usize) {
+                w.store(0, Ordering::Relaxed);
+            }
+            pos += n;
+        }
+        crate::sync::fence(Ordering::Release);
+    }
+
+    /// Marks the ring open (or closed) to remote writes that a writer counts as held before
+    /// this producer saw them, in the tail mirror, so that recovery after a crash of this
+    /// process knows to take them ([`open_to_remote`], then [`Producer::accept_placed`]).
+    /// Open it before granting remote write; close it only after the grant was revoked and
+    /// what was placed was taken.
+    pub fn set_open_to_remote(&mut self, open: bool) {
+        self.shared.open_to_remote.store(open, Ordering::Relaxed);
+        self.shared.publish(self.tail);
     }
 
     /// Moves the tail back to `to` (a raft conflict on a follower). `to` must be a record
@@ -924,6 +1037,122 @@ mod tests {
         // Memory without a mirror has nothing to recover.
         let plain = AnonymousMemory::new(1024).unwrap();
         assert_eq!(published_tail(&plain), None);
+    }
+
+    /// Six entries of term 2 written by a "leader", and the bytes of its ring.
+    fn leader_bytes() -> (Vec<u8>, Vec<Lsn>, Lsn) {
+        let (mut leader, leader_consumer) = small_ring(1024, 256);
+        let mut starts = Vec::new();
+        for i in 0..6u64 {
+            let (_, lsn) = leader
+                .append_next(Term(2), &vec![i as u8; 40 + i as usize * 9])
+                .unwrap();
+            starts.push(lsn);
+        }
+        let end = leader.position().lsn;
+        let mut bytes = vec![0u8; end.0 as usize];
+        leader_consumer.copy_range(Lsn(0), &mut bytes).unwrap();
+        (bytes, starts, end)
+    }
+
+    #[test]
+    fn placed_records_are_taken_up_to_the_first_that_is_not_valid() {
+        let (bytes, starts, end) = leader_bytes();
+        let memory = surviving(1024);
+        let (mut f, _c) = ring(memory.clone(), CFG, Position::default()).unwrap();
+        // Nothing placed: nothing taken.
+        assert_eq!(f.accept_placed(Term(9)), (Position::default(), 0));
+        write_words(&*memory, 0, &bytes);
+        let (pos, n) = f.accept_placed(Term(9));
+        assert_eq!((pos.lsn, pos.last_index, n), (end, Index(6), 6));
+        assert_eq!(published_tail(memory.as_ref()), Some(end));
+        // Taking again finds nothing more.
+        assert_eq!(f.accept_placed(Term(9)).1, 0);
+
+        // A torn fourth record: the first three are taken, the valid ones after it are not.
+        let (mut f, _c) = ring(surviving(1024), CFG, Position::default()).unwrap();
+        let mut torn = bytes.clone();
+        torn[starts[3].0 as usize + 40] ^= 1;
+        write_words(&*f.memory().clone(), 0, &torn);
+        let (pos, n) = f.accept_placed(Term(9));
+        assert_eq!((pos.lsn, pos.last_index, n), (starts[3], Index(3), 3));
+
+        // An entry of a term above the limit is not taken, nor anything after it.
+        let (mut f, _c) = ring(surviving(1024), CFG, Position::default()).unwrap();
+        write_words(&*f.memory().clone(), 0, &bytes);
+        assert_eq!(f.accept_placed(Term(1)).1, 0);
+
+        // Records that do not continue this ring's chain are not taken.
+        let start = Position {
+            lsn: Lsn(0),
+            last_index: Index(9),
+            last_term: Term(1),
+        };
+        let (mut f, _c) = ring(surviving(1024), CFG, start).unwrap();
+        write_words(&*f.memory().clone(), 0, &bytes);
+        assert_eq!(f.accept_placed(Term(9)), (start, 0));
+    }
+
+    #[test]
+    fn a_trailing_padding_record_is_not_taken_as_the_end_of_the_log() {
+        // Entries of 200 bytes in 256-byte blocks: each is followed by padding to the block end.
+        let (mut leader, lc) = small_ring(1024, 256);
+        leader.append_next(Term(1), &[7; 150]).unwrap();
+        let one_end = leader.position().lsn;
+        leader.append_next(Term(1), &[8; 150]).unwrap();
+        let mut bytes = vec![0u8; leader.position().lsn.0 as usize];
+        lc.copy_range(Lsn(0), &mut bytes).unwrap();
+        // Only the first entry and the padding after it were placed.
+        bytes.truncate(256);
+        let (mut f, _c) = ring(surviving(1024), CFG, Position::default()).unwrap();
+        write_words(&*f.memory().clone(), 0, &bytes);
+        let (pos, n) = f.accept_placed(Term(1));
+        assert_eq!((pos.lsn, n), (one_end, 1));
+    }
+
+    #[test]
+    fn clearing_the_free_part_leaves_nothing_to_take_and_keeps_the_log() {
+        let (bytes, _, end) = leader_bytes();
+        let memory = surviving(1024);
+        let (mut f, _c) = ring(memory.clone(), CFG, Position::default()).unwrap();
+        f.append_next(Term(1), b"mine").unwrap();
+        let mine = f.position();
+        // Stale records of another log past our end (a cut suffix, bytes nobody took).
+        write_words(
+            &*memory,
+            mine.lsn.0 as usize,
+            &bytes[..(end.0 - mine.lsn.0) as usize],
+        );
+        f.clear_free();
+        assert!(
+            memory.words[(mine.lsn.0 / 8) as usize..]
+                .iter()
+                .all(|w| w.load(Ordering::Relaxed) == 0)
+        );
+        assert_eq!(f.accept_placed(Term(9)), (mine, 0));
+        let mut out = vec![0u8; mine.lsn.0 as usize];
+        _c.copy_range(Lsn(0), &mut out).unwrap();
+        assert_eq!(&out[32..36], b"mine");
+    }
+
+    #[test]
+    fn the_open_to_remote_mark_rides_in_the_tail_mirror() {
+        let memory = surviving(1024);
+        let (mut p, _c) = ring(memory.clone(), CFG, Position::default()).unwrap();
+        assert!(!open_to_remote(memory.as_ref()));
+        p.set_open_to_remote(true);
+        let (_, _) = p.append_next(Term(1), b"one").unwrap();
+        let end = p.position().lsn;
+        assert!(open_to_remote(memory.as_ref()));
+        assert_eq!(
+            published_tail(memory.as_ref()),
+            Some(end),
+            "the mark is not part of the Lsn"
+        );
+        p.set_open_to_remote(false);
+        assert!(!open_to_remote(memory.as_ref()));
+        assert_eq!(published_tail(memory.as_ref()), Some(end));
+        assert!(!open_to_remote(&AnonymousMemory::new(1024).unwrap()));
     }
 }
 
