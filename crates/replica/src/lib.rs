@@ -63,7 +63,82 @@ pub use node::{
     COMPLETION_STATUSES, Checkpoint, Committed, PeerStatus, Replica, ReplicaStats, Role, Status,
     Ticket,
 };
-pub use wal::Durability;
+
+/// When a replica counts an entry as held, and so when a majority's count acknowledges an
+/// append. ARCHITECTURE.md's durability table says what each one survives, and which test
+/// proves it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Durability {
+    /// A replica holds an entry once it is fdatasync'ed in its segment files: commit after a
+    /// majority's fdatasync. Survives anything the disks survive, power loss of all included.
+    /// Pick it when an acknowledged write must survive the loss of every machine's power.
+    #[default]
+    Fsync,
+    /// A replica holds an entry once its CPU validated it in its ring, which is shared memory
+    /// (tmpfs) that outlives the process; the segment files follow in the background. Survives
+    /// a crash of every process and a machine crash of a minority.
+    Memory,
+    /// As `Memory` for what it survives, but the leader counts a follower as holding an entry
+    /// as soon as the RDMA Write that placed it in the follower's ring completes on the
+    /// connection that follower granted for the current term: no follower CPU is on the
+    /// commit path (Mu's commit). The follower's CPU validates and persists later, and takes
+    /// every record placed in its ring into its log before it votes, campaigns or steps a
+    /// higher term. Pick it for the lowest commit latency when three machines do not lose
+    /// power together.
+    Replicated,
+}
+
+impl Durability {
+    /// The ring is the copy of record of what is not yet in the segment files: shared memory
+    /// that a crash of the process keeps, released only once the files are fdatasync'ed.
+    pub fn ring_in_shared_memory(self) -> bool {
+        matches!(self, Durability::Memory | Durability::Replicated)
+    }
+
+    /// A leader counts a completed RDMA Write as its follower's acknowledgement.
+    pub fn commits_on_nic_ack(self) -> bool {
+        self == Durability::Replicated
+    }
+
+    /// What the wal must achieve before this replica counts an entry as held.
+    pub fn wal(self) -> wal::Durability {
+        match self {
+            Durability::Fsync => wal::Durability::Fsync,
+            Durability::Memory | Durability::Replicated => wal::Durability::Memory,
+        }
+    }
+
+    /// The name used in configuration files and on command lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Fsync => "fsync",
+            Durability::Memory => "memory",
+            Durability::Replicated => "replicated",
+        }
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fsync" => Ok(Durability::Fsync),
+            "memory" => Ok(Durability::Memory),
+            "replicated" => Ok(Durability::Replicated),
+            other => Err(format!(
+                "unknown durability {other:?}: expected \"fsync\", \"memory\" or \"replicated\""
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Configuration of one replica.
 #[derive(Clone, Debug)]
@@ -148,6 +223,14 @@ pub enum Mutation {
     /// Reads of stored records skip their check (`WalConfig::unchecked_reads`): a record
     /// whose bytes rotted on disk is served as data.
     UncheckedReads,
+    /// Under `Durability::Replicated`, a re-elected leader keeps its fast-path state from an
+    /// earlier term and counts completed writes whatever term they were posted in: a write
+    /// on a grant the follower gave for another term counts as its acknowledgement in this
+    /// one.
+    NicAckStaleGrant,
+    /// Under `Durability::Replicated`, a follower never takes the records its leader placed
+    /// in its ring without a descriptor: it may vote without entries the leader counted.
+    NoPlacedTake,
 }
 
 impl ReplicaConfig {

@@ -25,7 +25,7 @@ use crate::storage::{
     snapshot_lsn,
 };
 use crate::wire::{self, Body, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
-use crate::{Durability, ReplicaConfig, ReplicaError};
+use crate::{ReplicaConfig, ReplicaError};
 use fast::{FastPeer, Inflight};
 
 mod fast;
@@ -154,6 +154,12 @@ pub struct ReplicaStats {
     pub fsync_total_ns: u64,
     /// The longest, in ns.
     pub fsync_max_ns: u64,
+    /// Leader, `Durability::Replicated`: appends counted as a follower's when the RDMA Write
+    /// that placed them completed.
+    pub nic_acks: u64,
+    /// Follower, `Durability::Replicated`: entries taken from the ring as the leader placed
+    /// them, before (or without) their descriptor.
+    pub placed_taken: u64,
 }
 
 /// The labels of [`ReplicaStats::completions`], in order.
@@ -303,6 +309,9 @@ pub struct Replica<F: Fabric> {
     writes_in_flight: Inflight,
     next_wr_id: u64,
     granted: Option<u64>,
+    /// Follower, `Durability::Replicated`: the ring was opened to remote writes at a grant
+    /// and not yet closed by taking what was placed (mirrored in its tail file).
+    ring_open: bool,
     ticks: u64,
     applied: u64,
     stats: ReplicaStats,
@@ -378,7 +387,7 @@ impl<F: Fabric> Replica<F> {
         let wal = Self::open_wal(&cfg, &fs)?;
         let (snapshot_file, snapshot) = Self::load_snapshot(&cfg, &fs)?;
         let persistent =
-            cfg.durability == Durability::Memory && cfg.mutation != crate::Mutation::PrivateRing;
+            cfg.durability.ring_in_shared_memory() && cfg.mutation != crate::Mutation::PrivateRing;
         // A ring left by a crashed process of this data dir holds the entries it accepted (and
         // may have acknowledged) past what reached the segment files: take them over first,
         // so that the snapshot check below sees the whole log. A new data dir never takes a
@@ -476,6 +485,7 @@ impl<F: Fabric> Replica<F> {
             writes_in_flight: Inflight::default(),
             next_wr_id: 1,
             granted: None,
+            ring_open: false,
             ticks: 0,
             applied,
             stats: ReplicaStats {
@@ -675,10 +685,20 @@ impl<F: Fabric> Replica<F> {
             let published = wal::published_tail(memory.as_ref()).unwrap_or_default();
             let (mut producer, consumer) =
                 wal::ring_recovering(memory.clone(), ring_cfg, wal.position())?;
+            let placed = wal::open_to_remote(memory.as_ref());
             match producer.recover_published(published, max_term) {
                 Ok((end, n)) => {
+                    // Under Replicated the leader may have counted records it placed past
+                    // the published end: take them too (only from a ring left open to
+                    // remote writes, which a grant cleared first).
+                    let (end, n) = if placed {
+                        let (end, more) = producer.accept_placed(max_term);
+                        (end, n + more)
+                    } else {
+                        (end, n)
+                    };
                     if n > 0 {
-                        wal.persist_from(&consumer, end.lsn, Durability::Fsync)?;
+                        wal.persist_from(&consumer, end.lsn, wal::Durability::Fsync)?;
                         tracing::info!(
                             node = cfg.id,
                             entries = n,
@@ -686,6 +706,9 @@ impl<F: Fabric> Replica<F> {
                             ring = %path.display(),
                             "recovered entries from the shared-memory ring after a crash"
                         );
+                    }
+                    if placed {
+                        producer.set_open_to_remote(false);
                     }
                     (producer, consumer, LeftRing::Recovered(n))
                 }
@@ -1542,7 +1565,7 @@ impl<F: Fabric> Replica<F> {
                 {
                     // Mu's order: revoke first; grant only after raft has the new term. A
                     // pre-vote never changes the term, so it does not disturb the leader's path.
-                    self.revoke();
+                    self.fence_ring();
                 }
                 if let Some(r) = ring {
                     self.on_ring_info(peer, &m, r);
@@ -1619,7 +1642,7 @@ impl<F: Fabric> Replica<F> {
                 snap.data = rx.data.into();
                 m.set_snapshot(snap);
                 if m.term > self.raw.raft.term {
-                    self.revoke();
+                    self.fence_ring();
                 }
                 self.step(m);
             }
@@ -1726,6 +1749,8 @@ impl<F: Fabric> Replica<F> {
         if let Some(hs) = rd.hs() {
             self.store_hard_state(hs.clone())?;
         }
+        // A new term is durable now: grant its leader before our answers to it leave.
+        self.update_fencing();
         for m in rd.take_persisted_messages() {
             self.send_raft(m);
         }
@@ -1764,6 +1789,10 @@ impl<F: Fabric> Replica<F> {
             last_term: Term(meta.term),
         };
         self.wal.restart_at(start)?;
+        if self.cfg.durability.commits_on_nic_ack() {
+            // The ring starts over: close it (the next grant clears and opens the new one).
+            self.fence_ring();
+        }
         let ring_cfg = RingConfig {
             capacity_bytes: self.cfg.ring_bytes,
             block_bytes: self.cfg.block_bytes,
@@ -1840,7 +1869,7 @@ impl<F: Fabric> Replica<F> {
                     // garbage, which the follower's checksum rejects, and that follower falls
                     // back to the slow path. Pinning is an optimisation, never a reason to stall.
                     self.persist()?;
-                    if self.cfg.durability == Durability::Memory {
+                    if self.cfg.durability.ring_in_shared_memory() {
                         self.sync_wal()?;
                     }
                     self.unpin_writes();
@@ -1881,6 +1910,11 @@ impl<F: Fabric> Replica<F> {
 
     /// Removes entries from `index` on (a raft conflict), in the ring and durably in the wal.
     fn truncate_from(&mut self, index: u64) -> Result<(), ReplicaError> {
+        // Under Replicated the cut records must not be taken back as placed ones: close the
+        // ring first; the next grant clears its free part before it opens it again.
+        if self.cfg.durability.commits_on_nic_ack() {
+            self.fence_ring();
+        }
         let prev = self.ring_entry(index - 1).map(|(_, r)| r);
         if index <= self.wal.last_index().0 {
             self.wal.truncate_suffix(Index(index))?;
@@ -1929,12 +1963,12 @@ impl<F: Fabric> Replica<F> {
         let end = self.producer.position().lsn;
         if end > self.wal.position().lsn {
             self.wal
-                .persist_from(&self.consumer, end, self.cfg.durability)
+                .persist_from(&self.consumer, end, self.cfg.durability.wal())
                 .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
         }
         // Under Memory the ring keeps what is not yet fdatasynced (see `release_ring`): sync
         // once half of it waits, so the ring never fills with bytes it may not release.
-        if self.cfg.durability == Durability::Memory
+        if self.cfg.durability.ring_in_shared_memory()
             && end.0.saturating_sub(self.wal.durable_lsn().0) > self.cfg.ring_bytes / 2
         {
             self.sync_wal()?;
@@ -1952,9 +1986,10 @@ impl<F: Fabric> Replica<F> {
     fn release_ring(&mut self) -> Result<(), ReplicaError> {
         // Under Memory the ring is the copy of record until the segment files are synced:
         // after a crash of this process, recovery takes from it what the files lack.
-        let persisted = match self.cfg.durability {
-            Durability::Memory => self.wal.durable_lsn().0,
-            _ => self.wal.position().lsn.0,
+        let persisted = if self.cfg.durability.ring_in_shared_memory() {
+            self.wal.durable_lsn().0
+        } else {
+            self.wal.position().lsn.0
         };
         let pinned = self.writes_in_flight.pinned_from().unwrap_or(u64::MAX);
         let up_to = persisted.min(pinned).min(self.producer.position().lsn.0);
@@ -2223,17 +2258,24 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// Grants remote write to the current term's leader's connection only; revokes first.
+    /// Under Replicated only once the term is durable: a completed write counts as this
+    /// node's acknowledgement, and every acknowledgement must be given in a term this node
+    /// made durable first (the recovering guard rests on it, see [`crate::recovering`]).
     fn update_fencing(&mut self) {
         let r = &self.raw.raft;
-        let want =
-            (r.state == StateRole::Follower && r.leader_id != 0 && r.leader_id != self.cfg.id)
-                .then_some(r.leader_id)
-                .filter(|l| self.fabric.conn_state(NodeId(*l)) == ConnState::Up);
+        let durable = !self.cfg.durability.commits_on_nic_ack() || self.persisted_hs.term == r.term;
+        let want = (r.state == StateRole::Follower
+            && r.leader_id != 0
+            && r.leader_id != self.cfg.id
+            && durable)
+            .then_some(r.leader_id)
+            .filter(|l| self.fabric.conn_state(NodeId(*l)) == ConnState::Up);
         if want == self.granted {
             return;
         }
-        self.revoke();
+        self.fence_ring();
         if let Some(l) = want {
+            self.open_ring_to_writes();
             if self.fabric.set_remote_write(NodeId(l), true).is_ok() {
                 self.granted = Some(l);
                 self.stats.grants += 1;

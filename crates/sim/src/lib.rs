@@ -170,6 +170,11 @@ pub struct Summary {
     pub ring_full: u64,
     /// Snapshots installed by followers (summed over the nodes alive at the end).
     pub snapshots_installed: u64,
+    /// `Durability::Replicated`: appends a leader counted on its write's completion, and
+    /// entries followers took from their rings without a descriptor (summed over the nodes
+    /// alive at the end).
+    pub nic_acks: u64,
+    pub placed_taken: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -467,8 +472,12 @@ impl Run {
         // of those is the documented stall (acknowledged entries may be gone), not a fault the
         // cluster survives, so recovering nodes count as down for machine crashes.
         let max_down = ((members.len() as u64 - 1) / 2).max(1);
-        let memory =
-            self.c.configs.values().next().map(|c| c.durability) == Some(Durability::Memory);
+        let memory = self
+            .c
+            .configs
+            .values()
+            .next()
+            .is_some_and(|c| c.durability.ring_in_shared_memory());
         let (unavailable, max_unavailable) = if memory {
             // Every configuration a live node holds must keep a majority that can vote: count
             // the voters any of them lists that are down, recovering or retired (removed by
@@ -1007,8 +1016,12 @@ impl Run {
             // removal while one is down or recovering can leave them a majority of the
             // smaller configuration, the documented stall. Fsync nodes restart with their
             // state and vote at once.
-            let memory =
-                self.c.configs.values().next().map(|c| c.durability) == Some(Durability::Memory);
+            let memory = self
+                .c
+                .configs
+                .values()
+                .next()
+                .is_some_and(|c| c.durability.ring_in_shared_memory());
             if memory && (!self.down.is_empty() || self.recovering() > 0) {
                 return Ok(());
             }
@@ -1321,6 +1334,15 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     } else {
         Durability::Memory
     };
+    // Half the Memory seeds commit on NIC acknowledgements instead, from a generator of
+    // their own, so every other draw of a seed stays what it was.
+    let drawn_durability = if drawn_durability == Durability::Memory
+        && SplitMix64::new(seed ^ 0x0a1c_4ac4_0000_0001).below(2) == 0
+    {
+        Durability::Replicated
+    } else {
+        drawn_durability
+    };
     let durability = options.durability.unwrap_or(drawn_durability);
     // The NIC's behaviours, drawn after the durability: half the seeds read a write's source
     // bytes when it lands (so a ring slot reused under an in-flight write sends what was
@@ -1333,8 +1355,20 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         corrupt_write_ppm: if rng.below(2) == 0 { 20_000 } else { 0 },
         ..SimConfig::default()
     };
+    // Replicated counts a completed write as placed intact: RoCE's ICRC (InfiniBand's CRCs)
+    // drops a corrupted packet and the NIC retransmits it, so a successful completion never
+    // carries flipped bytes. A NIC that flips them and reports success is outside the fault
+    // model of that mode (docs say so); the other two check every record before they ack.
+    let fabric = if durability == Durability::Replicated {
+        SimConfig {
+            corrupt_write_ppm: 0,
+            ..fabric
+        }
+    } else {
+        fabric
+    };
     let mut rates = rates;
-    if durability == Durability::Memory && options.rates.is_none() {
+    if durability.ring_in_shared_memory() && options.rates.is_none() {
         // Every machine losing power at once takes every Memory ring: the documented loss
         // (and stall), not a fault this mode survives. Process kills of every node are.
         rates.power_loss_ppm = 0;
@@ -1435,6 +1469,9 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
                 .flatten()
                 .map(|r| r.stats().ring_full)
                 .sum();
+            let alive = || run.c.nodes.values().flatten();
+            run.summary.nic_acks = alive().map(|r| r.stats().nic_acks).sum();
+            run.summary.placed_taken = alive().map(|r| r.stats().placed_taken).sum();
             run.summary.snapshots_installed = run
                 .c
                 .nodes

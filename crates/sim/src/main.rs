@@ -40,9 +40,14 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
-    /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn or unchecked-reads.
+    /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
+    /// nic-ack-stale-grant or no-placed-take.
     #[arg(long)]
     mutation: Option<String>,
+    /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
+    /// one it draws.
+    #[arg(long)]
+    durability: Option<replica::Durability>,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -59,12 +64,15 @@ fn main() -> anyhow::Result<()> {
         Some("ack-before-crc") => replica::Mutation::AckBeforeCrc,
         Some("snapshot-own-lsn") => replica::Mutation::SnapshotOwnLsn,
         Some("unchecked-reads") => replica::Mutation::UncheckedReads,
+        Some("nic-ack-stale-grant") => replica::Mutation::NicAckStaleGrant,
+        Some("no-placed-take") => replica::Mutation::NoPlacedTake,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {
         fault_ns: args.fault_ms * 1_000_000,
         max_appends: args.appends,
         mutation,
+        durability: args.durability,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {
@@ -91,6 +99,7 @@ fn main() -> anyhow::Result<()> {
     let (mut done, mut acked, mut attempts, mut refused, mut torn) = (0u64, 0, 0, 0, 0);
     let mut ring_full = 0u64;
     let mut snapshots = 0u64;
+    let (mut nic_acks, mut placed_taken) = (0u64, 0u64);
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -108,6 +117,8 @@ fn main() -> anyhow::Result<()> {
                 torn += s.writes_torn;
                 ring_full += s.ring_full;
                 snapshots += s.snapshots_installed;
+                nic_acks += s.nic_acks;
+                placed_taken += s.placed_taken;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -125,7 +136,8 @@ fn main() -> anyhow::Result<()> {
     println!(
         "{done} seeds passed in {:.1} s: {attempts} client attempts, {acked} acked, \
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
-         full ring, {snapshots} snapshots installed",
+         full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
+         completion, {placed_taken} entries taken as placed",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");

@@ -234,13 +234,22 @@ pub fn ring(
 
 /// As [`ring`], but leaves the memory's [`RingMemory::tail_mirror`] as a crashed process left
 /// it, so that a crash during recovery loses nothing: call [`Producer::recover_published`]
-/// next, with the tail [`published_tail`] read before this call.
+/// next, with the tail [`published_tail`] read before this call, then, if the memory was left
+/// [`open_to_remote`], [`Producer::accept_placed`] and `set_open_to_remote(false)`.
 pub fn ring_recovering(
     memory: Arc<dyn RingMemory>,
     config: RingConfig,
     start: Position,
 ) -> Result<(Producer, Consumer), WalError> {
-    build(memory, config, start)
+    let open = open_to_remote(memory.as_ref());
+    let (producer, consumer) = build(memory, config, start)?;
+    // Publishing during recovery keeps the mark: a crash before the placed records are taken
+    // must find it again.
+    producer
+        .shared
+        .open_to_remote
+        .store(open, Ordering::Relaxed);
+    Ok((producer, consumer))
 }
 
 fn build(

@@ -14,12 +14,12 @@ use std::fmt;
 use fabric::{ConnState, Fabric, NodeId, WcStatus, WriteRequest};
 use raft::StateRole;
 use raft::prelude::{Entry, Message, MessageType};
-use wal::Lsn;
+use wal::{Lsn, Term};
 
 use super::{MAX_OUTBOX, Replica, RingEntry};
 use crate::storage::entry_from_payload;
 use crate::wire::{self, Body, RingInfo};
-use crate::{Durability, Mutation, ReplicaError};
+use crate::{Mutation, ReplicaError};
 
 /// Where a follower's log ends as far as the leader may write after it: `index` is its last
 /// entry (our match for it), `lsn` where its next record goes in its ring.
@@ -70,6 +70,11 @@ impl FastPeer {
         self.end = Some(end);
     }
 
+    /// The highest index sent to this peer on this connection in this term.
+    pub(super) fn sent_to(&self) -> u64 {
+        self.sent_to
+    }
+
     /// An append response of the current term: `reject`, the index it answers (`acked`),
     /// and the follower's log and ring end as its ring info reports them.
     pub(super) fn on_response(&mut self, reject: bool, acked: u64, last_index: u64, ring_end: u64) {
@@ -94,11 +99,15 @@ impl FastPeer {
 }
 
 /// A signaled RDMA Write still in flight: which peer it goes to, and the Lsn it starts at
-/// (our ring may not be reused from there until it completes).
+/// (our ring may not be reused from there until it completes); the term it was posted in,
+/// and, on the last write of an append, the append's last index: under
+/// `Durability::Replicated` its completion is the peer's acknowledgement of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct InflightWrite {
     pub(super) peer: u64,
     pub(super) lsn: u64,
+    pub(super) term: u64,
+    pub(super) last: Option<u64>,
 }
 
 /// The leader's in-flight fast writes, by work-request id.
@@ -219,6 +228,11 @@ impl<F: Fabric> Replica<F> {
         let now = (self.raw.raft.term, self.raw.raft.state == StateRole::Leader);
         if now != self.fast_epoch {
             self.fast_epoch = now;
+            if self.cfg.mutation == Mutation::NicAckStaleGrant && now.1 {
+                // The mutation: a re-elected leader keeps writing from the ends its peers
+                // reported in an earlier term, on the grants they gave then.
+                return;
+            }
             for p in self.peers.values_mut() {
                 p.fast.reset();
             }
@@ -240,8 +254,15 @@ impl<F: Fabric> Replica<F> {
         // raft-rs never lowers what it counts as a follower's: one that lost entries (a
         // record cut at recovery, a lost ring) would never be sent them again. Count only
         // what it holds, and probe it from there.
+        // Under Replicated the leader counts its writes as the follower's when they
+        // complete, so a response that left before the follower took them shows less than
+        // raft counts: that is lag, not loss, while something sent on this connection is
+        // still unanswered. A follower that lost entries comes back on a new connection.
+        let lagging = self.cfg.durability.commits_on_nic_ack()
+            && !m.reject
+            && r.last_index < p.fast.sent_to();
         if let Some(pr) = self.raw.raft.mut_prs().get_mut(peer) {
-            if r.last_index < pr.matched {
+            if r.last_index < pr.matched && !lagging {
                 pr.matched = r.last_index;
                 pr.become_probe();
                 self.stats.followers_rewound += 1;
@@ -265,7 +286,16 @@ impl<F: Fabric> Replica<F> {
         lsn_end: u64,
     ) -> Result<(), ReplicaError> {
         if m.term > self.raw.raft.term {
-            self.revoke();
+            self.fence_ring();
+        }
+        if self.cfg.durability.commits_on_nic_ack() {
+            // The leader counted these bytes when its write completed: take them whatever
+            // the descriptor says, then answer for what the log holds.
+            self.take_placed();
+            if self.holds_descriptor(&m) {
+                self.step(m);
+                return Ok(());
+            }
         }
         let pos = self.producer.position();
         let checked = self
@@ -281,7 +311,7 @@ impl<F: Fabric> Replica<F> {
         };
         if why.looked_at_the_bytes() {
             if self.cfg.mutation == Mutation::AckBeforeCrc
-                && self.cfg.durability == Durability::Memory
+                && self.cfg.durability.ring_in_shared_memory()
             {
                 // The mutation: take what the descriptor claims without the bytes that
                 // failed their checks, and acknowledge it.
@@ -390,6 +420,114 @@ impl<F: Fabric> Replica<F> {
         Ok(out)
     }
 
+    /// Follower, Replicated: whether the log already holds every entry a descriptor names
+    /// (taken from the ring before the descriptor arrived), from its own leader in our term.
+    /// raft then matches the descriptor's entries against the log without their payloads
+    /// and answers with their last index.
+    fn holds_descriptor(&self, m: &Message) -> bool {
+        let r = &self.raw.raft;
+        m.term == r.term
+            && r.state == StateRole::Follower
+            && r.leader_id == m.from
+            && !m.entries.is_empty()
+            && r.raft_log.term(m.index).ok() == Some(m.log_term)
+            && m.entries
+                .iter()
+                .all(|e| r.raft_log.term(e.index).ok() == Some(e.term))
+    }
+
+    /// Follower, Replicated: takes into raft's log every record our leader placed in the ring
+    /// past its end (valid, continuing the chain, of no term above ours), as if an append had
+    /// carried them. The leader counted them as ours when its writes completed, so they must
+    /// be in the log before this node votes, campaigns or steps a higher term: the grant is
+    /// revoked first ([`Replica::fence_ring`]), then this runs. Only the ring opened at the
+    /// last grant is read ([`Replica::open_ring_to_writes`] cleared it first), so nothing but
+    /// that grant's leader's records can be taken.
+    pub(super) fn take_placed(&mut self) {
+        if !self.cfg.durability.commits_on_nic_ack()
+            || !self.ring_open
+            || self.cfg.mutation == Mutation::NoPlacedTake
+        {
+            return;
+        }
+        let pos = self.producer.position();
+        let log = &self.raw.raft.raft_log;
+        // An append raft took is not in the ring until the next Ready: nothing the leader
+        // counted lies past it (it writes only after the end a response reported, and a
+        // slow append closes its fast path), and records after it would not chain.
+        if pos.last_index.0 != log.last_index() {
+            return;
+        }
+        let (_, n) = self.producer.accept_placed(Term(self.raw.raft.term));
+        if n == 0 {
+            return;
+        }
+        let mut entries = Vec::with_capacity(n as usize);
+        let mut at = pos.lsn;
+        let mut good = pos;
+        while (entries.len() as u64) < n {
+            let Ok(Some((lsn, d))) = self.consumer.next_entry(at) else {
+                break;
+            };
+            let (index, term) = (d.header.index.0, d.header.term.0);
+            let end = lsn.0 + d.record_len;
+            let Ok(e) = entry_from_payload(index, term, d.payload) else {
+                break;
+            };
+            entries.push(e);
+            self.ring_entries.push_back(RingEntry {
+                index,
+                term,
+                start: lsn.0,
+                end,
+            });
+            good = wal::Position {
+                lsn: Lsn(end),
+                last_index: wal::Index(index),
+                last_term: Term(term),
+            };
+            at = Lsn(end);
+        }
+        if (entries.len() as u64) < n {
+            // A checked record whose payload is not an entry: the log ends before it.
+            let _ = self.producer.rewind(good);
+        }
+        let Some(last) = entries.last().map(|e| e.index) else {
+            return;
+        };
+        self.raw.raft.raft_log.append(&entries);
+        self.fast_accepted_to = last;
+        self.stats.placed_taken += entries.len() as u64;
+    }
+
+    /// Follower: ends remote write on our ring (the grant's connection is revoked, or gone),
+    /// then, under Replicated, takes what the leader placed and marks the ring closed, so a
+    /// crash of this process from here on takes nothing past the published end.
+    pub(super) fn fence_ring(&mut self) {
+        self.revoke();
+        if self.ring_open && self.granted.is_none() {
+            self.take_placed();
+            self.ring_open = false;
+            self.producer.set_open_to_remote(false);
+        }
+    }
+
+    /// Follower, Replicated: before a grant to `leader`, takes what an earlier connection of
+    /// the same grant placed, clears the ring's free part (so no record of another log, and
+    /// no bytes of an earlier grant, can pass for this leader's), and marks the ring open in
+    /// its tail file for recovery after a crash of this process.
+    pub(super) fn open_ring_to_writes(&mut self) {
+        if !self.cfg.durability.commits_on_nic_ack() {
+            return;
+        }
+        if self.ring_open {
+            self.take_placed();
+        }
+        self.producer.clear_free();
+        self.ring_open = true;
+        self.producer.set_open_to_remote(true);
+    }
+
     /// Leader: sends `m` (a non-empty append) by the fast path if the invariant holds for its
     /// peer; `false` means nothing was sent and the caller takes the slow path.
     pub(super) fn try_fast_append(&mut self, m: &Message) -> bool {
@@ -458,9 +596,17 @@ impl<F: Fabric> Replica<F> {
                 }
                 return false;
             }
-            self.writes_in_flight
-                .insert(wr_id, InflightWrite { peer: to, lsn: pos });
             pos += n;
+            let last = (pos == end).then(|| m.entries.last().expect("non-empty").index);
+            self.writes_in_flight.insert(
+                wr_id,
+                InflightWrite {
+                    peer: to,
+                    lsn: pos - n,
+                    term: m.term,
+                    last,
+                },
+            );
         }
         let body = Body::FastAppend {
             msg: wire::to_wire(m, false),
@@ -485,6 +631,9 @@ impl<F: Fabric> Replica<F> {
     pub(super) fn on_write_completion(&mut self, wr_id: u64, status: WcStatus) {
         let write = self.writes_in_flight.complete(wr_id);
         if status == WcStatus::Success {
+            if let Some(w) = write {
+                self.on_placed(w);
+            }
             return;
         }
         if status == WcStatus::RemoteAccess {
@@ -493,6 +642,34 @@ impl<F: Fabric> Replica<F> {
         if let Some(p) = write.and_then(|w| self.peers.get_mut(&w.peer)) {
             p.fast.close();
         }
+    }
+
+    /// Leader, Replicated: the last write of an append completed, so the follower's NIC
+    /// placed its entries in the follower's ring. If the write went out in this term, as
+    /// leader, on a fast path that a response of this term opened (the follower granted this
+    /// connection after it made this term durable, and revokes before it leaves it), count
+    /// the follower as holding them: raft gets the append response the follower's CPU would
+    /// have sent. A write unpinned before it completed never gets here (its source bytes may
+    /// have been reused), nor one whose connection went down.
+    fn on_placed(&mut self, w: InflightWrite) {
+        let r = &self.raw.raft;
+        let Some(last) = w.last else {
+            return;
+        };
+        if !self.cfg.durability.commits_on_nic_ack() || r.state != StateRole::Leader {
+            return;
+        }
+        if w.term != r.term && self.cfg.mutation != Mutation::NicAckStaleGrant {
+            return;
+        }
+        let mut ack = Message::default();
+        ack.set_msg_type(MessageType::MsgAppendResponse);
+        ack.from = w.peer;
+        ack.to = self.cfg.id;
+        ack.term = r.term;
+        ack.index = last;
+        self.stats.nic_acks += 1;
+        let _ = self.raw.step(ack);
     }
 
     /// Stops in-flight writes from pinning ring space; their peers leave the fast path until
@@ -579,20 +756,26 @@ mod tests {
 
     #[test]
     fn inflight_writes_pin_from_their_lowest_lsn_until_completed_or_forgotten() {
-        let mut w = Inflight::default();
-        assert_eq!(w.pinned_from(), None);
-        w.insert(1, InflightWrite { peer: 2, lsn: 300 });
-        w.insert(2, InflightWrite { peer: 3, lsn: 100 });
-        w.insert(3, InflightWrite { peer: 2, lsn: 500 });
-        assert_eq!(w.pinned_from(), Some(100));
-        assert_eq!(w.complete(2), Some(InflightWrite { peer: 3, lsn: 100 }));
-        assert_eq!(w.complete(2), None);
-        assert_eq!(w.pinned_from(), Some(300));
-        w.forget_peer(2);
-        assert_eq!(w.pinned_from(), None);
-        w.insert(4, InflightWrite { peer: 3, lsn: 700 });
-        assert_eq!(w.take_all(), vec![InflightWrite { peer: 3, lsn: 700 }]);
-        assert_eq!(w.pinned_from(), None);
+        let w = |peer, lsn| InflightWrite {
+            peer,
+            lsn,
+            term: 1,
+            last: None,
+        };
+        let mut f = Inflight::default();
+        assert_eq!(f.pinned_from(), None);
+        f.insert(1, w(2, 300));
+        f.insert(2, w(3, 100));
+        f.insert(3, w(2, 500));
+        assert_eq!(f.pinned_from(), Some(100));
+        assert_eq!(f.complete(2), Some(w(3, 100)));
+        assert_eq!(f.complete(2), None);
+        assert_eq!(f.pinned_from(), Some(300));
+        f.forget_peer(2);
+        assert_eq!(f.pinned_from(), None);
+        f.insert(4, w(3, 700));
+        assert_eq!(f.take_all(), vec![w(3, 700)]);
+        assert_eq!(f.pinned_from(), None);
     }
 
     #[test]
