@@ -223,11 +223,11 @@ pub enum Mutation {
     /// Reads of stored records skip their check (`WalConfig::unchecked_reads`): a record
     /// whose bytes rotted on disk is served as data.
     UncheckedReads,
-    /// Under `Durability::Replicated`, a re-elected leader keeps its fast-path state from an
-    /// earlier term and counts completed writes whatever term they were posted in: a write
-    /// on a grant the follower gave for another term counts as its acknowledgement in this
-    /// one.
-    NicAckStaleGrant,
+    /// Under `Durability::Replicated`, a new leader takes every follower to hold its whole
+    /// log and writes to it at once, counting the completions before any response of its
+    /// term showed that the follower granted it: a write on a grant the follower gave for an
+    /// earlier term counts as its acknowledgement in this one.
+    NicAckBeforeGrant,
     /// Under `Durability::Replicated`, a follower never takes the records its leader placed
     /// in its ring without a descriptor: it may vote without entries the leader counted.
     NoPlacedTake,

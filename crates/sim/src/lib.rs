@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 
 pub mod check;
+mod episodes;
 pub mod rates;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -143,6 +144,12 @@ pub enum Fault {
     /// A node refused to start on a rotten record; the operator removes it and adds a fresh
     /// node in its place (ops/GUIDE.md).
     DiskReplaced,
+    /// Replicated seeds: a follower's CPU stalled while its NIC acknowledged, with the leader
+    /// cut off from everyone else, then the leader was killed (see `episodes`).
+    StalledFollowerQuorum,
+    /// Replicated seeds: a follower slept through two elections that took the leadership
+    /// away and back, then the re-elected leader was cut off from all but it and killed.
+    SleptThroughReelection,
 }
 
 /// What a run did.
@@ -275,6 +282,10 @@ struct Run {
     trace: std::collections::VecDeque<String>,
     verbose: bool,
     options: Options,
+    /// The multi-step fault in progress, if any (Replicated seeds; see `episodes`).
+    episode: Option<episodes::Episode>,
+    /// The seed's third generator: episode decisions, so seeds without episodes run as before.
+    episode_rng: SplitMix64,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -1442,6 +1453,8 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         lost: BTreeSet::new(),
         replaced: 0,
         removal_asked: BTreeMap::new(),
+        episode: None,
+        episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0002),
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.drive()))
         .unwrap_or_else(|panic| {
@@ -1491,7 +1504,9 @@ impl Run {
     fn drive(&mut self) -> Result<(), Violation> {
         let fault_end = self.now() + self.options.fault_ns;
         while self.now() < fault_end {
-            self.inject_faults()?;
+            if !self.run_episode()? {
+                self.inject_faults()?;
+            }
             self.drive_clients(true);
             self.step()?;
             self.retire_removed();

@@ -41,7 +41,7 @@ struct Args {
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
-    /// nic-ack-stale-grant or no-placed-take.
+    /// nic-ack-before-grant or no-placed-take.
     #[arg(long)]
     mutation: Option<String>,
     /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
@@ -64,7 +64,7 @@ fn main() -> anyhow::Result<()> {
         Some("ack-before-crc") => replica::Mutation::AckBeforeCrc,
         Some("snapshot-own-lsn") => replica::Mutation::SnapshotOwnLsn,
         Some("unchecked-reads") => replica::Mutation::UncheckedReads,
-        Some("nic-ack-stale-grant") => replica::Mutation::NicAckStaleGrant,
+        Some("nic-ack-before-grant") => replica::Mutation::NicAckBeforeGrant,
         Some("no-placed-take") => replica::Mutation::NoPlacedTake,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };

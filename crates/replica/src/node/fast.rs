@@ -228,13 +228,21 @@ impl<F: Fabric> Replica<F> {
         let now = (self.raw.raft.term, self.raw.raft.state == StateRole::Leader);
         if now != self.fast_epoch {
             self.fast_epoch = now;
-            if self.cfg.mutation == Mutation::NicAckStaleGrant && now.1 {
-                // The mutation: a re-elected leader keeps writing from the ends its peers
-                // reported in an earlier term, on the grants they gave then.
-                return;
-            }
             for p in self.peers.values_mut() {
                 p.fast.reset();
+            }
+            if self.cfg.mutation == Mutation::NicAckBeforeGrant && now.1 {
+                // The mutation: a new leader takes every follower to hold its whole log and
+                // writes from there at once, on whatever grant the follower's connection
+                // still has, before any response of its term showed one.
+                let pos = self.producer.position();
+                let end = FastEnd {
+                    index: pos.last_index.0,
+                    lsn: pos.lsn.0,
+                };
+                for p in self.peers.values_mut() {
+                    p.fast.wrote(end);
+                }
             }
         }
     }
@@ -659,7 +667,7 @@ impl<F: Fabric> Replica<F> {
         if !self.cfg.durability.commits_on_nic_ack() || r.state != StateRole::Leader {
             return;
         }
-        if w.term != r.term && self.cfg.mutation != Mutation::NicAckStaleGrant {
+        if w.term != r.term && self.cfg.mutation != Mutation::NicAckBeforeGrant {
             return;
         }
         let mut ack = Message::default();

@@ -1,0 +1,251 @@
+//! Episodes: faults that take several steps, drawn only for `Durability::Replicated` seeds,
+//! where a follower's NIC acknowledges what its CPU has not seen. Each sets up the one
+//! situation where a rule of that mode matters, lets the cluster commit through it, then ends
+//! it with the leader killed and everything else healed, so the next election must find
+//! every acknowledged entry:
+//!
+//! - [`Episode::Stalled`]: a follower's CPU stalls (paused) while its NIC keeps acknowledging,
+//!   and the leader is cut off from every other node: appends commit on that NIC alone, with
+//!   their descriptors stuck behind exhausted send credits. The stalled follower must take
+//!   what was placed in its ring before it votes (mutation `no-placed-take`).
+//! - [`Episode::Reelection`]: a follower sleeps through two elections that hand the
+//!   leadership away and back, so its NIC still holds the grant it gave in the first term;
+//!   then the re-elected leader is cut off from everyone but it. A leader must not count a
+//!   write on a grant given for an earlier term (mutation `nic-ack-before-grant`).
+//!
+//! While an episode runs no other fault is drawn, so it plays out as designed.
+
+use fabric::NodeId;
+use replica::Role;
+
+use crate::{Fault, Run, STEP_NS, Violation};
+
+/// An episode in progress.
+#[derive(Clone, Debug)]
+pub(crate) enum Episode {
+    /// The `stalled` followers (as many as make a majority with the leader) are paused and
+    /// `leader` cut off from all but them, until `until_ns`.
+    Stalled {
+        leader: u64,
+        stalled: Vec<u64>,
+        until_ns: u64,
+    },
+    /// The `stalled` followers are paused while the leadership goes from `leader` to `other`
+    /// and back.
+    Reelection {
+        leader: u64,
+        stalled: Vec<u64>,
+        other: u64,
+        /// `leader`'s term when it started.
+        term: u64,
+        phase: Phase,
+        /// When the current phase gives up (or, for `Phase::Cut`, ends).
+        until_ns: u64,
+    },
+}
+
+/// The phases of [`Episode::Reelection`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Waiting for `other` to lead.
+    Away,
+    /// Waiting for `leader` to lead again, in a later term.
+    Back,
+    /// `leader` leads again, cut off from all but the sleeping follower.
+    Cut,
+}
+
+/// Chance per step that an episode starts, in Replicated seeds.
+const EPISODE_PPM: u64 = 15_000;
+
+/// How long a phase that waits for an election may take before the episode is abandoned.
+const ELECTION_WAIT_NS: u64 = 60 * STEP_NS;
+
+impl Run {
+    /// Advances the episode in progress, or perhaps starts one. Returns whether one is in
+    /// progress (then no other fault is drawn this step).
+    pub(crate) fn run_episode(&mut self) -> Result<bool, Violation> {
+        match self.episode {
+            None => {
+                if self.summary.durability == replica::Durability::Replicated
+                    && self.episode_rng.below(1_000_000) < EPISODE_PPM
+                {
+                    self.start_episode();
+                }
+                Ok(self.episode.is_some())
+            }
+            Some(ref e) => {
+                let e = e.clone();
+                self.advance_episode(e)?;
+                Ok(true)
+            }
+        }
+    }
+
+    fn start_episode(&mut self) {
+        // Everyone up and awake, so the episode's faults are the only ones.
+        if !self.down.is_empty() || !self.c.paused.is_empty() || self.recovering() > 0 {
+            return;
+        }
+        let Some(leader) = self.leader() else {
+            return;
+        };
+        let voters = self.c.node(leader).status().voters;
+        let others: Vec<u64> = voters.into_iter().filter(|&v| v != leader).collect();
+        if others.len() < 2 || others.iter().any(|v| !self.live().contains(v)) {
+            return;
+        }
+        // Followers that make a majority with the leader stall; one of the others is where
+        // the leadership goes and comes back from.
+        let k = self.episode_rng.below(others.len() as u64) as usize;
+        let n = others.len() + 1;
+        let stalled: Vec<u64> = (0..(n - 1) / 2)
+            .map(|j| others[(k + j) % others.len()])
+            .collect();
+        let other = others[(k + stalled.len()) % others.len()];
+        for &f in &stalled {
+            self.c.paused.insert(f);
+        }
+        if self.episode_rng.below(2) == 0 {
+            self.cut_off_but(leader, &stalled);
+            // Long enough, often, for the leader to use up its send credits to the stalled
+            // followers (they repost no receive buffers), so descriptors wait in its outbox
+            // while the writes before them land and complete.
+            let until_ns = self.now() + (3 + self.episode_rng.below(28)) * STEP_NS;
+            self.fault(
+                Fault::StalledFollowerQuorum,
+                format!(
+                    "the CPUs of {stalled:?} stall while their NICs acknowledge; leader \
+                     {leader} is cut off from every other node"
+                ),
+            );
+            self.episode = Some(Episode::Stalled {
+                leader,
+                stalled,
+                until_ns,
+            });
+        } else {
+            let term = self.c.node(leader).status().term;
+            self.c.node(leader).transfer_leader(other);
+            self.fault(
+                Fault::SleptThroughReelection,
+                format!(
+                    "{stalled:?} sleep while leader {leader} (term {term}) hands over to \
+                     {other} and back"
+                ),
+            );
+            self.episode = Some(Episode::Reelection {
+                leader,
+                stalled,
+                other,
+                term,
+                phase: Phase::Away,
+                until_ns: self.now() + ELECTION_WAIT_NS,
+            });
+        }
+    }
+
+    fn advance_episode(&mut self, e: Episode) -> Result<(), Violation> {
+        let now = self.now();
+        match e {
+            Episode::Stalled {
+                leader,
+                stalled,
+                until_ns,
+            } => {
+                if now >= until_ns {
+                    self.end_episode(Some(leader), &stalled)?;
+                } else {
+                    self.load(leader);
+                }
+            }
+            Episode::Reelection {
+                leader,
+                stalled,
+                other,
+                term,
+                phase,
+                until_ns,
+            } => {
+                let leads = |run: &Self, id: u64| {
+                    run.c
+                        .nodes
+                        .get(&id)
+                        .and_then(Option::as_ref)
+                        .map(|r| r.status())
+                        .filter(|s| s.role == Role::Leader && s.term > term)
+                        .is_some()
+                };
+                let next = match phase {
+                    Phase::Away if leads(self, other) => {
+                        self.c.node(other).transfer_leader(leader);
+                        self.event(format!("node {other} leads; it hands back to {leader}"));
+                        Some((Phase::Back, now + ELECTION_WAIT_NS))
+                    }
+                    Phase::Back if leads(self, leader) => {
+                        self.cut_off_but(leader, &stalled);
+                        self.event(format!(
+                            "node {leader} leads again; it is cut off from all but the \
+                             sleeping {stalled:?}"
+                        ));
+                        Some((Phase::Cut, now + (2 + self.episode_rng.below(9)) * STEP_NS))
+                    }
+                    _ if now < until_ns => {
+                        if phase == Phase::Cut {
+                            self.load(leader);
+                        }
+                        None
+                    }
+                    Phase::Cut => return self.end_episode(Some(leader), &stalled),
+                    // An election that did not happen in time: give up.
+                    _ => return self.end_episode(None, &stalled),
+                };
+                if let Some((phase, until_ns)) = next {
+                    self.episode = Some(Episode::Reelection {
+                        leader,
+                        stalled,
+                        other,
+                        term,
+                        phase,
+                        until_ns,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the episode: kills `kill` (its leader), heals every link, wakes the followers.
+    fn end_episode(&mut self, kill: Option<u64>, stalled: &[u64]) -> Result<(), Violation> {
+        self.episode = None;
+        if let Some(l) = kill.filter(|l| self.live().contains(l)) {
+            self.kill(l);
+        }
+        self.heal_links();
+        for &f in stalled {
+            if self.c.paused.contains(&f) {
+                self.resume(f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Client load on the episode's leader: a new append every step, whatever the clients'
+    /// earlier attempts wait for.
+    fn load(&mut self, leader: u64) {
+        if self.live().contains(&leader) {
+            self.start_op_on(leader);
+        }
+    }
+
+    /// Blocks every link between `node` and the other members, both ways, except those of
+    /// `but`.
+    fn cut_off_but(&mut self, node: u64, but: &[u64]) {
+        for m in self.members() {
+            if m != node && !but.contains(&m) {
+                self.c.net.set_link(NodeId(node), NodeId(m), false);
+                self.c.net.set_link(NodeId(m), NodeId(node), false);
+            }
+        }
+    }
+}
