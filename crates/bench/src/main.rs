@@ -98,7 +98,7 @@ enum Cmd {
     Embedded {
         #[command(flatten)]
         c: Common,
-        /// fsync or memory.
+        /// fsync, memory or replicated.
         #[arg(long, default_value = "memory")]
         durability: String,
         /// Where the replicas keep their data.
@@ -162,11 +162,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn durability_of(s: &str) -> anyhow::Result<Durability> {
-    Ok(match s {
-        "memory" => Durability::Memory,
-        "fsync" => Durability::Fsync,
-        other => bail!("--durability is fsync or memory, not {other}"),
-    })
+    s.parse()
+        .map_err(|e: String| anyhow::anyhow!("--durability: {e}"))
 }
 
 use bench::lab::lab_addr;

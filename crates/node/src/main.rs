@@ -32,9 +32,7 @@ use clap::Parser;
 use fabric::NodeId;
 use fabric::rdma::{RdmaConfig, RdmaEndpoint, load_secret};
 use node::harness::{hex, unhex};
-use replica::{
-    AppendHandle, Durability, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role,
-};
+use replica::{AppendHandle, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role};
 use wal::fs::{FileSystem, StdFs};
 
 #[derive(Parser, Debug)]
@@ -61,10 +59,11 @@ struct Args {
     /// Cluster secret file (owner-only, at least 16 bytes); peers must prove it.
     #[arg(long)]
     secret_file: Option<PathBuf>,
-    /// fsync (ack after fdatasync on a majority) or memory (ack after a majority validated
+    /// fsync (ack after fdatasync on a majority), memory (ack after a majority validated
     /// the entry in its ring, which lives in shared memory under --ring-dir so that a crash
-    /// of this process loses nothing; a machine crash of a majority does).
-    #[arg(long, default_value = "fsync", value_parser = ["fsync", "memory"])]
+    /// of this process loses nothing; a machine crash of a majority does) or replicated (as
+    /// memory, but a follower counts once the leader's RDMA Write into its ring completed).
+    #[arg(long, default_value = "fsync", value_parser = ["fsync", "memory", "replicated"])]
     durability: String,
     /// Under --durability memory: the tmpfs directory for the ring's shared-memory files.
     #[arg(long, default_value = "/dev/shm")]
@@ -319,11 +318,10 @@ fn main() -> anyhow::Result<()> {
     voters.push(a.id);
     voters.sort_unstable();
     let mut cfg = ReplicaConfig::new(a.id, voters, cluster_id, a.data_dir.clone());
-    cfg.durability = if a.durability == "memory" {
-        Durability::Memory
-    } else {
-        Durability::Fsync
-    };
+    cfg.durability = a
+        .durability
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--durability: {e}"))?;
     cfg.ring_dir = a.ring_dir.clone();
     cfg.segment_bytes = a.segment_mib << 20;
     // Test-only: a protocol rule broken on purpose, to prove a lab test notices.

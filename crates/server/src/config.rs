@@ -54,7 +54,7 @@ pub struct ServerFile {
     pub cluster_id: Id,
     /// Segments, raft state and checkpoints.
     pub data_dir: PathBuf,
-    /// "fsync" (default) or "memory".
+    /// "fsync" (default), "memory" or "replicated".
     #[serde(default)]
     pub durability: Option<String>,
     /// Under memory durability: the tmpfs directory of the ring files (default /dev/shm).
@@ -312,16 +312,12 @@ impl ServerConfig {
                 ));
             }
         };
-        let durability = match file.durability.as_deref().unwrap_or("fsync") {
-            "fsync" => replica::Durability::Fsync,
-            "memory" => replica::Durability::Memory,
-            other => {
-                return Err(bad(
-                    "durability",
-                    format!("expected \"fsync\" or \"memory\", not \"{other}\""),
-                ));
-            }
-        };
+        let durability: replica::Durability = file
+            .durability
+            .as_deref()
+            .unwrap_or("fsync")
+            .parse()
+            .map_err(|e| bad("durability", e))?;
         if let Some(r) = file.ring_mib {
             if !r.is_power_of_two() || r > 4096 {
                 return Err(bad(
@@ -497,6 +493,19 @@ plaintext = true
         assert_eq!(c.anonymous_role, Some(Role::ReadOnly));
         assert_eq!(c.file.raft.tick_ms, 20);
         assert_eq!(c.advertise(), "0.0.0.0:7600");
+        for (name, mode) in [
+            ("memory", replica::Durability::Memory),
+            ("replicated", replica::Durability::Replicated),
+        ] {
+            let text = GOOD.replace(
+                "node_id = 1",
+                &format!("node_id = 1\ndurability = \"{name}\""),
+            );
+            assert_eq!(
+                ServerConfig::parse(&text, "t.toml").unwrap().durability,
+                mode
+            );
+        }
     }
 
     #[test]
@@ -506,7 +515,7 @@ plaintext = true
             (GOOD.replace("\"0x1ab\"", "\"0xzz\""), "`cluster_id`"),
             (
                 GOOD.replace("node_id = 1", "node_id = 1\ndurability = \"disk\""),
-                "`durability`",
+                "`durability`: unknown durability \"disk\": expected \"fsync\", \"memory\" or \"replicated\"",
             ),
             (GOOD.replace("id = 2", "id = 1"), "`peers[0].id`"),
             (

@@ -35,8 +35,8 @@ struct Args {
     /// Where data dirs and node logs go [default: $RDMALOG_LAB_DISK, else a temporary dir].
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// fsync or memory.
-    #[arg(long, default_value = "fsync", value_parser = ["fsync", "memory"])]
+    /// fsync, memory or replicated.
+    #[arg(long, default_value = "fsync", value_parser = ["fsync", "memory", "replicated"])]
     durability: String,
 }
 
