@@ -97,6 +97,10 @@ pub struct Status {
     pub snap_sent: u64,
     /// Snapshots it installed from the leader.
     pub snap_installed: u64,
+    /// Appends it counted as a follower's when its RDMA Write completed (replicated).
+    pub nic_acks: u64,
+    /// Entries it took from its ring as its leader placed them (replicated).
+    pub placed: u64,
     /// Each peer's connection state as `id:state`, comma-separated.
     pub conns: String,
     /// Whether it is recovering from a start that lost entries it may have acknowledged (it
@@ -127,6 +131,8 @@ impl Status {
                 "first" => s.first = n()?,
                 "snap_sent" => s.snap_sent = n()?,
                 "snap_installed" => s.snap_installed = n()?,
+                "nic_acks" => s.nic_acks = n()?,
+                "placed" => s.placed = n()?,
                 "conns" => s.conns = v.to_string(),
                 "recovering" => s.recovering = n()? != 0,
                 _ => {}
