@@ -35,6 +35,13 @@
 //! ([`recovering`]) and does not vote until it has caught up, so the others hold the entries
 //! unless a majority of machines crash together (then the cluster stalls).
 //!
+//! Under [`Durability::Replicated`] the storage is `Memory`'s, but the leader counts a
+//! follower as holding an append once its RDMA Write into the follower's ring completes, on
+//! the connection the follower granted for the current term: no follower CPU is on the commit
+//! path. A follower takes every record placed in its ring into its log before it votes,
+//! campaigns or steps a higher term, and at its next start after a crash of its process
+//! (ARCHITECTURE.md, "NIC-acknowledged commit", has the argument).
+//!
 //! # Checkpoints
 //!
 //! [`Replica::checkpoint`] records the application's state at an index and deletes the

@@ -2271,6 +2271,11 @@ impl<F: Fabric> Replica<F> {
             .then_some(r.leader_id)
             .filter(|l| self.fabric.conn_state(NodeId(*l)) == ConnState::Up);
         if want == self.granted {
+            // A grant that went with its connection (a disconnect) leaves the ring open:
+            // take what was placed now, before this node campaigns or votes without it.
+            if want.is_none() && self.ring_open {
+                self.fence_ring();
+            }
             return;
         }
         self.fence_ring();
