@@ -3,7 +3,9 @@
 //! with two values of N and divide the difference in instructions by the difference in N.
 //!
 //! `cargo build --release -p replica --example commit_cost`, then
-//! `valgrind --tool=callgrind target/release/examples/commit_cost 200` and `... 1200`.
+//! `valgrind --tool=callgrind target/release/examples/commit_cost 200` and `... 1200`. A second
+//! argument picks the durability (`memory`, the default, `replicated` or `fsync`); it prints how
+//! many commits the leader counted on a write's completion.
 
 use fabric::sim::SimConfig;
 use replica::Durability;
@@ -21,7 +23,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         jitter_ns: 0,
         ..SimConfig::default()
     };
-    let mut c = SimCluster::new(3, 1, zero, |cfg| cfg.durability = Durability::Memory)?;
+    let durability: Durability = match std::env::args().nth(2) {
+        Some(d) => d.parse()?,
+        None => Durability::Memory,
+    };
+    let mut c = SimCluster::new(3, 1, zero, |cfg| cfg.durability = durability)?;
     let leader = c.elect()?;
     let payload = [7u8; 64];
     for _ in 0..n {
@@ -35,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    println!("{n} commits");
+    let nic = c.node(leader).stats().nic_acks;
+    println!("{n} commits ({durability}; {nic} counted on a write's completion)");
     Ok(())
 }

@@ -594,16 +594,34 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
     };
     // perftest's baseline uses 18515..=18517; the pairs use ports from 18600 on.
     let mut port = 18600u16;
-    let mut next_port = || {
-        port += 1;
-        port
-    };
     eprintln!("== perftest baseline (rxe1 <-> rxe2)");
     let (b, _) = perftest::run_baseline(1, 2, 64, 4096, count)?;
     r.baseline.push(b.line());
     println!("{}", b.line());
 
     let mut cdf = Vec::new();
+    embedded_pairs(&mut r, &mut cdf, out, pairs, count, dir, &mut port)?;
+    etcd_pairs(&mut r, &mut cdf, pairs, count, dir)?;
+    report(out, &r, &cdf)
+}
+
+/// The next perftest port (each run takes its own).
+fn next_port(port: &mut u16) -> u16 {
+    *port += 1;
+    *port
+}
+
+/// Commit latency and throughput of three replicas (embedded API) in each durability mode,
+/// in A/B pairs with perftest: ratios P1, P1b and P2.
+fn embedded_pairs(
+    r: &mut Results,
+    cdf: &mut Vec<Series>,
+    out: &Path,
+    pairs: usize,
+    count: u64,
+    dir: &Path,
+    port: &mut u16,
+) -> anyhow::Result<()> {
     // Each pair runs its reference first with nothing else in the guest, then opens a fresh
     // three-replica cluster for the rdmalog side and closes it afterwards: an idle cluster's
     // pollers and ticks would otherwise slow the reference and flatter the ratio.
@@ -623,7 +641,7 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
             );
             let mut refs = Vec::new();
             for size in sizes {
-                refs.push((size, write_lat(size as u64, count, next_port())?));
+                refs.push((size, write_lat(size as u64, count, next_port(port))?));
             }
             // The throughput pair runs in the mode with nothing but the NICs on the commit path.
             let bw = if d == Durability::Replicated {
@@ -633,15 +651,16 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                     2,
                     4096,
                     count,
-                    next_port(),
+                    next_port(port),
                 )?)?)
             } else {
                 None
             };
             port_base += 10;
+            let pair_dir = dir.join(format!("{dname}-{k}"));
             let cluster = Embedded::open(
                 d,
-                &dir.join(format!("{dname}-{k}")),
+                &pair_dir,
                 port_base,
                 0xbe00 + port_base as u64,
                 bench::lab::LAB_POLL,
@@ -715,6 +734,10 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                 }
             }
             cluster.close();
+            // Each cluster preallocates its segments (3 x 64 MiB): fifteen pairs would fill
+            // the lab's disk.
+            std::fs::remove_dir_all(&pair_dir)
+                .with_context(|| format!("removing {}", pair_dir.display()))?;
         }
         for (size, (a, b)) in p1 {
             let name = format!("rdmalog commit {dname} {size} B");
@@ -729,6 +752,18 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
         }
     }
 
+    Ok(())
+}
+
+/// etcd 3.4 against rdmalog-server, both through their TCP client protocols: ratios P5 and
+/// P5t. Skipped, and said so in the results, when either cannot start.
+fn etcd_pairs(
+    r: &mut Results,
+    cdf: &mut Vec<Series>,
+    pairs: usize,
+    count: u64,
+    dir: &Path,
+) -> anyhow::Result<()> {
     eprintln!("== etcd 3.4 and rdmalog-server, both through their TCP client protocols");
     let etcd = start_etcd(&dir.join("etcd"));
     let servers = ServerCluster::start(&dir.join("servers"));
@@ -819,14 +854,19 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
                 .push(serde_json::json!({"etcd_comparison": format!("skipped: {why}")}));
         }
     }
+    Ok(())
+}
+
+/// Writes the CDF plot, the table and the JSON of `r` under `out`, and prints the table.
+fn report(out: &Path, r: &Results, cdf: &[Series]) -> anyhow::Result<()> {
     plot::latency_cdf(
         &out.join("latency_cdf.svg"),
         "64 B commit latency CDF (Soft-RoCE under TCG: compare shapes and ratios, not µs)",
-        &cdf,
+        cdf,
     )?;
-    let table = render_table(&r);
+    let table = render_table(r);
     std::fs::write(out.join("table.md"), &table)?;
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&r)?)?;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(r)?)?;
     println!("{table}");
     Ok(())
 }
