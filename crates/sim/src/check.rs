@@ -341,6 +341,11 @@ impl Checker {
         }
     }
 
+    /// Whether the checker has read the committed entry at `index` from some node.
+    pub fn has_committed(&self, index: u64) -> bool {
+        self.committed.contains_key(&index)
+    }
+
     /// The highest committed index any node reached.
     pub fn max_committed(&self) -> u64 {
         self.committed.keys().next_back().copied().unwrap_or(0)
