@@ -278,6 +278,27 @@ impl Cluster {
         Ok(removed)
     }
 
+    /// CPU time the running node processes have used so far, all their threads, in ns (the
+    /// first field of each `/proc/<pid>/task/<tid>/schedstat`). Threads that ended are not
+    /// counted, so take differences over a span in which no node starts or stops.
+    pub fn cpu_ns(&self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for p in self.procs.values() {
+            let dir = PathBuf::from(format!("/proc/{}/task", p.id()));
+            for t in
+                std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+            {
+                let stat = std::fs::read_to_string(t?.path().join("schedstat")).unwrap_or_default();
+                total += stat
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        Ok(total)
+    }
+
     /// Whether node `i`'s process is running (paused counts as running).
     pub fn is_running(&self, i: u64) -> bool {
         self.procs.contains_key(&i)
@@ -846,6 +867,9 @@ pub struct Progress {
 pub struct Report {
     /// Every acknowledgement, in arrival order.
     pub acks: Vec<Ack>,
+    /// Each acknowledgement's latency, from the request's send to its answer (same order);
+    /// with a window of 1, the commit latency as a client of the node's driver port sees it.
+    pub latencies: Vec<Duration>,
     /// Wall time.
     pub elapsed: Duration,
     /// Payload bytes acknowledged.
@@ -880,6 +904,14 @@ impl Report {
             None => (t, 0),
         };
         Some((self.acks[k].at - before, prev_leader, self.acks[k].leader))
+    }
+
+    /// The `q` quantile (0..=1) of the acknowledgements' latencies; `None` without any.
+    pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
+        let mut l = self.latencies.clone();
+        l.sort_unstable();
+        let k = ((l.len() as f64 - 1.0) * q.clamp(0.0, 1.0)).round() as usize;
+        l.get(k).copied()
     }
 
     /// How many acknowledgements `leader` served after `t`.
@@ -935,7 +967,8 @@ pub fn run_workload(
     let start = Instant::now();
     let mut acks: Vec<Ack> = Vec::with_capacity(w.total as usize);
     let mut retry: VecDeque<u64> = VecDeque::new();
-    let mut inflight: VecDeque<(u64, u32, usize)> = VecDeque::new();
+    let mut inflight: VecDeque<(u64, u32, usize, Instant)> = VecDeque::new();
+    let mut latencies = Vec::with_capacity(w.total as usize);
     let mut next_new = 0u64;
     let mut conn: Option<Conn> = None;
     let mut bytes = 0u64;
@@ -972,7 +1005,7 @@ pub fn run_workload(
                 None => break,
             };
             let p = payload(seq, w.sizes.of(seq));
-            inflight.push_back((seq, crc32c::crc32c(&p), p.len()));
+            inflight.push_back((seq, crc32c::crc32c(&p), p.len(), Instant::now()));
             if writeln!(cn.writer, "APPEND {}", hex(&p)).is_err() {
                 failed = true;
                 break;
@@ -986,8 +1019,9 @@ pub fn run_workload(
             match cn.reader.read_line(&mut line) {
                 Ok(n) if n > 0 => match parse_ok(line.trim()) {
                     Some((index, crc)) => {
-                        let (seq, want, len) =
+                        let (seq, want, len, sent) =
                             inflight.pop_front().context("an answer nobody asked for")?;
+                        latencies.push(sent.elapsed());
                         ensure!(
                             crc == want,
                             "node {} acknowledged seq {seq} with crc {crc:08x}, sent {want:08x}",
@@ -1024,7 +1058,7 @@ pub fn run_workload(
             // Whatever was in flight may or may not have committed; resubmit it, in order,
             // ahead of anything queued. A duplicate in the log is allowed, a loss is not.
             retries += 1;
-            for (seq, _, _) in inflight.drain(..).rev() {
+            for (seq, _, _, _) in inflight.drain(..).rev() {
                 retry.push_front(seq);
             }
             conn = None;
@@ -1033,6 +1067,7 @@ pub fn run_workload(
     }
     Ok(Report {
         acks,
+        latencies,
         elapsed: start.elapsed(),
         bytes,
         retries,
@@ -1123,6 +1158,7 @@ mod tests {
         };
         let r = Report {
             acks: vec![ack(1, 0, 1), ack(2, 10, 1), ack(3, 900, 2)],
+            latencies: Vec::new(),
             elapsed: Duration::from_secs(1),
             bytes: 24,
             retries: 1,

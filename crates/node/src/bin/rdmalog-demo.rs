@@ -36,8 +36,16 @@ struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// fsync, memory or replicated.
-    #[arg(long, default_value = "fsync", value_parser = ["fsync", "memory", "replicated"])]
+    #[arg(
+        long,
+        env = "RDMALOG_DEMO_DURABILITY",
+        default_value = "fsync",
+        value_parser = ["fsync", "memory", "replicated"]
+    )]
     durability: String,
+    /// Appends of the final latency measurement (64 B, one in flight).
+    #[arg(long, default_value_t = 300)]
+    latency_appends: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -159,6 +167,7 @@ fn main() -> anyhow::Result<()> {
     );
     let v = c.verify(&r.acks)?;
     println!("demo: verified: {v}");
+    let latency = commit_latency(&mut c, a.latency_appends)?;
     println!(
         "demo: {} appended, {} committed, 0 lost, logs identical on {} hosts ({:?})",
         n,
@@ -166,7 +175,49 @@ fn main() -> anyhow::Result<()> {
         v.nodes.len(),
         v.nodes
     );
+    println!("demo: {latency}");
     drop(c);
     drop(keep);
     Ok(())
+}
+
+/// One 64 B append at a time through the leader's driver port: the commit latency as a client
+/// on the same machine sees it, as ratios to the RDMA round trip perftest measured in this
+/// boot (`ops/demo` runs it first), and the CPU the three node processes spent per entry.
+fn commit_latency(c: &mut Cluster, n: u64) -> anyhow::Result<String> {
+    let mut w = Workload::new(n, Sizes::Fixed(64));
+    w.window = 1;
+    let cpu0 = c.cpu_ns()?;
+    let r = run_workload(c, &w, |_, _| {})?;
+    let cpu = c.cpu_ns()?.saturating_sub(cpu0);
+    let (p50, p99) = (
+        r.latency_quantile(0.5).context("no latencies")?,
+        r.latency_quantile(0.99).context("no latencies")?,
+    );
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let perftest = lab::guest::out_dir()
+        .ok()
+        .and_then(|d| std::fs::read_to_string(d.join("perftest-summary.txt")).ok())
+        .and_then(|l| lab::perftest::parse_summary_line(&l))
+        .map(|kv| kv.into_iter().collect::<std::collections::BTreeMap<_, _>>());
+    let ratios = match perftest
+        .as_ref()
+        .and_then(|m| Some((m.get("write_lat_t_typical_us")?, m.get("write_lat_p99_us")?)))
+    {
+        Some((lat, lat99)) => format!(
+            " = {:.1} x and {:.1} x two ib_write_lat round trips of this boot (p50 {:.0} µs, p99 {:.0} µs)",
+            us(p50) / (2.0 * lat),
+            us(p99) / (2.0 * lat99),
+            2.0 * lat,
+            2.0 * lat99
+        ),
+        None => " (no perftest summary in this boot to compare with)".into(),
+    };
+    Ok(format!(
+        "commit latency, 64 B, one in flight, {n} appends through the leader's driver port: p50 {:.0} µs, p99 {:.0} µs{ratios}; {:.0} appends/s; CPU per entry, 3 node processes: {:.0} µs",
+        us(p50),
+        us(p99),
+        r.appends_per_sec(),
+        cpu as f64 / 1e3 / r.acks.len().max(1) as f64
+    ))
 }
