@@ -200,15 +200,14 @@ impl Run {
                     // An election that did not happen in time: give up.
                     _ => return self.end_episode(None, &stalled),
                 };
-                if let Some((phase, until_ns)) = next {
-                    self.episode = Some(Episode::Reelection {
-                        leader,
-                        stalled,
-                        other,
-                        term,
-                        phase,
-                        until_ns,
-                    });
+                if let Some((next_phase, next_until)) = next {
+                    if let Some(Episode::Reelection {
+                        phase, until_ns, ..
+                    }) = &mut self.episode
+                    {
+                        *phase = next_phase;
+                        *until_ns = next_until;
+                    }
                 }
             }
         }

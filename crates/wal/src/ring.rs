@@ -467,18 +467,7 @@ impl Producer {
                 pos += rest;
                 continue;
             }
-            // Copy the header first, then only as much payload as the header claims, bounded
-            // by the block and by `end`.
-            let scratch = &mut self.scratch[..available];
-            let head_len = HEADER_BYTES.min(available);
-            self.shared.load(pos, &mut scratch[..head_len]);
-            // Only a whole header says how much payload follows.
-            if let Ok(header) = <&[u8; HEADER_BYTES]>::try_from(&scratch[..head_len]) {
-                let want = RawHeader::read(header).copy_len(available);
-                self.shared
-                    .load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
-            }
-            let decoded = format::decode_record(scratch, Lsn(pos), block).map_err(fail)?;
+            let decoded = self.read_record(pos, available).map_err(fail)?;
             let header = decoded.header;
             if header.kind == RecordKind::Entry && header.term > max_term {
                 break;
@@ -521,16 +510,7 @@ impl Producer {
                 continue;
             }
             let available = (limit - pos).min(rest) as usize;
-            let scratch = &mut self.scratch[..available];
-            let head_len = HEADER_BYTES.min(available);
-            self.shared.load(pos, &mut scratch[..head_len]);
-            let Ok(header) = <&[u8; HEADER_BYTES]>::try_from(&scratch[..head_len]) else {
-                break;
-            };
-            let want = RawHeader::read(header).copy_len(available);
-            self.shared
-                .load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
-            let Ok(decoded) = format::decode_record(scratch, Lsn(pos), block) else {
+            let Ok(decoded) = self.read_record(pos, available) else {
                 break;
             };
             let header = decoded.header;
@@ -582,6 +562,22 @@ impl Producer {
     pub fn set_open_to_remote(&mut self, open: bool) {
         self.shared.open_to_remote.store(open, Ordering::Relaxed);
         self.shared.publish(self.tail);
+    }
+
+    /// Decodes the record at `pos` from at most `available` bytes (bounded by its block and by
+    /// the range being checked): the header first, then only as much payload as the header
+    /// claims.
+    fn read_record(&mut self, pos: u64, available: usize) -> Result<Decoded<'_>, DecodeError> {
+        let scratch = &mut self.scratch[..available];
+        let head_len = HEADER_BYTES.min(available);
+        self.shared.load(pos, &mut scratch[..head_len]);
+        // Only a whole header says how much payload follows.
+        if let Ok(header) = <&[u8; HEADER_BYTES]>::try_from(&scratch[..head_len]) {
+            let want = RawHeader::read(header).copy_len(available);
+            self.shared
+                .load(pos + HEADER_BYTES as u64, &mut scratch[HEADER_BYTES..want]);
+        }
+        format::decode_record(scratch, Lsn(pos), self.shared.block)
     }
 
     /// Moves the tail back to `to` (a raft conflict on a follower). `to` must be a record
