@@ -309,9 +309,6 @@ pub struct Replica<F: Fabric> {
     writes_in_flight: Inflight,
     next_wr_id: u64,
     granted: Option<u64>,
-    /// Follower, `Durability::Replicated`: the ring was opened to remote writes at a grant
-    /// and not yet closed by taking what was placed (mirrored in its tail file).
-    ring_open: bool,
     ticks: u64,
     applied: u64,
     stats: ReplicaStats,
@@ -485,7 +482,6 @@ impl<F: Fabric> Replica<F> {
             writes_in_flight: Inflight::default(),
             next_wr_id: 1,
             granted: None,
-            ring_open: false,
             ticks: 0,
             applied,
             stats: ReplicaStats {
@@ -2273,7 +2269,7 @@ impl<F: Fabric> Replica<F> {
         if want == self.granted {
             // A grant that went with its connection (a disconnect) leaves the ring open:
             // take what was placed now, before this node campaigns or votes without it.
-            if want.is_none() && self.ring_open {
+            if want.is_none() && self.producer.open_to_remote() {
                 self.fence_ring();
             }
             return;

@@ -554,6 +554,12 @@ impl Producer {
         crate::sync::fence(Ordering::Release);
     }
 
+    /// Whether the ring is open to remote writes ([`Producer::set_open_to_remote`]; after
+    /// [`ring_recovering`], as the crashed process left it).
+    pub fn open_to_remote(&self) -> bool {
+        self.shared.open_to_remote.load(Ordering::Relaxed)
+    }
+
     /// Marks the ring open (or closed) to remote writes that a writer counts as held before
     /// this producer saw them, in the tail mirror, so that recovery after a crash of this
     /// process knows to take them ([`open_to_remote`], then [`Producer::accept_placed`]).

@@ -453,7 +453,7 @@ impl<F: Fabric> Replica<F> {
     /// that grant's leader's records can be taken.
     pub(super) fn take_placed(&mut self) {
         if !self.cfg.durability.commits_on_nic_ack()
-            || !self.ring_open
+            || !self.producer.open_to_remote()
             || self.cfg.mutation == Mutation::NoPlacedTake
         {
             return;
@@ -513,9 +513,8 @@ impl<F: Fabric> Replica<F> {
     /// crash of this process from here on takes nothing past the published end.
     pub(super) fn fence_ring(&mut self) {
         self.revoke();
-        if self.ring_open && self.granted.is_none() {
+        if self.producer.open_to_remote() && self.granted.is_none() {
             self.take_placed();
-            self.ring_open = false;
             self.producer.set_open_to_remote(false);
         }
     }
@@ -528,11 +527,10 @@ impl<F: Fabric> Replica<F> {
         if !self.cfg.durability.commits_on_nic_ack() {
             return;
         }
-        if self.ring_open {
+        if self.producer.open_to_remote() {
             self.take_placed();
         }
         self.producer.clear_free();
-        self.ring_open = true;
         self.producer.set_open_to_remote(true);
     }
 
