@@ -5,37 +5,95 @@
 //! `cargo build --release -p replica --example commit_cost`, then
 //! `valgrind --tool=callgrind target/release/examples/commit_cost 200` and `... 1200`. A second
 //! argument picks the durability (`memory`, the default, `replicated` or `fsync`); it prints how
-//! many commits the leader counted on a write's completion.
+//! many commits the leader counted on a write's completion. `ops/commit-cost` runs both and
+//! splits the difference by role.
+//!
+//! Every call into a replica goes through one of the `#[inline(never)]` functions below, so a
+//! profile attributes instructions to a role by their inclusive cost: `leader_propose` +
+//! `leader_pass` + `leader_status` is the leader's whole work per commit, `follower_pass` the
+//! followers'. `SimNet::step` (the simulated wire) and the `SimEndpoint` methods (the
+//! in-process fabric's own bookkeeping) are test scaffolding and are subtracted by name.
+//!
+//! `commit_cost idle N` instead runs N driver passes of every replica with nothing to do (no
+//! packet, no tick, no proposal): the difference between two values of N, divided by 3 N, is
+//! the cost of one idle pass of `Replica::process`.
 
-use fabric::sim::SimConfig;
-use replica::Durability;
+use fabric::sim::{SimConfig, SimEndpoint};
 use replica::sim::SimCluster;
+use replica::{Durability, Replica, ReplicaError, Ticket};
+
+#[inline(never)]
+fn leader_propose(r: &mut Replica<SimEndpoint>, payload: &[u8]) -> Result<Ticket, ReplicaError> {
+    r.propose(payload)
+}
+
+// The two passes differ by a marker the optimiser cannot drop, so that the linker does not
+// fold them into one function (which would credit the followers' work to the leader).
+#[inline(never)]
+fn leader_pass(r: &mut Replica<SimEndpoint>) -> Result<(), ReplicaError> {
+    std::hint::black_box(1u8);
+    r.process()
+}
+
+#[inline(never)]
+fn follower_pass(r: &mut Replica<SimEndpoint>) -> Result<(), ReplicaError> {
+    std::hint::black_box(2u8);
+    r.process()
+}
+
+#[inline(never)]
+fn leader_status(r: &Replica<SimEndpoint>, t: Ticket) -> Option<Result<u64, ReplicaError>> {
+    r.ticket_status(t)
+}
+
+/// One driver pass over every replica, the leader first, each through its role's function.
+fn pass_all(c: &mut SimCluster, leader: u64) -> Result<(), ReplicaError> {
+    for (&id, r) in c.nodes.iter_mut() {
+        let r = r.as_mut().expect("no node is killed here");
+        if id == leader {
+            leader_pass(r)?;
+        } else {
+            follower_pass(r)?;
+        }
+    }
+    Ok(())
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let n: u64 = std::env::args()
-        .nth(1)
-        .map(|a| a.parse())
-        .transpose()?
-        .unwrap_or(1000);
+    let mut args: Vec<String> = std::env::args().collect();
+    let idle = args.get(1).is_some_and(|a| a == "idle");
+    if idle {
+        args.remove(1);
+    }
+    let n: u64 = args.get(1).map(|a| a.parse()).transpose()?.unwrap_or(1000);
     let zero = SimConfig {
         one_way_ns: 0,
         per_kib_ns: 0,
         jitter_ns: 0,
         ..SimConfig::default()
     };
-    let durability: Durability = match std::env::args().nth(2) {
+    let durability: Durability = match args.get(2) {
         Some(d) => d.parse()?,
         None => Durability::Memory,
     };
     let mut c = SimCluster::new(3, 1, zero, |cfg| cfg.durability = durability)?;
     let leader = c.elect()?;
+    // Let the election's last messages land, so that the runs below start from a quiet cluster.
+    c.run_for(50_000_000)?;
+    if idle {
+        for _ in 0..n {
+            pass_all(&mut c, leader)?;
+        }
+        println!("{n} idle passes of each of 3 replicas ({durability})");
+        return Ok(());
+    }
     let payload = [7u8; 64];
     for _ in 0..n {
-        let t = c.node(leader).propose(&payload)?;
+        let t = leader_propose(c.node(leader), &payload)?;
         loop {
             c.net.step();
-            c.process_all()?;
-            if let Some(r) = c.node(leader).ticket_status(t) {
+            pass_all(&mut c, leader)?;
+            if let Some(r) = leader_status(c.node(leader), t) {
                 r?;
                 break;
             }
