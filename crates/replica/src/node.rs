@@ -319,6 +319,9 @@ pub struct Replica<F: Fabric> {
     /// `Some` while recovering from lost acknowledgements (see [`crate::recovering`]).
     recovering: Option<Recovering>,
     work: u64,
+    /// Whether some peer's outbox may hold frames: set when one is queued, recomputed by
+    /// `flush_outboxes`, so that a pass with nothing queued does not walk the peers.
+    outboxes_queued: bool,
     encode_buf: Vec<u8>,
     scratch: Vec<u8>,
 }
@@ -493,6 +496,7 @@ impl<F: Fabric> Replica<F> {
             fast_epoch: (0, false),
             recovering,
             work: 0,
+            outboxes_queued: false,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             scratch: Vec::new(),
         };
@@ -1434,7 +1438,11 @@ impl<F: Fabric> Replica<F> {
                     return Err(e);
                 }
             }
-            self.update_fencing();
+            if ready {
+                // The Ready may have changed the role, the leader or the durable term. Without
+                // one nothing the grant depends on has changed since the call above.
+                self.update_fencing();
+            }
             self.flush_outboxes();
             if n == 0 && !ready {
                 return Ok(());
@@ -2217,6 +2225,7 @@ impl<F: Fabric> Replica<F> {
         if let Some(p) = self.peers.get_mut(&to) {
             if p.outbox.len() < MAX_OUTBOX && self.fabric.conn_state(peer) == ConnState::Up {
                 p.outbox.push_back(buf.clone());
+                self.outboxes_queued = true;
             } else {
                 self.stats.dropped_messages += 1;
             }
@@ -2225,6 +2234,10 @@ impl<F: Fabric> Replica<F> {
     }
 
     fn flush_outboxes(&mut self) {
+        if !self.outboxes_queued {
+            return;
+        }
+        let mut queued = false;
         for (&id, p) in self.peers.iter_mut() {
             let peer = NodeId(id);
             while !p.outbox.is_empty() && self.fabric.send_credits(peer) > 0 {
@@ -2236,7 +2249,9 @@ impl<F: Fabric> Replica<F> {
                     break;
                 }
             }
+            queued |= !p.outbox.is_empty();
         }
+        self.outboxes_queued = queued;
     }
 
     fn revoke(&mut self) {
