@@ -651,12 +651,12 @@ impl raft::Storage for WalStorage {
         if idx == self.prefix.0 {
             return Ok(self.prefix.1);
         }
-        if idx < self.first() {
+        // One lock for both: raft asks for terms many times per message.
+        let (term, wal_first) = self.wal.term_and_first(Index(idx));
+        if idx < wal_first.0.max(self.prefix.0 + 1) {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
-        self.wal
-            .term(Index(idx))
-            .map(|t| t.0)
+        term.map(|t| t.0)
             .ok_or(raft::Error::Store(StorageError::Unavailable))
     }
 

@@ -166,6 +166,9 @@ pub struct Wal {
     /// Mirror of `State::generation`, read with `completed_epoch`: an epoch that completes
     /// after a discard does not cover the discarded entries of an older generation.
     generation: AtomicU64,
+    /// Mirror of `State::first_index`, stored under the mutex wherever it changes: raft asks
+    /// for the first index on every pass, and a read of it needs no lock.
+    first_index: AtomicU64,
 }
 
 impl Wal {
@@ -230,6 +233,7 @@ impl Wal {
             changed: Condvar::new(),
             completed_epoch: AtomicU64::new(0),
             generation: AtomicU64::new(0),
+            first_index: AtomicU64::new(report.first_index.0),
         };
         Ok((wal, report))
     }

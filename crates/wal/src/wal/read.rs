@@ -1,12 +1,13 @@
 //! Reading entries back, and the log's positions.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use crate::error::WalError;
 use crate::format::{self, DecodeError, HEADER_BYTES};
 use crate::{Index, Lsn, Position, Term};
 
-use super::state::Exclusive;
+use super::state::{Exclusive, State};
 use super::{Entry, Wal};
 
 impl Wal {
@@ -94,7 +95,16 @@ impl Wal {
 
     /// The term of entry `index`, or of the entry just before the first one held.
     pub fn term(&self, index: Index) -> Option<Term> {
+        self.term_and_first(index).0
+    }
+
+    /// [`Wal::term`] of `index` and the first index held, read under one lock.
+    pub fn term_and_first(&self, index: Index) -> (Option<Term>, Index) {
         let st = self.lock();
+        (Self::term_in(&st, index), st.first_index)
+    }
+
+    fn term_in(st: &State, index: Index) -> Option<Term> {
         if index.0 + 1 == st.first_index.0 {
             return Some(st.prev_term);
         }
@@ -132,7 +142,7 @@ impl Wal {
 
     /// First index held.
     pub fn first_index(&self) -> Index {
-        self.lock().first_index
+        Index(self.first_index.load(Ordering::Acquire))
     }
 
     /// Last index held (buffered entries included).

@@ -16,6 +16,7 @@
 //! wait for durability.
 
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
 use crate::error::WalError;
@@ -270,6 +271,7 @@ impl Wal {
                 st.locs.clear();
                 st.start = start.lsn.0;
                 st.first_index = Index(start.last_index.0 + 1);
+                self.first_index.store(st.first_index.0, Ordering::Release);
                 st.prev_term = start.last_term;
                 st.last = start;
                 st.durable = start.lsn.0;
@@ -361,6 +363,7 @@ impl Wal {
             st.start = first.first_lsn.0;
         }
         st.first_index = first.first_index;
+        self.first_index.store(st.first_index.0, Ordering::Release);
         st.prev_term = first.prev_term;
         let first_index = st.first_index;
         if let Some((segment, error)) = failure {
