@@ -386,9 +386,45 @@ impl<F: Fabric> Replica<F> {
 
     fn accept_fast_inner(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, FastReject> {
         let before = self.producer.position();
+        // The entries are built from the copy the ring's checks just verified (one read and
+        // one checksum per record on this side); the first mismatch with the descriptor is
+        // reported after the records' own checks, as a reader of them one by one would.
+        let mut out = Vec::with_capacity(m.entries.len());
+        let mut mismatch = None;
+        let mut pos = before.lsn;
+        let ring_entries = &mut self.ring_entries;
         let after = self
             .producer
-            .accept_written(Lsn(lsn_end))
+            .accept_written_each(Lsn(lsn_end), |lsn, d| {
+                let Some(want) = m.entries.get(out.len()).filter(|_| mismatch.is_none()) else {
+                    return;
+                };
+                let (index, term) = (d.header.index.0, d.header.term.0);
+                if index != want.index || term != want.term {
+                    mismatch = Some(FastReject::Header {
+                        index,
+                        term,
+                        want_index: want.index,
+                        want_term: want.term,
+                    });
+                    return;
+                }
+                match entry_from_payload(index, term, d.payload) {
+                    Ok(entry) => out.push(entry),
+                    Err(e) => {
+                        mismatch = Some(FastReject::Payload(e));
+                        return;
+                    }
+                }
+                let end = lsn.0 + d.record_len;
+                ring_entries.push_back(RingEntry {
+                    index,
+                    term,
+                    start: lsn.0,
+                    end,
+                });
+                pos = Lsn(end);
+            })
             .map_err(|e| FastReject::Records(e.to_string()))?;
         let want_last = m.entries.last().map(|e| e.index).unwrap_or(0);
         if after.last_index.0 != want_last {
@@ -397,32 +433,11 @@ impl<F: Fabric> Replica<F> {
                 descriptor: want_last,
             });
         }
-        let mut out = Vec::with_capacity(m.entries.len());
-        let mut pos = before.lsn;
-        for want in m.entries.iter() {
-            let Ok(Some((lsn, d))) = self.consumer.next_entry(pos) else {
-                return Err(FastReject::MissingRecord { lsn: pos.0 });
-            };
-            let (index, term) = (d.header.index.0, d.header.term.0);
-            if index != want.index || term != want.term {
-                return Err(FastReject::Header {
-                    index,
-                    term,
-                    want_index: want.index,
-                    want_term: want.term,
-                });
-            }
-            let entry = entry_from_payload(index, term, d.payload)
-                .map_err(|e| FastReject::Payload(e.to_string()))?;
-            let end = lsn.0 + d.record_len;
-            out.push(entry);
-            self.ring_entries.push_back(RingEntry {
-                index,
-                term,
-                start: lsn.0,
-                end,
-            });
-            pos = Lsn(end);
+        if let Some(reject) = mismatch {
+            return Err(reject);
+        }
+        if out.len() < m.entries.len() {
+            return Err(FastReject::MissingRecord { lsn: pos.0 });
         }
         self.fast_accepted_to = want_last;
         Ok(out)
