@@ -238,6 +238,13 @@ impl Wal {
         Ok((wal, report))
     }
 
+    /// The one place the first index changes, so that its lock-free mirror cannot be
+    /// forgotten.
+    fn set_first_index(&self, st: &mut State, first: Index) {
+        st.first_index = first;
+        self.first_index.store(first.0, Ordering::Release);
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()

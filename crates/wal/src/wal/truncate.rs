@@ -16,7 +16,6 @@
 //! wait for durability.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
 use crate::error::WalError;
@@ -270,8 +269,7 @@ impl Wal {
                 st.segments.push_back(Arc::new(segment));
                 st.locs.clear();
                 st.start = start.lsn.0;
-                st.first_index = Index(start.last_index.0 + 1);
-                self.first_index.store(st.first_index.0, Ordering::Release);
+                self.set_first_index(&mut st, Index(start.last_index.0 + 1));
                 st.prev_term = start.last_term;
                 st.last = start;
                 st.durable = start.lsn.0;
@@ -362,8 +360,7 @@ impl Wal {
         if removed > 0 {
             st.start = first.first_lsn.0;
         }
-        st.first_index = first.first_index;
-        self.first_index.store(st.first_index.0, Ordering::Release);
+        self.set_first_index(&mut st, first.first_index);
         st.prev_term = first.prev_term;
         let first_index = st.first_index;
         if let Some((segment, error)) = failure {
