@@ -337,10 +337,16 @@ pub trait Fabric {
     /// Closes the connection to `peer`, flushing outstanding operations.
     fn disconnect(&mut self, peer: NodeId);
 
-    /// The state of the connection to `peer`.
+    /// The state of the connection to `peer`. A connection is `Up`, and takes writes and
+    /// sends, only once [`Fabric::poll`] has handed out its [`Event::Connected`]: until then
+    /// the owner's state for the peer (where its log ends, what was sent) still describes the
+    /// connection before, and an operation posted from that state must not reach the new
+    /// one (simulator seed 928: a leader paused through a reconnect wrote from its stale end
+    /// over records its follower had accepted).
     fn conn_state(&self, peer: NodeId) -> ConnState;
 
-    /// Posts a one-sided write.
+    /// Posts a one-sided write. Fails with [`FabricError::NotConnected`] unless the connection
+    /// is `Up` (see [`Fabric::conn_state`]).
     fn post_write(&mut self, peer: NodeId, wr: WriteRequest) -> Result<(), FabricError>;
 
     /// Posts a send of `msg` (copied into a registered send buffer). Consumes one credit.

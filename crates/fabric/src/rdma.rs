@@ -311,6 +311,9 @@ pub struct RdmaEndpoint {
     qpn: BTreeMap<u32, NodeId>,
     inboxes: BTreeMap<NodeId, Inbox>,
     events: VecDeque<Event>,
+    /// Per peer, the [`Event::Connected`]s queued in `events` and not yet polled: while any
+    /// is, the connection is not yet the owner's to use ([`Fabric::conn_state`]).
+    unannounced: BTreeMap<NodeId, u32>,
     wc: Vec<verbs::Completion>,
     slot_bytes: usize,
     /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
@@ -466,6 +469,7 @@ impl RdmaEndpoint {
             qpn: BTreeMap::new(),
             inboxes: BTreeMap::new(),
             events: VecDeque::new(),
+            unannounced: BTreeMap::new(),
             wc: vec![verbs::Completion::EMPTY; WC_BATCH],
             slot_bytes,
             wait,
@@ -614,10 +618,7 @@ impl RdmaEndpoint {
             for wc in early {
                 self.handle_recv(peer, wc);
             }
-            self.events.push_back(Event::Connected {
-                peer,
-                remote: region,
-            });
+            self.announce(peer, region);
             return;
         }
         let mut nonce = [0u8; NONCE_BYTES];
@@ -647,6 +648,12 @@ impl RdmaEndpoint {
 
     /// Refuses a peer that failed admission, saying why on this side (the peer sees its
     /// connection drop and logs that it was refused).
+    /// Queues the [`Event::Connected`] of a new, admitted connection to `peer`.
+    fn announce(&mut self, peer: NodeId, remote: Option<RemoteRegion>) {
+        *self.unannounced.entry(peer).or_default() += 1;
+        self.events.push_back(Event::Connected { peer, remote });
+    }
+
     fn refuse(&mut self, peer: NodeId, why: &str) {
         tracing::warn!(%peer, why, "refused a peer");
         self.last_errors.insert(peer, format!("refused: {why}"));
@@ -698,7 +705,7 @@ impl RdmaEndpoint {
                 if !c.admitted {
                     c.admitted = true;
                     let remote = c.region;
-                    self.events.push_back(Event::Connected { peer, remote });
+                    self.announce(peer, remote);
                 }
             }
             _ => self.refuse(peer, "it sent a malformed admission frame"),
@@ -713,7 +720,8 @@ impl RdmaEndpoint {
         msg: &[u8],
         credit_only: bool,
     ) -> Result<(), FabricError> {
-        let admitted = self.conns.get(&peer).is_some_and(|c| c.admitted);
+        let admitted = self.conns.get(&peer).is_some_and(|c| c.admitted)
+            && !self.unannounced.contains_key(&peer);
         if !credit_only && !admitted {
             return Err(FabricError::NotConnected { peer });
         }
@@ -1081,7 +1089,9 @@ impl Fabric for RdmaEndpoint {
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
         match self.conns.get(&peer).filter(|c| !c.broken) {
-            Some(c) if c.admitted => return ConnState::Up,
+            Some(c) if c.admitted && !self.unannounced.contains_key(&peer) => {
+                return ConnState::Up;
+            }
             Some(_) => return ConnState::Connecting,
             None => {}
         }
@@ -1103,6 +1113,9 @@ impl Fabric for RdmaEndpoint {
                 offset: wr.local_offset,
                 end,
             })?;
+        if self.unannounced.contains_key(&peer) {
+            return Err(FabricError::NotConnected { peer });
+        }
         let c = self
             .conns
             .get_mut(&peer)
@@ -1231,6 +1244,14 @@ impl Fabric for RdmaEndpoint {
         while k < out.len() {
             match self.events.pop_front() {
                 Some(e) => {
+                    if let Event::Connected { peer, .. } = e {
+                        if let Some(n) = self.unannounced.get_mut(&peer) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.unannounced.remove(&peer);
+                            }
+                        }
+                    }
                     out[k] = e;
                     k += 1;
                 }

@@ -158,6 +158,9 @@ struct NodeState {
     regions: Vec<Region>,
     advertised: Option<RemoteRegion>,
     conns: BTreeMap<NodeId, Conn>,
+    /// Per peer, the [`Event::Connected`]s queued in `events` and not yet polled: while any
+    /// is, the connection is not yet the owner's to use ([`Fabric::conn_state`]).
+    unannounced: BTreeMap<NodeId, u32>,
     events: VecDeque<Event>,
     /// The messages of the receive completions in `events`, in the same order, with the
     /// epoch of the connection they arrived on. Keeping them in event order means a
@@ -166,6 +169,23 @@ struct NodeState {
     /// The node's shared-memory files ([`Fabric::alloc_persistent`]): they survive
     /// [`SimNet::kill_process`], not [`SimNet::crash`].
     shm: BTreeMap<std::path::PathBuf, Arc<crate::VecMemory>>,
+}
+
+impl NodeState {
+    /// Queues the [`Event::Connected`] of a new connection to `peer`.
+    fn announce(&mut self, peer: NodeId, remote: Option<RemoteRegion>) {
+        *self.unannounced.entry(peer).or_default() += 1;
+        self.events.push_back(Event::Connected { peer, remote });
+    }
+
+    /// The connection to `peer`, if it is up and its owner has polled its
+    /// [`Event::Connected`].
+    fn usable_conn(&self, peer: NodeId) -> Option<&Conn> {
+        if self.unannounced.contains_key(&peer) {
+            return None;
+        }
+        self.conns.get(&peer).filter(|c| c.state == ConnState::Up)
+    }
 }
 
 #[derive(Debug)]
@@ -480,10 +500,7 @@ impl Net {
             c.state = ConnState::Up;
             c.credits = slots;
             n.conns.insert(src, c);
-            n.events.push_back(Event::Connected {
-                peer: src,
-                remote: advertised,
-            });
+            n.announce(src, advertised);
             let mine = n.advertised;
             self.send_packet(dst, src, epoch, Packet::ConnectAck { advertised: mine });
             return;
@@ -526,10 +543,7 @@ impl Net {
                 if c.state == ConnState::Connecting {
                     c.state = ConnState::Up;
                     c.credits = slots;
-                    n.events.push_back(Event::Connected {
-                        peer: src,
-                        remote: advertised,
-                    });
+                    n.announce(src, advertised);
                     self.stats.connects += 1;
                 }
             }
@@ -735,6 +749,7 @@ impl SimNet {
                     regions: Vec::new(),
                     advertised: None,
                     conns: BTreeMap::new(),
+                    unannounced: BTreeMap::new(),
                     events: VecDeque::new(),
                     recv_data: VecDeque::new(),
                     shm: BTreeMap::new(),
@@ -850,6 +865,7 @@ impl SimNet {
             s.regions.clear();
             s.advertised = None;
             s.conns.clear();
+            s.unannounced.clear();
             s.events.clear();
             s.recv_data.clear();
         }
@@ -1131,8 +1147,15 @@ impl Fabric for SimEndpoint {
             .lock_net()
             .nodes
             .get(&self.node)
-            .and_then(|n| n.conns.get(&peer))
-            .map_or(ConnState::Down, |c| c.state)
+            .and_then(|n| {
+                let c = n.conns.get(&peer)?;
+                Some(if n.unannounced.contains_key(&peer) {
+                    ConnState::Connecting
+                } else {
+                    c.state
+                })
+            })
+            .map_or(ConnState::Down, |s| s)
     }
 
     fn post_write(&mut self, peer: NodeId, wr: WriteRequest) -> Result<(), FabricError> {
@@ -1141,9 +1164,7 @@ impl Fabric for SimEndpoint {
         let depth = n.config.max_outstanding;
         let me = n.nodes.get(&self.node).expect("node exists");
         let c = me
-            .conns
-            .get(&peer)
-            .filter(|c| c.state == ConnState::Up)
+            .usable_conn(peer)
             .ok_or(FabricError::NotConnected { peer })?;
         if c.outstanding.len() >= depth {
             return Err(FabricError::QueueFull { peer, depth });
@@ -1210,8 +1231,7 @@ impl Fabric for SimEndpoint {
         let c = n
             .nodes
             .get(&self.node)
-            .and_then(|m| m.conns.get(&peer))
-            .filter(|c| c.state == ConnState::Up)
+            .and_then(|m| m.usable_conn(peer))
             .ok_or(FabricError::NotConnected { peer })?;
         if c.outstanding.len() >= depth {
             return Err(FabricError::QueueFull { peer, depth });
@@ -1328,6 +1348,14 @@ impl Fabric for SimEndpoint {
             match me.events.pop_front() {
                 Some(e) => {
                     match e {
+                        Event::Connected { peer, .. } => {
+                            if let Some(k) = me.unannounced.get_mut(&peer) {
+                                *k -= 1;
+                                if *k == 0 {
+                                    me.unannounced.remove(&peer);
+                                }
+                            }
+                        }
                         Event::Disconnected { peer, .. } => {
                             if let Some(v) = self.inboxes.get_mut(&peer) {
                                 v.iter_mut().for_each(|m| *m = None);
