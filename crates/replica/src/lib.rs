@@ -238,6 +238,16 @@ pub enum Mutation {
     /// Under `Durability::Replicated`, a follower never takes the records its leader placed
     /// in its ring without a descriptor: it may vote without entries the leader counted.
     NoPlacedTake,
+    /// A follower cutting a conflicting suffix whose previous entry its ring already released
+    /// rewinds to the start of the cut record instead of the end of the previous entry
+    /// (issue 13, defect 6): padding between the two is lost, and every later entry sits at
+    /// another Lsn than the leader's.
+    RewindToCutRecord,
+    /// The leader re-opens the fast path on any response that shows a follower holding
+    /// exactly what it answers, even while an append sent after it is still unanswered
+    /// (issue 13, defect 7): a fast write aimed at that end can land over records the
+    /// in-flight append placed.
+    ReopenFastPathEarly,
 }
 
 impl ReplicaConfig {

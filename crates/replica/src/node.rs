@@ -113,6 +113,12 @@ pub struct ReplicaStats {
     pub fenced_writes: u64,
     /// Follower: descriptors whose ring bytes or position did not check out.
     pub fast_rejected: u64,
+    /// Follower, outside `Durability::Replicated`: descriptors of its granted leader of this
+    /// term whose write started below the end of the records it had already accepted. The
+    /// leader wrote over records this follower holds, which its fast-path rule forbids (a
+    /// torn or corrupted write there would damage an accepted record): the simulator fails a
+    /// seed on any.
+    pub fast_overwrites: u64,
     /// Frames that failed to decode or came from the wrong peer (connection dropped).
     pub bad_frames: u64,
     /// Messages dropped because a peer's outbox was full.
@@ -1920,6 +1926,9 @@ impl<F: Fabric> Replica<F> {
             self.fence_ring();
         }
         let prev = self.ring_entry(index - 1).map(|(_, r)| r);
+        let cut = (self.cfg.mutation == crate::Mutation::RewindToCutRecord)
+            .then(|| self.ring_entry(index).map(|(_, r)| r.start))
+            .flatten();
         if index <= self.wal.last_index().0 {
             self.wal.truncate_suffix(Index(index))?;
         }
@@ -1934,6 +1943,7 @@ impl<F: Fabric> Replica<F> {
         // every later entry at other Lsns than the leader's (and refuse every fast append).
         let target = match prev {
             Some(p) => Some(p.end),
+            None if cut.is_some_and(|c| c >= self.consumer.head().0) => cut,
             None => {
                 let end = self.wal.position();
                 debug_assert_eq!(end.last_index.0, index - 1);

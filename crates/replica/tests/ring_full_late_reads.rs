@@ -15,7 +15,7 @@
 //! append again from the end an older response reported while a slow append was still in
 //! flight, and the fast write went over the records that append placed. A response now
 //! re-opens the fast path only when the follower holds everything sent to it on the
-//! connection (`Peer::sent_to` in `replica::node`).
+//! connection (`FastPeer::sent_to` in `replica::node::fast`).
 
 use fabric::NodeId;
 use fabric::sim::SimConfig;

@@ -1254,6 +1254,13 @@ impl Run {
             if let Some(r) = r {
                 r.verify_ring()
                     .map_err(|e| format!("ring integrity: node {id}: {e}"))?;
+                let overwrites = r.stats().fast_overwrites;
+                if overwrites > 0 {
+                    return Err(format!(
+                        "ring integrity: node {id}: its leader wrote over records it had \
+                         accepted ({overwrites} descriptors)"
+                    ));
+                }
                 self.checker.check_node(id, r)?;
                 self.checker.check_checkpoint(id, r)?;
             }

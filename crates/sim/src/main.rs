@@ -41,7 +41,7 @@ struct Args {
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
-    /// nic-ack-before-grant or no-placed-take.
+    /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record or reopen-fast-path-early.
     #[arg(long)]
     mutation: Option<String>,
     /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
@@ -66,6 +66,8 @@ fn main() -> anyhow::Result<()> {
         Some("unchecked-reads") => replica::Mutation::UncheckedReads,
         Some("nic-ack-before-grant") => replica::Mutation::NicAckBeforeGrant,
         Some("no-placed-take") => replica::Mutation::NoPlacedTake,
+        Some("rewind-to-cut-record") => replica::Mutation::RewindToCutRecord,
+        Some("reopen-fast-path-early") => replica::Mutation::ReopenFastPathEarly,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {

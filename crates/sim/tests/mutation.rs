@@ -14,8 +14,10 @@ use replica::{Durability, Mutation};
 /// no-recovering-guard 34 (state machine safety), skip-revoke 32 (ring integrity: a deposed
 /// leader's write landed over a record a follower had accepted), ack-before-crc 42 (log
 /// matching: a follower took a corrupted write's descriptor as its entries), snapshot-own-lsn
-/// 34 (Lsn agreement after an install), unchecked-reads 10 (durability: a committed entry
-/// re-read after its stored bytes rotted).
+/// 26 (Lsn agreement after an install), unchecked-reads 10 (durability: a committed entry
+/// re-read after its stored bytes rotted), rewind-to-cut-record 164 (Lsn agreement: issue 13,
+/// defect 6), reopen-fast-path-early 44 (ring integrity: a follower was sent a descriptor
+/// starting below the records it had accepted; issue 13, defect 7).
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 8 (state machine safety, through the
@@ -155,4 +157,26 @@ fn the_earlier_rules_are_caught_under_replicated_too() {
             "{m:?} went unnoticed for {WITHIN} Replicated seeds"
         );
     }
+}
+
+#[test]
+fn rewinding_to_the_cut_record_is_caught() {
+    let caught = first_failure(Mutation::RewindToCutRecord);
+    eprintln!("rewind to cut record: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "followers rewinding a cut suffix past the padding before it went unnoticed for \
+         {WITHIN} seeds"
+    );
+}
+
+#[test]
+fn reopening_the_fast_path_before_a_follower_holds_what_was_sent_is_caught() {
+    let caught = first_failure(Mutation::ReopenFastPathEarly);
+    eprintln!("reopen fast path early: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "leaders re-opening the fast path while an append was still unanswered went unnoticed \
+         for {WITHIN} seeds"
+    );
 }

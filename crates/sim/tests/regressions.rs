@@ -133,7 +133,7 @@ fn seeds_4334_50616_read_failures_armed_to_the_end() {
 ///   an append again from the end an older response reported while a slow append was still
 ///   in flight; the fast write went over the record that append had placed, and a corrupted
 ///   write there damaged an accepted record. A response now re-opens the fast path only when
-///   the follower holds everything sent to it on the connection (`Peer::sent_to`).
+///   the follower holds everything sent to it on the connection (`FastPeer::sent_to`).
 /// - 7487 (liveness, driver): under Memory a machine crash left a recovering node while a
 ///   retired node was still a voter of every configuration: the documented stall. The driver
 ///   counts retired and recovering voters against every configuration's majority.
@@ -219,6 +219,20 @@ fn seed_2697_replicated_an_ack_only_a_skipped_leader_could_show() {
         ..sim::Options::default()
     };
     if let Err(f) = sim::run(2697, options, false) {
+        panic!("\n{f}\n");
+    }
+}
+
+/// Ring integrity, found by the checker that fails a seed when a follower is sent a descriptor
+/// of its granted leader starting below the records it had accepted (issue 13, defect 7's
+/// family): a leader slept (SIGSTOP) while its follower re-dialled; the fabric built the new
+/// connection at once, and the leader, waking, proposed and wrote from the fast-path end it
+/// kept for the old connection before it polled the `Connected` of the new one, whose grant
+/// the follower had already given. A connection is now usable only once its owner polled its
+/// `Connected` (`fabric/tests/unannounced_connection.rs` has the focused test).
+#[test]
+fn seed_928_a_leader_woke_and_wrote_on_a_connection_it_had_not_seen() {
+    if let Err(f) = sim::run(928, sim::Options::default(), false) {
         panic!("\n{f}\n");
     }
 }

@@ -77,7 +77,15 @@ impl FastPeer {
 
     /// An append response of the current term: `reject`, the index it answers (`acked`),
     /// and the follower's log and ring end as its ring info reports them.
-    pub(super) fn on_response(&mut self, reject: bool, acked: u64, last_index: u64, ring_end: u64) {
+    /// `guard_sent` is false only under the test-only [`Mutation::ReopenFastPathEarly`].
+    pub(super) fn on_response(
+        &mut self,
+        reject: bool,
+        acked: u64,
+        last_index: u64,
+        ring_end: u64,
+        guard_sent: bool,
+    ) {
         if reject {
             self.close();
         } else if last_index == acked {
@@ -85,7 +93,7 @@ impl FastPeer {
             // after it, or a slow append it has not answered yet): raft may send the next
             // append from this very index again, and a write aimed there would go over
             // records that append placed (issue 13, defect 7; simulator seed 53809).
-            if last_index >= self.sent_to {
+            if last_index >= self.sent_to || !guard_sent {
                 self.end = Some(FastEnd {
                     index: last_index,
                     lsn: ring_end,
@@ -280,8 +288,9 @@ impl<F: Fabric> Replica<F> {
             }
         }
         if m.get_msg_type() == MessageType::MsgAppendResponse {
+            let guard_sent = self.cfg.mutation != Mutation::ReopenFastPathEarly;
             p.fast
-                .on_response(m.reject, m.index, r.last_index, r.ring_end);
+                .on_response(m.reject, m.index, r.last_index, r.ring_end, guard_sent);
         }
     }
 
@@ -295,6 +304,21 @@ impl<F: Fabric> Replica<F> {
     ) -> Result<(), ReplicaError> {
         if m.term > self.raw.raft.term {
             self.fence_ring();
+        }
+        if !self.cfg.durability.commits_on_nic_ack()
+            && m.term == self.raw.raft.term
+            && self.granted == Some(peer)
+            && lsn_start < self.producer.position().lsn.0
+        {
+            // Under Replicated the records of an earlier write may already have been taken
+            // as placed, so this holds only for the other modes.
+            tracing::warn!(
+                peer,
+                lsn_start,
+                tail = self.producer.position().lsn.0,
+                "the leader wrote over records this follower had accepted"
+            );
+            self.stats.fast_overwrites += 1;
         }
         if self.cfg.durability.commits_on_nic_ack() {
             // The leader counted these bytes when its write completed: take them whatever
@@ -711,7 +735,7 @@ mod tests {
     fn open_at(index: u64, lsn: u64) -> FastPeer {
         let mut p = FastPeer::default();
         p.sent(index);
-        p.on_response(false, index, index, lsn);
+        p.on_response(false, index, index, lsn, true);
         assert_eq!(p.end(), Some(FastEnd { index, lsn }));
         p
     }
@@ -734,21 +758,21 @@ mod tests {
         // next write at 10's end, where that append's records will land.
         let mut p = FastPeer::default();
         p.sent(12);
-        p.on_response(false, 10, 10, 4096);
+        p.on_response(false, 10, 10, 4096, true);
         assert_eq!(p.end(), None);
-        p.on_response(false, 12, 12, 5000);
+        p.on_response(false, 12, 12, 5000, true);
         assert_eq!(p.end().map(|e| e.index), Some(12));
     }
 
     #[test]
     fn a_reject_closes_it_and_so_does_a_follower_holding_more() {
         let mut p = open_at(10, 4096);
-        p.on_response(true, 10, 10, 4096);
+        p.on_response(true, 10, 10, 4096, true);
         assert_eq!(p.end(), None);
 
         let mut p = open_at(10, 4096);
         // The follower answers an older append while holding entries we did not write.
-        p.on_response(false, 8, 11, 4500);
+        p.on_response(false, 8, 11, 4500, true);
         assert_eq!(p.end(), None);
 
         let mut p = open_at(10, 4096);
@@ -757,7 +781,7 @@ mod tests {
             lsn: 6000,
         });
         // An ack of an earlier append that our writes already went past keeps the end.
-        p.on_response(false, 9, 12, 5000);
+        p.on_response(false, 9, 12, 5000, true);
         assert_eq!(p.end().map(|e| e.index), Some(14));
     }
 
@@ -767,7 +791,7 @@ mod tests {
         p.sent(20);
         p.reset();
         assert_eq!(p.end(), None);
-        p.on_response(false, 5, 5, 100);
+        p.on_response(false, 5, 5, 100, true);
         assert_eq!(
             p.end().map(|e| e.index),
             Some(5),
