@@ -18,10 +18,17 @@
 //! an event or the next tick; a completion wakes the driver directly, with no timer in the
 //! path. Without one (the simulator), adaptive naps 50 µs at a time and event mode waits for a
 //! kick or at most 1 ms.
+//!
+//! Under [`PollMode::Busy`] the caller's own thread runs to completion: [`Log::append`] writes
+//! the entry into the ring and posts its writes and messages in the call, and a caller that
+//! waits on its handle ([`AppendHandle::wait`], [`AppendHandle::wait_for`]) polls the fabric,
+//! hands raft its `Ready`s and resolves itself, with no hand-off to the driver thread and no
+//! wake-up in between. One caller drives at a time (others wait for its progress as in the
+//! other modes), and the driver keeps out of the way while one does, except for raft's ticks.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
@@ -88,6 +95,14 @@ struct Shared<F: Fabric> {
     failure: Mutex<Option<String>>,
     /// Test-only: makes the driver panic at its next pass (see [`Log::inject_driver_panic`]).
     panic_for_test: AtomicBool,
+    /// Test-only: the driver makes no pass while set (see [`Log::hold_driver_for_test`]).
+    hold_for_test: AtomicBool,
+    /// How the driver waits; under `Busy` a waiting caller drives its own append.
+    poll: PollMode,
+    /// Whether a caller is driving the replica (`Busy` only); the driver then only ticks.
+    caller_driving: AtomicBool,
+    /// The highest commit index a pass reached, so that waiters are woken once per move.
+    commit: AtomicU64,
 }
 
 impl<F: Fabric> Shared<F> {
@@ -140,6 +155,41 @@ impl<F: Fabric> Shared<F> {
         {
             w.wake();
         }
+    }
+
+    /// Records the commit index a pass (the driver's or a caller's) reached, and wakes every
+    /// waiter when it moved.
+    fn publish_commit(&self, commit: u64) {
+        if commit > self.commit.fetch_max(commit, Ordering::AcqRel) {
+            *self
+                .progress_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = commit;
+            self.wake_all();
+        }
+    }
+
+    /// A pass of the replica's loop made on a caller's thread (`Busy`): a failure or a panic
+    /// fail-stops the log exactly as it would on the driver thread, and the caller gets the
+    /// cause.
+    fn caller_pass(&self, r: &mut Replica<F>) -> Result<(), ReplicaError> {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.process()));
+        let why = match result {
+            Ok(Ok(())) => {
+                self.publish_commit(r.commit_index());
+                return Ok(());
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => {
+                let what = panic_message(panic.as_ref());
+                tracing::error!(node = r.id(), panic = %what, "a pass driven by a caller panicked: the log stopped (fail-stop)");
+                format!(
+                    "a pass driven by a caller panicked ({what}); the log stopped and must be restarted"
+                )
+            }
+        };
+        self.fail(why.clone());
+        Err(ReplicaError::Poisoned(why))
     }
 
     /// Sleeps until the commit index moves (or the driver stops), at most `left`, and never
@@ -210,6 +260,10 @@ impl<F: Fabric + Send + 'static> Log<F> {
             waiter,
             failure: Mutex::new(None),
             panic_for_test: AtomicBool::new(false),
+            hold_for_test: AtomicBool::new(false),
+            poll: options.poll,
+            caller_driving: AtomicBool::new(false),
+            commit: AtomicU64::new(0),
         });
         let s = shared.clone();
         let driver = std::thread::Builder::new()
@@ -225,11 +279,18 @@ impl<F: Fabric + Send + 'static> Log<F> {
         })
     }
 
-    /// Proposes one entry; the handle resolves to its index once committed.
+    /// Proposes one entry; the handle resolves to its index once committed. Under
+    /// [`PollMode::Busy`] the entry's writes and messages are posted before this returns.
     pub fn append(&self, data: &[u8]) -> Result<AppendHandle<F>, ReplicaError> {
         self.shared.check()?;
-        let ticket = self.shared.lock().propose(data)?;
-        self.shared.kick();
+        let mut r = self.shared.lock();
+        let ticket = r.propose(data)?;
+        if self.shared.poll == PollMode::Busy {
+            self.shared.caller_pass(&mut r)?;
+        } else {
+            drop(r);
+            self.shared.kick();
+        }
         Ok(AppendHandle {
             shared: self.shared.clone(),
             ticket,
@@ -238,11 +299,18 @@ impl<F: Fabric + Send + 'static> Log<F> {
 
     /// Proposes several entries in order, as one raft proposal: they get consecutive indexes,
     /// or (on an error) none of them is in the log. Once proposed, each handle resolves on its
-    /// own: a change of leader may keep a prefix of the batch and replace the rest.
+    /// own: a change of leader may keep a prefix of the batch and replace the rest. Under
+    /// [`PollMode::Busy`] their writes and messages are posted before this returns.
     pub fn append_batch(&self, items: &[&[u8]]) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
         self.shared.check()?;
-        let tickets = self.shared.lock().propose_batch(items)?;
-        self.shared.kick();
+        let mut r = self.shared.lock();
+        let tickets = r.propose_batch(items)?;
+        if self.shared.poll == PollMode::Busy {
+            self.shared.caller_pass(&mut r)?;
+        } else {
+            drop(r);
+            self.shared.kick();
+        }
         Ok(tickets
             .into_iter()
             .map(|ticket| AppendHandle {
@@ -356,6 +424,13 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.kick();
     }
 
+    /// Test-only: while `hold` is set the driver thread makes no pass (not even a tick), to
+    /// show that a caller under [`PollMode::Busy`] runs its own append to completion.
+    #[doc(hidden)]
+    pub fn hold_driver_for_test(&self, hold: bool) {
+        self.shared.hold_for_test.store(hold, Ordering::Release);
+    }
+
     fn stop_driver(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.kick();
@@ -381,17 +456,22 @@ impl<F: Fabric + Send + 'static> Drop for Log<F> {
 fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive_loop(&s, o)));
     if let Err(panic) = r {
-        let what = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|m| (*m).to_owned()))
-            .unwrap_or_else(|| "a panic without a message".into());
+        let what = panic_message(panic.as_ref());
         let id = s.lock().id();
         tracing::error!(node = id, panic = %what, "the driver thread panicked: the log stopped (fail-stop)");
         s.fail(format!(
             "the driver thread panicked ({what}); the log stopped and must be restarted"
         ));
     }
+}
+
+/// The message a panic carried.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|m| (*m).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Ticks the driver may fall behind before it logs a warning: well under an election
@@ -409,12 +489,21 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
         }
     }
     let mut next_tick = Instant::now() + o.tick;
-    let mut last_commit = 0;
     let mut idle_since: Option<Instant> = None;
     let backoff = Backoff::new();
     let mut waiter = s.waiter.clone();
     let mut armed = false;
     while !s.stop.load(Ordering::Acquire) {
+        if s.hold_for_test.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        if s.caller_driving.load(Ordering::Acquire) && Instant::now() < next_tick {
+            // A caller runs its append to completion (Busy): stay off the lock until the
+            // next tick is due.
+            std::hint::spin_loop();
+            continue;
+        }
         let (result, commit, busy) = {
             let asked = Instant::now();
             let mut r = s.lock();
@@ -448,13 +537,7 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
             s.fail(e.to_string());
             return;
         }
-        if commit != last_commit {
-            last_commit = commit;
-            *s.progress_lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = commit;
-            s.wake_all();
-        }
+        s.publish_commit(commit);
         if busy {
             idle_since = None;
             backoff.reset();
@@ -555,34 +638,63 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
     }
 
     /// Waits at most `timeout` for the entry to resolve, without consuming the handle;
-    /// `None` if it is still pending.
+    /// `None` if it is still pending. Under [`PollMode::Busy`] the waiting thread drives the
+    /// replica itself (see the module doc).
     pub fn wait_for(&self, timeout: Duration) -> Option<Result<u64, ReplicaError>> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(r) = self.status() {
+            if let Some(r) = self.drive_or_check() {
                 return Some(r);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
             }
-            self.shared.wait_progress(left);
+            self.pause(left);
         }
     }
 
     /// Blocks until the entry is committed, superseded, the log closes, or `timeout` passes.
+    /// Under [`PollMode::Busy`] the waiting thread drives the replica itself (see the module
+    /// doc).
     pub fn wait(self, timeout: Duration) -> Result<u64, ReplicaError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(r) = self.status() {
-                return r;
+        self.wait_for(timeout).unwrap_or(Err(ReplicaError::Timeout {
+            index: self.ticket.index,
+        }))
+    }
+
+    /// One step of a wait: under `Busy`, a pass of the replica on this thread when no other
+    /// caller is driving, then the ticket's status; otherwise only the status.
+    fn drive_or_check(&self) -> Option<Result<u64, ReplicaError>> {
+        let s = &self.shared;
+        if s.poll != PollMode::Busy
+            || s.caller_driving
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return self.status();
+        }
+        let outcome = match s.check() {
+            Err(e) => Some(Err(e)),
+            Ok(()) => {
+                let mut r = s.lock();
+                match s.caller_pass(&mut r) {
+                    Ok(()) => r.ticket_status(self.ticket),
+                    Err(e) => Some(Err(e)),
+                }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ReplicaError::Timeout {
-                    index: self.ticket.index,
-                });
-            }
+        };
+        s.caller_driving.store(false, Ordering::Release);
+        outcome
+    }
+
+    /// Between two steps of a wait: the driving caller spins on; any other sleeps until the
+    /// commit index moves.
+    fn pause(&self, left: Duration) {
+        if self.shared.poll == PollMode::Busy && !self.shared.caller_driving.load(Ordering::Acquire)
+        {
+            std::hint::spin_loop();
+        } else {
             self.shared.wait_progress(left);
         }
     }

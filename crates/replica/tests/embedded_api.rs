@@ -222,3 +222,56 @@ fn a_pending_wait_ends_when_its_leader_is_stopped() {
     assert!(matches!(r, Err(ReplicaError::Closed)), "{r:?}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
 }
+
+/// Under `Busy` the caller's thread runs its append to completion: with the leader's driver
+/// thread held (no pass at all, not even a tick), an append still commits, because the caller
+/// writes it into the ring and posts it in `append`, then polls, steps raft and resolves itself
+/// in `wait`. The control: under `Adaptive` the same append waits for the held driver.
+#[test]
+fn a_busy_caller_runs_its_own_append_to_completion() {
+    let adaptive = PollMode::Adaptive {
+        spin: Duration::from_micros(100),
+    };
+    for mode in [PollMode::Busy, adaptive] {
+        let (_net, stop, logs) = cluster(mode);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let outcome = loop {
+            // On 2 shared cores busy drivers can starve each other into an election: retry at
+            // the new leader, as a client would.
+            let l = leader(&logs);
+            if logs[l]
+                .append(b"warm up")
+                .and_then(|h| h.wait(Duration::from_secs(5)))
+                .is_err()
+            {
+                continue;
+            }
+            logs[l].hold_driver_for_test(true);
+            let r = logs[l]
+                .append(b"driven by its caller")
+                .map(|h| h.wait_for(Duration::from_millis(300)));
+            logs[l].hold_driver_for_test(false);
+            match r {
+                Ok(Some(Ok(index))) => break Some(index),
+                Ok(None) => break None,
+                _ if Instant::now() < deadline => {}
+                other => panic!("{mode:?}: {other:?}"),
+            }
+        };
+        if mode == PollMode::Busy {
+            assert!(
+                outcome.is_some(),
+                "a Busy caller did not commit its append with the driver held"
+            );
+        } else {
+            assert_eq!(
+                outcome, None,
+                "an Adaptive append committed with its driver held: the test shows nothing"
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for log in logs {
+            log.close().unwrap();
+        }
+    }
+}
