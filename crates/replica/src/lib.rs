@@ -248,6 +248,10 @@ pub enum Mutation {
     /// (issue 13, defect 7): a fast write aimed at that end can land over records the
     /// in-flight append placed.
     ReopenFastPathEarly,
+    /// A node whose shared-memory ring was lost (a machine crash) clamps its persisted commit
+    /// index into the log it reads back, as if that log were a prefix of the one the index
+    /// covered: it may call entries of a branch it had cut committed.
+    TrustLogAfterLostRing,
 }
 
 impl ReplicaConfig {

@@ -458,8 +458,20 @@ impl<F: Fabric> Replica<F> {
         // finds: below it after a prefix truncation (commit-only changes are not written to
         // raft-state), above it if a machine crash lost a Memory-durability tail. Commit is
         // re-learned from the leader, so clamping it into the log is safe.
+        //
+        // After a lost ring the log read back is not even known to be a prefix of the one the
+        // commit index covered: the ring held entries the segment files did not, and the files
+        // may hold entries of a branch the node had cut, when that cut's fdatasync failed and
+        // a later process read the cut from the page cache (simulator seed 62767;
+        // `stale_branch_after_a_failed_cut.rs`). So the commit goes back to what the latest
+        // checkpoint covers, and the leader teaches the rest again.
         let mut hs = hs;
-        hs.commit = hs.commit.clamp(applied, wal.last_index().0.max(applied));
+        let trusted_end = if ring_lost && cfg.mutation != crate::Mutation::TrustLogAfterLostRing {
+            applied
+        } else {
+            wal.last_index().0.max(applied)
+        };
+        hs.commit = hs.commit.clamp(applied, trusted_end);
         let mut storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, prefix_term));
         if let Some(snap) = snapshot {
             storage.set_snapshot(snap);

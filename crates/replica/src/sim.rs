@@ -305,11 +305,6 @@ impl SimCluster {
         Ok(())
     }
 
-    /// The configuration node `id` runs with.
-    pub fn config(&self, id: u64) -> &ReplicaConfig {
-        &self.configs[&id]
-    }
-
     /// The committed application entries of node `id`, in order, from its log.
     pub fn committed_log(&mut self, id: u64) -> Result<Vec<(u64, Vec<u8>)>, ReplicaError> {
         let r = self.node(id);

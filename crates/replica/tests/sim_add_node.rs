@@ -28,8 +28,8 @@ fn a_joiner_gets_every_setting_of_the_cluster() {
     .unwrap();
     c.add_node(4).unwrap();
 
-    let template = c.config(1).clone();
-    let mut joiner = c.config(4).clone();
+    let template = c.configs[&1].clone();
+    let mut joiner = c.configs[&4].clone();
     assert_eq!(joiner.id, 4);
     assert!(
         joiner.voters.is_empty(),

@@ -41,7 +41,8 @@ struct Args {
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
-    /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record or reopen-fast-path-early.
+    /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early or
+    /// trust-log-after-lost-ring.
     #[arg(long)]
     mutation: Option<String>,
     /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
@@ -68,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Some("no-placed-take") => replica::Mutation::NoPlacedTake,
         Some("rewind-to-cut-record") => replica::Mutation::RewindToCutRecord,
         Some("reopen-fast-path-early") => replica::Mutation::ReopenFastPathEarly,
+        Some("trust-log-after-lost-ring") => replica::Mutation::TrustLogAfterLostRing,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {

@@ -17,7 +17,10 @@ use replica::{Durability, Mutation};
 /// 26 (Lsn agreement after an install), unchecked-reads 10 (durability: a committed entry
 /// re-read after its stored bytes rotted), rewind-to-cut-record 164 (Lsn agreement: issue 13,
 /// defect 6), reopen-fast-path-early 44 (ring integrity: a follower was sent a descriptor
-/// starting below the records it had accepted; issue 13, defect 7).
+/// starting below the records it had accepted; issue 13, defect 7). `trust-log-after-lost-ring`
+/// is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
+/// has, so `replica/tests/stale_branch_after_a_failed_cut.rs` proves it with the marker taken
+/// away.
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 8 (state machine safety, through the

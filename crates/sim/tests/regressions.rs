@@ -236,3 +236,26 @@ fn seed_928_a_leader_woke_and_wrote_on_a_connection_it_had_not_seen() {
         panic!("\n{f}\n");
     }
 }
+
+/// Found once `FaultFs` modelled a failed fdatasync as Linux does (the failed pages are marked
+/// clean: the page cache keeps the new bytes, the disk the old ones, and no later fdatasync
+/// writes them), and by the 100,000-seed run of issue 13 before that:
+/// - 319 (recovery): a node fail-stopped on an append's failed fdatasync, restarted on the
+///   same machine reading the entry from the page cache, synced later entries, and after a
+///   machine crash refused to start: a hole, then valid records.
+/// - 62767 (state machine safety, `Replicated`): a follower's cut of a stale branch failed at
+///   its fdatasync; the next process read the cut from the page cache, caught up and persisted
+///   a commit index over the new entries; a machine crash brought the stale branch back and
+///   open clamped the commit into it.
+///
+/// The poisoned wal now leaves a marker and the next open rewrites every segment
+/// (`wal/tests/failed_sync.rs`), and a node that lost its ring no longer trusts its commit
+/// index (`replica/tests/stale_branch_after_a_failed_cut.rs`).
+#[test]
+fn seeds_319_62767_bytes_read_back_after_a_failed_fdatasync() {
+    for seed in [319, 62767] {
+        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+            panic!("\n{f}\n");
+        }
+    }
+}

@@ -688,6 +688,10 @@ impl SegmentHeader {
 
 /// Name of the truncation marker file in the log directory (docs/FORMAT.md, section 3).
 pub const TRUNCATION_MARKER_NAME: &str = "wal-truncation";
+/// Name of the file a poisoned log leaves when an fdatasync (or a write) of it failed
+/// (docs/FORMAT.md, section 5): the page cache may show bytes the disk never got, and no later
+/// fdatasync writes them, so the next open rewrites every segment before trusting it. Empty.
+pub const SYNC_FAILED_MARKER_NAME: &str = "wal-sync-failed";
 /// Truncation marker magic, bytes 0..8 of the marker.
 pub const TRUNCATION_MAGIC: [u8; 8] = *b"RLWALCUT";
 /// Truncation marker format version.

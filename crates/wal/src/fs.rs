@@ -159,6 +159,8 @@ struct FaultState {
     crashed: bool,
     /// Fail the next fdatasync with EIO.
     fail_next_sync: bool,
+    /// Fail the next fdatasync of a file whose name ends with this, with EIO.
+    fail_next_sync_of: Option<String>,
     /// Fail the next read with EIO.
     fail_next_read: bool,
     /// Total bytes of all files may not exceed this (ENOSPC).
@@ -171,6 +173,10 @@ struct FaultFile {
     durable: Vec<u8>,
     /// Sectors written since the last fdatasync.
     dirty_sectors: std::collections::BTreeSet<u64>,
+    /// Sectors whose write-back failed (an fdatasync returned EIO): as on Linux, their pages
+    /// were marked clean, so the process still reads the new bytes while the disk keeps the
+    /// old ones, and no later fdatasync writes them: only a new write to the sector does.
+    lost_sectors: std::collections::BTreeSet<u64>,
 }
 
 impl FaultState {
@@ -248,6 +254,12 @@ impl FaultFs {
         self.lock().fail_next_sync = true;
     }
 
+    /// Makes the next fdatasync of a file whose name ends with `suffix` (a segment: `.wal`)
+    /// fail with EIO; syncs of other files go through.
+    pub fn fail_next_sync_of(&self, suffix: &str) {
+        self.lock().fail_next_sync_of = Some(suffix.to_owned());
+    }
+
     /// Makes the next read fail with EIO (a bad sector, a flaky controller); later reads
     /// succeed.
     pub fn fail_next_read(&self) {
@@ -304,6 +316,7 @@ impl FaultFs {
             file.data = kept.clone();
             file.durable = kept;
             file.dirty_sectors.clear();
+            file.lost_sectors.clear();
         }
         state.gc();
         state.boot += 1;
@@ -311,6 +324,7 @@ impl FaultFs {
         state.crash_at_op = None;
         state.crashed = false;
         state.fail_next_sync = false;
+        state.fail_next_sync_of = None;
         state.fail_next_read = false;
     }
 
@@ -420,23 +434,42 @@ impl WalFile for FaultHandle {
             let first = offset / FAULT_SECTOR_BYTES as u64;
             let last = (end as u64).div_ceil(FAULT_SECTOR_BYTES as u64);
             file.dirty_sectors.extend(first..last);
+            file.lost_sectors.retain(|s| !(first..last).contains(s));
             Ok(())
         })
     }
 
     fn sync_data(&self) -> io::Result<()> {
         self.with(true, |state, id| {
-            let fail = std::mem::take(&mut state.fail_next_sync);
+            let named = state.fail_next_sync_of.as_deref().is_some_and(|suffix| {
+                state
+                    .entries
+                    .iter()
+                    .any(|(path, &file)| file == id && path.to_string_lossy().ends_with(suffix))
+            });
+            if named {
+                state.fail_next_sync_of = None;
+            }
+            let fail = std::mem::take(&mut state.fail_next_sync) || named;
             let file = state.files.get_mut(&id).expect("checked above");
             if fail {
                 // Like Linux after a failed writeback: the dirty pages are marked clean and
-                // their bytes never reach the disk.
-                file.dirty_sectors.clear();
+                // their bytes never reach the disk, not even at a later fdatasync.
+                let dirty = std::mem::take(&mut file.dirty_sectors);
+                file.lost_sectors.extend(dirty);
                 return Err(io::Error::from_raw_os_error(
                     rustix::io::Errno::IO.raw_os_error(),
                 ));
             }
-            file.durable = file.data.clone();
+            let mut durable = file.data.clone();
+            for &sector in &file.lost_sectors {
+                let start = sector as usize * FAULT_SECTOR_BYTES;
+                let end = (start + FAULT_SECTOR_BYTES).min(durable.len());
+                for (at, byte) in durable.iter_mut().enumerate().take(end).skip(start) {
+                    *byte = file.durable.get(at).copied().unwrap_or(0);
+                }
+            }
+            file.durable = durable;
             file.dirty_sectors.clear();
             Ok(())
         })

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use crate::error::WalError;
 use crate::format::{
     self, ChainCheck, DecodeError, EntryHeader, HEADER_BYTES, RecordKind, SEGMENT_DATA_OFFSET,
-    SEGMENT_HEADER_BYTES, SegmentHeader, TRUNCATION_MARKER_NAME,
+    SEGMENT_HEADER_BYTES, SYNC_FAILED_MARKER_NAME, SegmentHeader, TRUNCATION_MARKER_NAME,
 };
 use crate::fs::{FileSystem, WalFile};
 use crate::marker::{self, Hole};
@@ -235,6 +235,11 @@ fn other_file_note(name: &str, report: &CheckReport) -> Option<&'static str> {
         Some("bytes cut from a torn tail")
     } else if name == TRUNCATION_MARKER_NAME {
         Some("a prefix truncation or restart was interrupted; recovery finishes it")
+    } else if name == SYNC_FAILED_MARKER_NAME {
+        Some(
+            "an fdatasync of the log failed; the next open rewrites and syncs every segment \
+             before it trusts them",
+        )
     } else if report.doomed.iter().any(|d| d == name) {
         Some(
             "doomed by the interrupted truncation that wal-truncation records; recovery \

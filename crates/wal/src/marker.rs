@@ -14,7 +14,8 @@ use std::path::Path;
 
 use crate::error::WalError;
 use crate::format::{
-    DecodeError, TRUNCATION_MARKER_BYTES, TRUNCATION_MARKER_NAME, TruncationKind, TruncationMarker,
+    DecodeError, SYNC_FAILED_MARKER_NAME, TRUNCATION_MARKER_BYTES, TRUNCATION_MARKER_NAME,
+    TruncationKind, TruncationMarker,
 };
 use crate::fs::FileSystem;
 use crate::segment::TEMP_SUFFIX;
@@ -37,6 +38,31 @@ pub(crate) fn write(fs: &dyn FileSystem, dir: &Path, marker: TruncationMarker) -
         let _ = fs.remove(&temp);
     }
     result
+}
+
+/// Leaves the sync-failure marker ([`SYNC_FAILED_MARKER_NAME`]) durably: an empty file,
+/// fdatasynced, and the directory fsynced. Best effort: the log is already poisoned, and a
+/// disk that fails this too is beyond what the next open can repair (the error is logged).
+pub(crate) fn record_sync_failure(fs: &dyn FileSystem, dir: &Path) {
+    let result = (|| {
+        let file = fs.create(&dir.join(SYNC_FAILED_MARKER_NAME))?;
+        file.sync_data()?;
+        fs.sync_dir(dir)
+    })();
+    if let Err(e) = result {
+        tracing::error!(
+            dir = %dir.display(),
+            error = %e,
+            "wal: cannot record that an fdatasync failed; if the machine crashes before the \
+             next open of this log, bytes it read back may be missing from the disk"
+        );
+    }
+}
+
+/// Removes the sync-failure marker and makes the removal durable.
+pub(crate) fn clear_sync_failure(fs: &dyn FileSystem, dir: &Path) -> io::Result<()> {
+    fs.remove(&dir.join(SYNC_FAILED_MARKER_NAME))?;
+    fs.sync_dir(dir)
 }
 
 /// Removes the marker and makes the removal durable.

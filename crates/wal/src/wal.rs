@@ -148,6 +148,10 @@ pub struct RecoveryReport {
     /// interrupted prefix truncation or restart doomed, followed by its truncation marker
     /// (`wal-truncation`).
     pub removed: Vec<String>,
+    /// The previous process left the sync-failure marker (`wal-sync-failed`): an fdatasync
+    /// of the log had failed, so every segment was rewritten from what this open read and
+    /// fdatasynced before the log was trusted.
+    pub rewritten_after_failed_sync: bool,
 }
 
 /// A replicated log's durable store. `Wal` is `Sync`: share it with `Arc` among appenders.
@@ -236,6 +240,16 @@ impl Wal {
             first_index: AtomicU64::new(report.first_index.0),
         };
         Ok((wal, report))
+    }
+
+    /// Poisons the log after a failed write or fdatasync, and leaves the sync-failure marker:
+    /// the page cache may now hold bytes the disk never got (and never will: Linux marks the
+    /// pages of a failed writeback clean), and whoever opens the log next reads them. The next
+    /// open rewrites every segment from what it reads, then removes the marker
+    /// (docs/FORMAT.md, section 5, step 6).
+    fn poison(&self, st: &mut State, failure: state::Failure) {
+        st.poisoned = Some(failure);
+        crate::marker::record_sync_failure(&*self.fs, &self.dir);
     }
 
     /// The one place the first index changes, so that its lock-free mirror cannot be

@@ -303,7 +303,7 @@ impl Wal {
                 Err(failure.discard_error())
             }
             Err(FlushError::Poison(failure)) => {
-                st.poisoned = Some(failure);
+                self.poison(&mut st, failure);
                 Self::wake_all(&mut st);
                 tracing::error!(
                     lsn = failure.lsn.0,

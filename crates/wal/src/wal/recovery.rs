@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::error::WalError;
 use crate::format::{
     self, ChainCheck, DecodeError, HEADER_BYTES, RecordKind, SEGMENT_DATA_OFFSET,
-    SEGMENT_HEADER_BYTES, SegmentHeader, TRUNCATION_MARKER_NAME,
+    SEGMENT_HEADER_BYTES, SYNC_FAILED_MARKER_NAME, SegmentHeader, TRUNCATION_MARKER_NAME,
 };
 use crate::fs::FileSystem;
 use crate::marker::{self, Hole};
@@ -48,9 +48,12 @@ pub(super) fn recover(
     let mut temps = Vec::new();
     let mut firsts = Vec::new();
     let mut has_marker = false;
+    let mut sync_failed = false;
     for name in names {
         if name.ends_with(TEMP_SUFFIX) {
             temps.push(name);
+        } else if name == SYNC_FAILED_MARKER_NAME {
+            sync_failed = true;
         } else if name == TRUNCATION_MARKER_NAME {
             has_marker = true;
         } else if let Some(lsn) = segment::parse_segment_name(&name) {
@@ -151,7 +154,52 @@ pub(super) fn recover(
         .map(|s| u64::from(s.header.window_bytes))
         .max()
         .unwrap_or(config.max_batch_bytes);
-    scan(fs, dir, segments, window, report)
+    let mut recovered = scan(fs, dir, segments, window, report)?;
+    if sync_failed {
+        rewrite_after_failed_sync(fs, dir, &recovered.segments)?;
+        recovered.report.rewritten_after_failed_sync = true;
+    }
+    Ok(recovered)
+}
+
+/// After a failed fdatasync of the log (the previous process left the sync-failure marker),
+/// the page cache this open read may hold bytes the disk never got: appended records, or the
+/// zeros of a cut whose old records are still on the disk. Linux marked those pages clean, so
+/// no fdatasync would write them; a write does. So every segment is read whole and written
+/// back, then fdatasynced, before the marker goes: from here on the disk holds what recovery
+/// read, and a machine crash cannot bring back a cut branch or leave a hole before records
+/// synced later (simulator seeds 319 and 62767, `wal/tests/failed_sync.rs`).
+fn rewrite_after_failed_sync(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    segments: &VecDeque<Arc<Segment>>,
+) -> Result<(), WalError> {
+    let mut bytes = Vec::new();
+    for segment in segments {
+        let fail = |source| WalError::SegmentRead {
+            segment: segment.first_lsn(),
+            lsn: segment.first_lsn(),
+            source,
+        };
+        let len = segment.file.size_bytes().map_err(fail)? as usize;
+        bytes.resize(len, 0);
+        segment.file.read_exact_at(&mut bytes, 0).map_err(fail)?;
+        segment.file.write_all_at(&bytes, 0).map_err(fail)?;
+        segment.file.sync_data().map_err(fail)?;
+    }
+    let open_dir = |source| WalError::OpenDir {
+        dir: dir.to_owned(),
+        source,
+    };
+    fs.sync_dir(dir).map_err(open_dir)?;
+    marker::clear_sync_failure(fs, dir).map_err(open_dir)?;
+    tracing::warn!(
+        dir = %dir.display(),
+        segments = segments.len(),
+        "wal: an fdatasync of this log failed before; every segment was rewritten and synced \
+         from what recovery read"
+    );
+    Ok(())
 }
 
 /// The error for a hole in the segments that nothing explains.

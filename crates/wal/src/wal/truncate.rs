@@ -146,7 +146,7 @@ impl Wal {
                 Ok(())
             }
             Err((segment, error)) => {
-                st.poisoned = Some(Failure::new(segment, Lsn(cut), &error));
+                self.poison(&mut st, Failure::new(segment, Lsn(cut), &error));
                 self.end_exclusive(st);
                 Err(WalError::Truncate {
                     index: from,
@@ -280,7 +280,7 @@ impl Wal {
                 Ok(())
             }
             Err((segment, error)) => {
-                st.poisoned = Some(Failure::new(segment, start.lsn, &error));
+                self.poison(&mut st, Failure::new(segment, start.lsn, &error));
                 self.end_exclusive(st);
                 Err(WalError::SegmentCreate {
                     segment,
@@ -364,7 +364,7 @@ impl Wal {
         st.prev_term = first.prev_term;
         let first_index = st.first_index;
         if let Some((segment, error)) = failure {
-            st.poisoned = Some(Failure::new(segment, segment, &error));
+            self.poison(&mut st, Failure::new(segment, segment, &error));
             self.end_exclusive(st);
             return Err(WalError::Truncate {
                 index: checkpoint,
