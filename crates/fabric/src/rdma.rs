@@ -257,9 +257,19 @@ impl Conn {
     }
 }
 
+/// Received frames the owner has not reposted yet, one buffer per receive slot. The buffers
+/// are made at connect with room for a whole frame and then only swapped with
+/// [`RdmaEndpoint::frame`], never freed or grown, so a received frame costs one copy out of the
+/// registered receive pool and no allocation.
 #[derive(Debug, Default)]
 struct Inbox {
-    slots: Vec<Option<Vec<u8>>>,
+    slots: Vec<InboxSlot>,
+}
+
+#[derive(Debug, Default)]
+struct InboxSlot {
+    bytes: Vec<u8>,
+    full: bool,
 }
 
 enum CmRequest {
@@ -310,6 +320,9 @@ pub struct RdmaEndpoint {
     early_wc: Vec<verbs::Completion>,
     qpn: BTreeMap<u32, NodeId>,
     inboxes: BTreeMap<NodeId, Inbox>,
+    /// The frame being received: filled from the receive pool, then swapped into its inbox
+    /// slot (whose empty buffer comes back here). Room for a whole frame from the start.
+    frame: Vec<u8>,
     events: VecDeque<Event>,
     /// Per peer, the [`Event::Connected`]s queued in `events` and not yet polled: while any
     /// is, the connection is not yet the owner's to use ([`Fabric::conn_state`]).
@@ -468,6 +481,7 @@ impl RdmaEndpoint {
             early_wc: Vec::new(),
             qpn: BTreeMap::new(),
             inboxes: BTreeMap::new(),
+            frame: Vec::with_capacity(slot_bytes),
             events: VecDeque::new(),
             unannounced: BTreeMap::new(),
             wc: vec![verbs::Completion::EMPTY; WC_BATCH],
@@ -522,7 +536,7 @@ impl RdmaEndpoint {
             .retain(|e| !matches!(e, Event::Completion(x) if x.peer == peer && x.op == WcOp::Recv));
         self.qpn.retain(|_, p| *p != peer);
         if let Some(inbox) = self.inboxes.get_mut(&peer) {
-            inbox.slots.iter_mut().for_each(|s| *s = None);
+            inbox.slots.iter_mut().for_each(|s| s.full = false);
         }
         self.events.push_back(Event::Disconnected { peer, reason });
         // Dropping the connection destroys the QP (and with it any WR still in the device).
@@ -600,10 +614,16 @@ impl RdmaEndpoint {
             region,
         };
         self.conns.insert(peer, c);
+        let slot_bytes = self.slot_bytes;
         self.inboxes.insert(
             peer,
             Inbox {
-                slots: vec![None; slots],
+                slots: (0..slots)
+                    .map(|_| InboxSlot {
+                        bytes: Vec::with_capacity(slot_bytes),
+                        full: false,
+                    })
+                    .collect(),
             },
         );
         let qp_num = self.conns[&peer].conn.qp().qp_num();
@@ -918,13 +938,12 @@ impl RdmaEndpoint {
                 return;
             };
             let mut header = None;
-            let mut payload: Option<Vec<u8>> = None;
+            let frame = &mut self.frame;
+            frame.clear();
             let got = c.recv.with_received(c.conn.qp(), &wc, |bytes| {
                 if bytes.len() >= FRAME_HEADER_BYTES {
                     header = Some(u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")));
-                    if bytes.len() > FRAME_HEADER_BYTES {
-                        payload = Some(bytes[FRAME_HEADER_BYTES..].to_vec());
-                    }
+                    frame.extend_from_slice(&bytes[FRAME_HEADER_BYTES..]);
                 }
             });
             match got {
@@ -950,11 +969,14 @@ impl RdmaEndpoint {
             };
             c.credits.update(adv & !CONTROL_BIT);
             if adv & CONTROL_BIT != 0 {
-                let msg = payload.unwrap_or_default();
+                let msg = std::mem::take(&mut self.frame);
                 self.handle_control(peer, &msg);
+                self.frame = msg;
                 return;
             }
-            let Some(msg) = payload else { return }; // a credit-only frame
+            if self.frame.is_empty() {
+                return; // a credit-only frame
+            }
             if !c.admitted {
                 self.refuse(
                     peer,
@@ -963,7 +985,7 @@ impl RdmaEndpoint {
                 return;
             }
             let inbox = self.inboxes.entry(peer).or_default();
-            let Some(slot) = inbox.slots.iter().position(Option::is_none) else {
+            let Some(slot) = inbox.slots.iter().position(|s| !s.full) else {
                 // The peer sent beyond the credits we granted: a protocol violation.
                 tracing::warn!(%peer, "a frame beyond the granted credits; dropping the connection");
                 self.break_conn(
@@ -973,8 +995,10 @@ impl RdmaEndpoint {
                 );
                 return;
             };
-            let len = msg.len() as u32;
-            inbox.slots[slot] = Some(msg);
+            let len = self.frame.len() as u32;
+            let held = &mut inbox.slots[slot];
+            std::mem::swap(&mut held.bytes, &mut self.frame);
+            held.full = true;
             c.held += 1;
             self.events.push_back(Event::Completion(Completion {
                 peer,
@@ -1179,7 +1203,8 @@ impl Fabric for RdmaEndpoint {
         self.inboxes
             .get(&peer)
             .and_then(|i| i.slots.get(slot as usize))
-            .and_then(|m| m.as_deref())
+            .filter(|m| m.full)
+            .map(|m| &m.bytes[..])
             .ok_or(FabricError::BadSlot { peer, slot })
     }
 
@@ -1188,7 +1213,8 @@ impl Fabric for RdmaEndpoint {
             .inboxes
             .get_mut(&peer)
             .and_then(|i| i.slots.get_mut(slot as usize))
-            .and_then(Option::take);
+            .filter(|m| m.full)
+            .map(|m| m.full = false);
         if taken.is_none() {
             return Err(FabricError::BadSlot { peer, slot });
         }
