@@ -192,6 +192,17 @@ impl<F: Fabric> Shared<F> {
         Err(ReplicaError::Poisoned(why))
     }
 
+    /// After a proposal, with the replica still locked: under `Busy` the caller's own pass
+    /// writes it into the ring and posts it; otherwise the driver is woken to do so.
+    fn after_propose(&self, mut r: MutexGuard<'_, Replica<F>>) -> Result<(), ReplicaError> {
+        if self.poll == PollMode::Busy {
+            return self.caller_pass(&mut r);
+        }
+        drop(r);
+        self.kick();
+        Ok(())
+    }
+
     /// Sleeps until the commit index moves (or the driver stops), at most `left`, and never
     /// longer than 10 ms so a waiter re-checks its own condition even if a wake-up is missed.
     fn wait_progress(&self, left: Duration) {
@@ -285,12 +296,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.check()?;
         let mut r = self.shared.lock();
         let ticket = r.propose(data)?;
-        if self.shared.poll == PollMode::Busy {
-            self.shared.caller_pass(&mut r)?;
-        } else {
-            drop(r);
-            self.shared.kick();
-        }
+        self.shared.after_propose(r)?;
         Ok(AppendHandle {
             shared: self.shared.clone(),
             ticket,
@@ -305,12 +311,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.check()?;
         let mut r = self.shared.lock();
         let tickets = r.propose_batch(items)?;
-        if self.shared.poll == PollMode::Busy {
-            self.shared.caller_pass(&mut r)?;
-        } else {
-            drop(r);
-            self.shared.kick();
-        }
+        self.shared.after_propose(r)?;
         Ok(tickets
             .into_iter()
             .map(|ticket| AppendHandle {
