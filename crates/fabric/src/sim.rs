@@ -62,6 +62,11 @@ pub struct SimConfig {
     /// Chance, in parts per million, that a write lands with one byte flipped (memory or
     /// DMA corruption past the wire's checksum): what the receiver's record checks are for.
     pub corrupt_write_ppm: u64,
+    /// Test-only mutation: a connection takes writes and sends as soon as it is up, before
+    /// its owner polled its `Connected` (the rule of [`Fabric::conn_state`] removed; simulator
+    /// seed 928 catches it).
+    #[doc(hidden)]
+    pub use_before_announced: bool,
 }
 
 impl Default for SimConfig {
@@ -76,6 +81,7 @@ impl Default for SimConfig {
             read_source_at_delivery: false,
             tear_writes_at_revoke: false,
             corrupt_write_ppm: 0,
+            use_before_announced: false,
         }
     }
 }
@@ -179,9 +185,10 @@ impl NodeState {
     }
 
     /// The connection to `peer`, if it is up and its owner has polled its
-    /// [`Event::Connected`].
-    fn usable_conn(&self, peer: NodeId) -> Option<&Conn> {
-        if self.unannounced.contains_key(&peer) {
+    /// [`Event::Connected`] (unless `gate` is off: the test-only
+    /// [`SimConfig::use_before_announced`]).
+    fn usable_conn(&self, peer: NodeId, gate: bool) -> Option<&Conn> {
+        if gate && self.unannounced.contains_key(&peer) {
             return None;
         }
         self.conns.get(&peer).filter(|c| c.state == ConnState::Up)
@@ -1143,13 +1150,13 @@ impl Fabric for SimEndpoint {
     }
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
-        self.net
-            .lock_net()
-            .nodes
+        let net = self.net.lock_net();
+        let gate = !net.config.use_before_announced;
+        net.nodes
             .get(&self.node)
             .and_then(|n| {
                 let c = n.conns.get(&peer)?;
-                Some(if n.unannounced.contains_key(&peer) {
+                Some(if gate && n.unannounced.contains_key(&peer) {
                     ConnState::Connecting
                 } else {
                     c.state
@@ -1162,9 +1169,10 @@ impl Fabric for SimEndpoint {
         let mut n = self.net.lock_net();
         self.check_up(&n)?;
         let depth = n.config.max_outstanding;
+        let gate = !n.config.use_before_announced;
         let me = n.nodes.get(&self.node).expect("node exists");
         let c = me
-            .usable_conn(peer)
+            .usable_conn(peer, gate)
             .ok_or(FabricError::NotConnected { peer })?;
         if c.outstanding.len() >= depth {
             return Err(FabricError::QueueFull { peer, depth });
@@ -1228,10 +1236,11 @@ impl Fabric for SimEndpoint {
         let mut n = self.net.lock_net();
         self.check_up(&n)?;
         let depth = n.config.max_outstanding;
+        let gate = !n.config.use_before_announced;
         let c = n
             .nodes
             .get(&self.node)
-            .and_then(|m| m.usable_conn(peer))
+            .and_then(|m| m.usable_conn(peer, gate))
             .ok_or(FabricError::NotConnected { peer })?;
         if c.outstanding.len() >= depth {
             return Err(FabricError::QueueFull { peer, depth });

@@ -252,6 +252,10 @@ pub enum Mutation {
     /// index into the log it reads back, as if that log were a prefix of the one the index
     /// covered: it may call entries of a branch it had cut committed.
     TrustLogAfterLostRing,
+    /// Not a rule of the replica's: the simulator's in-process fabric lets a connection be
+    /// used as soon as it is up, before its owner polled its `Connected`
+    /// (`fabric::sim::SimConfig::use_before_announced`). The replica ignores it.
+    UseConnectionBeforeAnnounced,
 }
 
 impl ReplicaConfig {

@@ -1392,6 +1392,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         // Half the seeds flip a byte in 1 write in 50: the receivers' record checks must
         // refuse every one of them.
         corrupt_write_ppm: if rng.below(2) == 0 { 20_000 } else { 0 },
+        use_before_announced: options.mutation == Mutation::UseConnectionBeforeAnnounced,
         ..SimConfig::default()
     };
     // Replicated counts a completed write as placed intact: RoCE's ICRC (InfiniBand's CRCs)

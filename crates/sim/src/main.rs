@@ -41,8 +41,8 @@ struct Args {
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
-    /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early or
-    /// trust-log-after-lost-ring.
+    /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early,
+    /// trust-log-after-lost-ring or use-connection-before-announced.
     #[arg(long)]
     mutation: Option<String>,
     /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
@@ -70,6 +70,7 @@ fn main() -> anyhow::Result<()> {
         Some("rewind-to-cut-record") => replica::Mutation::RewindToCutRecord,
         Some("reopen-fast-path-early") => replica::Mutation::ReopenFastPathEarly,
         Some("trust-log-after-lost-ring") => replica::Mutation::TrustLogAfterLostRing,
+        Some("use-connection-before-announced") => replica::Mutation::UseConnectionBeforeAnnounced,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {

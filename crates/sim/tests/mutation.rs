@@ -20,7 +20,8 @@ use replica::{Durability, Mutation};
 /// starting below the records it had accepted; issue 13, defect 7). `trust-log-after-lost-ring`
 /// is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
 /// has, so `replica/tests/stale_branch_after_a_failed_cut.rs` proves it with the marker taken
-/// away.
+/// away. use-connection-before-announced (a rule of the in-process fabric's) is caught at 928
+/// (ring integrity), within the CI budget but past `WITHIN`.
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 8 (state machine safety, through the
@@ -34,6 +35,10 @@ const WITHIN: u64 = 300;
 fn first_failure(mutation: Mutation) -> Option<(u64, String)> {
     first_failure_in(mutation, None)
 }
+
+/// The CI budget itself (`ci_seeds.rs`), for a rule whose first catching seed lies past
+/// [`WITHIN`].
+const CI_SEEDS: u64 = 1_000;
 
 /// As [`first_failure`], with every seed in `durability` instead of the mode it draws.
 fn first_failure_in(mutation: Mutation, durability: Option<Durability>) -> Option<(u64, String)> {
@@ -181,5 +186,29 @@ fn reopening_the_fast_path_before_a_follower_holds_what_was_sent_is_caught() {
         caught.is_some(),
         "leaders re-opening the fast path while an append was still unanswered went unnoticed \
          for {WITHIN} seeds"
+    );
+}
+
+/// The fabric's rule that a connection is usable only once its owner polled its `Connected`
+/// (`fabric/tests/unannounced_connection.rs`): without it, seed 928's leader, paused through its
+/// follower's reconnect, writes from the fast-path end of the old connection over records the
+/// follower accepted (ring integrity). The first catching seed lies past [`WITHIN`], so this
+/// one searches the whole CI budget.
+#[test]
+fn using_a_connection_before_its_owner_saw_it_is_caught() {
+    let options = sim::Options {
+        mutation: Mutation::UseConnectionBeforeAnnounced,
+        ..sim::Options::default()
+    };
+    let caught = (1..=CI_SEEDS).find_map(|seed| {
+        sim::run(seed, options, false)
+            .err()
+            .map(|f| (seed, f.violation.clone()))
+    });
+    eprintln!("use connection before announced: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "a connection used before its owner polled its Connected went unnoticed for \
+         {CI_SEEDS} seeds"
     );
 }
