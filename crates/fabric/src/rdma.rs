@@ -495,6 +495,13 @@ impl RdmaEndpoint {
         self.last_errors.get(&peer).map(String::as_str)
     }
 
+    /// Whether a dial to `peer` asked with [`Fabric::connect`] is still in flight (neither up
+    /// nor failed yet). A dial made while the link was cut can complete long after another
+    /// connection came up, and then replaces it (see `adopt`'s duplicate rule).
+    pub fn dialing(&self, peer: NodeId) -> bool {
+        self.connecting.contains_key(&peer)
+    }
+
     /// How many connected peers were refused admission.
     pub fn refusals(&self) -> u64 {
         self.refusals
