@@ -42,12 +42,21 @@ const CI_SEEDS: u64 = 1_000;
 
 /// As [`first_failure`], with every seed in `durability` instead of the mode it draws.
 fn first_failure_in(mutation: Mutation, durability: Option<Durability>) -> Option<(u64, String)> {
+    first_failure_within(mutation, durability, WITHIN)
+}
+
+/// The first of seeds `1..=seeds` that catches `mutation`, and what caught it.
+fn first_failure_within(
+    mutation: Mutation,
+    durability: Option<Durability>,
+    seeds: u64,
+) -> Option<(u64, String)> {
     let options = sim::Options {
         mutation,
         durability,
         ..sim::Options::default()
     };
-    (1..=WITHIN).find_map(|seed| {
+    (1..=seeds).find_map(|seed| {
         sim::run(seed, options, false)
             .err()
             .map(|f| (seed, f.violation.clone()))
@@ -196,15 +205,7 @@ fn reopening_the_fast_path_before_a_follower_holds_what_was_sent_is_caught() {
 /// one searches the whole CI budget.
 #[test]
 fn using_a_connection_before_its_owner_saw_it_is_caught() {
-    let options = sim::Options {
-        mutation: Mutation::UseConnectionBeforeAnnounced,
-        ..sim::Options::default()
-    };
-    let caught = (1..=CI_SEEDS).find_map(|seed| {
-        sim::run(seed, options, false)
-            .err()
-            .map(|f| (seed, f.violation.clone()))
-    });
+    let caught = first_failure_within(Mutation::UseConnectionBeforeAnnounced, None, CI_SEEDS);
     eprintln!("use connection before announced: {caught:?}");
     assert!(
         caught.is_some(),
