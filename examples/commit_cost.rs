@@ -4,8 +4,9 @@
 //!
 //! `cargo build --release -p replica --example commit_cost`, then
 //! `valgrind --tool=callgrind target/release/examples/commit_cost 200` and `... 1200`. A second
-//! argument picks the durability (`memory`, the default, `replicated` or `fsync`); it prints how
-//! many commits the leader counted on a write's completion. `ops/commit-cost` runs both and
+//! argument picks the durability (`memory`, the default, `replicated` or `fsync`), a third the
+//! payload size in bytes (64 by default); it prints how many commits the leader counted on a
+//! write's completion. `ops/commit-cost` runs both and
 //! splits the difference by role.
 //!
 //! Every call into a replica goes through one of the `#[inline(never)]` functions below, so a
@@ -76,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(d) => d.parse()?,
         None => Durability::Memory,
     };
+    let bytes: usize = args.get(3).map(|a| a.parse()).transpose()?.unwrap_or(64);
     let mut c = SimCluster::new(3, 1, zero, |cfg| cfg.durability = durability)?;
     let leader = c.elect()?;
     // Let the election's last messages land, so that the runs below start from a quiet cluster.
@@ -87,7 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{n} idle passes of each of 3 replicas ({durability})");
         return Ok(());
     }
-    let payload = [7u8; 64];
+    let payload = vec![7u8; bytes];
     for _ in 0..n {
         let t = leader_propose(c.node(leader), &payload)?;
         loop {

@@ -376,6 +376,28 @@ fn members_of(cs: &ConfState) -> Vec<u64> {
         .collect()
 }
 
+/// Persists the ring's published records that the wal lacks: from the producer's private copy
+/// of them, which already passed its checks (one checksum per record where it was made or
+/// received, none on the way to the segment files), or, where that copy does not reach back to
+/// the wal's end (after a rewind or a fresh ring), from the shared memory with every record
+/// checked again. Then forgets the copy of what the wal now holds.
+fn persist_ring(
+    wal: &Wal,
+    producer: &mut wal::Producer,
+    consumer: &wal::Consumer,
+    durability: wal::Durability,
+) -> Result<wal::Position, wal::WalError> {
+    let (start, end) = (wal.position().lsn, producer.position().lsn);
+    let verified = producer.verified();
+    let done = if verified.covers(start, end) {
+        wal.persist_from(&verified, end, durability)?
+    } else {
+        wal.persist_from(consumer, end, durability)?
+    };
+    producer.forget_verified(done.lsn);
+    Ok(done)
+}
+
 fn poison_msg(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
@@ -716,7 +738,7 @@ impl<F: Fabric> Replica<F> {
                         (end, n)
                     };
                     if n > 0 {
-                        wal.persist_from(&consumer, end.lsn, wal::Durability::Fsync)?;
+                        persist_ring(wal, &mut producer, &consumer, wal::Durability::Fsync)?;
                         tracing::info!(
                             node = cfg.id,
                             entries = n,
@@ -2000,9 +2022,13 @@ impl<F: Fabric> Replica<F> {
     fn persist(&mut self) -> Result<(), ReplicaError> {
         let end = self.producer.position().lsn;
         if end > self.wal.position().lsn {
-            self.wal
-                .persist_from(&self.consumer, end, self.cfg.durability.wal())
-                .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
+            persist_ring(
+                &self.wal,
+                &mut self.producer,
+                &self.consumer,
+                self.cfg.durability.wal(),
+            )
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the log", e)))?;
         }
         // Under Memory the ring keeps what is not yet fdatasynced (see `release_ring`): sync
         // once half of it waits, so the ring never fills with bytes it may not release.
@@ -2033,6 +2059,8 @@ impl<F: Fabric> Replica<F> {
         let up_to = persisted.min(pinned).min(self.producer.position().lsn.0);
         if up_to > self.consumer.head().0 {
             self.consumer.release(Lsn(up_to))?;
+            // The verified copy never holds more than the ring (usually it is already empty).
+            self.producer.forget_verified(Lsn(up_to));
             while self.ring_entries.front().is_some_and(|r| r.end <= up_to) {
                 self.ring_entries.pop_front();
             }

@@ -32,8 +32,8 @@ mod wal;
 pub use error::WalError;
 pub use format::{DecodeError, EntryHeader, RecordKind};
 pub use ring::{
-    AnonymousMemory, Consumer, Producer, RingConfig, RingMemory, open_to_remote, published_tail,
-    ring, ring_recovering,
+    AnonymousMemory, Consumer, Producer, RecordSource, RingConfig, RingMemory, Verified,
+    open_to_remote, published_tail, ring, ring_recovering,
 };
 pub use wal::{Entry, RecoveryReport, Wal, WalConfig};
 

@@ -30,6 +30,16 @@
 //!
 //! The memory is a slice of `AtomicU64`, so even a peer that breaks the protocol (a deposed
 //! leader writing late) causes garbage, never undefined behaviour; garbage fails the checksum.
+//!
+//! # The verified copy
+//!
+//! The producer keeps a private copy of every record it published and has not yet been told
+//! is persisted: the bytes it encoded ([`Producer::append`]) or the very bytes whose checks it
+//! ran ([`Producer::accept_written`]), never a second read of the shared memory. The wal
+//! persists from that copy ([`Producer::verified`], a [`RecordSource`]) without computing a
+//! checksum again, and still persists exactly what was checked even if a write that breaks the
+//! protocol lands in the shared memory afterwards. Its cost is one private `memcpy` per record
+//! in place of a second copy out of the ring's atomic words and a second crc32c.
 
 use std::fmt;
 use std::sync::Arc;
@@ -297,6 +307,11 @@ fn build(
         last_index: start.last_index,
         last_term: start.last_term,
         scratch: vec![0; block as usize].into_boxed_slice(),
+        verified: VerifiedCopy {
+            from: start.lsn.0,
+            bytes: Vec::new(),
+        },
+        reread_after_checks: false,
     };
     let consumer = Consumer {
         shared,
@@ -332,6 +347,139 @@ pub struct Producer {
     last_term: Term,
     /// One block, allocated once, for validating remote bytes.
     scratch: Box<[u8]>,
+    /// The private copy of `[verified.from, tail)`: see the module's "verified copy".
+    verified: VerifiedCopy,
+    /// Test-only mutation: [`Producer::verified`] reads the shared memory again instead of the
+    /// copy, so bytes that changed after the checks reach the wal unchecked.
+    reread_after_checks: bool,
+}
+
+/// A private copy of the stream bytes `[from, from + bytes.len())`: each record as it was
+/// encoded or checked, at its offset, the bytes between records zero.
+#[derive(Debug, Default)]
+struct VerifiedCopy {
+    from: u64,
+    bytes: Vec<u8>,
+}
+
+impl VerifiedCopy {
+    fn end(&self) -> u64 {
+        self.from + self.bytes.len() as u64
+    }
+
+    /// Copies `data` to `pos` (at or past the end; the gap zero-filled).
+    fn put(&mut self, pos: u64, data: &[u8]) {
+        debug_assert!(pos >= self.end());
+        self.bytes.resize((pos - self.from) as usize, 0);
+        self.bytes.extend_from_slice(data);
+    }
+
+    /// Makes the copy end exactly at `end` (the producer's tail): zero-fills up to it, or
+    /// drops what lies past it; a copy that started past `end` starts there, empty.
+    fn settle(&mut self, end: u64) {
+        if end < self.from {
+            self.from = end;
+            self.bytes.clear();
+        } else {
+            self.bytes.resize((end - self.from) as usize, 0);
+        }
+    }
+
+    /// Drops the bytes before `lsn`.
+    fn forget_before(&mut self, lsn: u64) {
+        if lsn >= self.end() {
+            self.from = lsn;
+            self.bytes.clear();
+        } else if lsn > self.from {
+            self.bytes.drain(..(lsn - self.from) as usize);
+            self.from = lsn;
+        }
+    }
+}
+
+/// Where [`crate::Wal::persist_from`] copies records from: the ring's shared memory (a
+/// [`Consumer`], every record checked again) or a producer's private copy of records that
+/// already passed their checks ([`Producer::verified`]).
+pub trait RecordSource {
+    /// Block size of the placement rule.
+    fn block_bytes(&self) -> u64;
+    /// The stream bytes held, `[start, end)`.
+    fn held(&self) -> (Lsn, Lsn);
+    /// Copies the stream bytes `[start, start + out.len())`, which must be held.
+    fn copy_range(&self, start: Lsn, out: &mut [u8]) -> Result<(), WalError>;
+    /// Whether every record held already passed the checks of [`crate::format::decode_record`]
+    /// into private memory that nothing else writes: its checksum is then not computed again.
+    fn verified(&self) -> bool;
+}
+
+/// A producer's private copy of the records it published since the wal last persisted
+/// ([`Producer::verified`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Verified<'a> {
+    from: u64,
+    bytes: &'a [u8],
+    block: u64,
+    /// The mutation of [`Producer::reread_after_checks_for_test`].
+    reread: Option<&'a Shared>,
+}
+
+impl Verified<'_> {
+    /// Whether it holds every byte of `[start, end)`.
+    pub fn covers(&self, start: Lsn, end: Lsn) -> bool {
+        self.from <= start.0 && end.0 <= self.from + self.bytes.len() as u64
+    }
+}
+
+impl RecordSource for Verified<'_> {
+    fn block_bytes(&self) -> u64 {
+        self.block
+    }
+
+    fn held(&self) -> (Lsn, Lsn) {
+        (Lsn(self.from), Lsn(self.from + self.bytes.len() as u64))
+    }
+
+    fn copy_range(&self, start: Lsn, out: &mut [u8]) -> Result<(), WalError> {
+        let end = start.0.checked_add(out.len() as u64);
+        if !end.is_some_and(|end| self.covers(start, Lsn(end))) {
+            let (held_start, held_end) = self.held();
+            return Err(WalError::Range {
+                start,
+                end: Lsn(end.unwrap_or(u64::MAX)),
+                held_start,
+                held_end,
+            });
+        }
+        if let Some(shared) = self.reread {
+            shared.load(start.0, out);
+            return Ok(());
+        }
+        let at = (start.0 - self.from) as usize;
+        out.copy_from_slice(&self.bytes[at..at + out.len()]);
+        Ok(())
+    }
+
+    fn verified(&self) -> bool {
+        true
+    }
+}
+
+impl RecordSource for Consumer {
+    fn block_bytes(&self) -> u64 {
+        self.shared.block
+    }
+
+    fn held(&self) -> (Lsn, Lsn) {
+        (self.head(), self.tail())
+    }
+
+    fn copy_range(&self, start: Lsn, out: &mut [u8]) -> Result<(), WalError> {
+        Consumer::copy_range(self, start, out)
+    }
+
+    fn verified(&self) -> bool {
+        false
+    }
 }
 
 impl Producer {
@@ -342,7 +490,8 @@ impl Producer {
     }
 
     /// Appends an entry and publishes it to the consumer. The index must be the last plus one
-    /// and the term not lower. Does not allocate.
+    /// and the term not lower. Allocates only while the private verified copy grows to the most
+    /// it ever held between two persists (it keeps its capacity).
     pub fn append(&mut self, index: Index, term: Term, payload: &[u8]) -> Result<Lsn, WalError> {
         let max = format::max_payload(self.shared.block);
         if payload.len() > max {
@@ -369,6 +518,9 @@ impl Producer {
         let header = format::entry_header(Lsn(start), index, term, payload);
         self.shared.store(start, &header);
         self.shared.store(start + HEADER_BYTES as u64, payload);
+        self.verified.put(start, &header);
+        self.verified.put(start + HEADER_BYTES as u64, payload);
+        self.verified.settle(end);
         self.tail = end;
         self.last_index = index;
         self.last_term = term;
@@ -396,6 +548,7 @@ impl Producer {
             let header =
                 format::padding_header(Lsn(self.tail), gap, (self.last_index, self.last_term));
             self.shared.store(self.tail, &header);
+            self.verified.put(self.tail, &header);
         }
     }
 
@@ -451,6 +604,18 @@ impl Producer {
         max_term: Term,
         each: &mut dyn FnMut(Lsn, &Decoded<'_>),
     ) -> Result<(u64, ChainCheck), WalError> {
+        let r = self.validate_inner(end, max_term, each);
+        // On an error nothing was accepted: the copy of what was checked goes too.
+        self.verified.settle(self.tail);
+        r
+    }
+
+    fn validate_inner(
+        &mut self,
+        end: u64,
+        max_term: Term,
+        each: &mut dyn FnMut(Lsn, &Decoded<'_>),
+    ) -> Result<(u64, ChainCheck), WalError> {
         let head = self.shared.head.load(Ordering::Acquire);
         if end < self.tail || end % 8 != 0 || end - head > self.shared.capacity {
             return Err(WalError::Range {
@@ -495,6 +660,8 @@ impl Producer {
             if header.kind != RecordKind::Padding {
                 each(Lsn(pos), &decoded);
             }
+            let checked = HEADER_BYTES + decoded.payload.len();
+            self.keep_checked(pos, checked);
             pos += len;
         }
         self.tail = pos;
@@ -539,7 +706,9 @@ impl Producer {
                 RecordKind::Entry if header.term > max_term => break,
                 RecordKind::Entry => {}
                 RecordKind::Padding => {
-                    pos += decoded.record_len;
+                    let len = decoded.record_len;
+                    self.keep_checked(pos, HEADER_BYTES);
+                    pos += len;
                     continue;
                 }
                 // A start record is only ever the first of a segment, never placed.
@@ -548,10 +717,13 @@ impl Producer {
             if chain.advance(&header).is_err() {
                 break;
             }
-            pos += decoded.record_len;
+            let (len, checked) = (decoded.record_len, HEADER_BYTES + decoded.payload.len());
+            self.keep_checked(pos, checked);
+            pos += len;
             end = pos;
         }
         self.tail = end;
+        self.verified.settle(end);
         self.last_index = chain.last_index;
         self.last_term = chain.last_term;
         self.shared.publish(end);
@@ -591,6 +763,39 @@ impl Producer {
         self.shared.publish(self.tail);
     }
 
+    /// Adds the first `len` bytes of the scratch block (the record at `pos` that just passed
+    /// its checks there) to the verified copy.
+    fn keep_checked(&mut self, pos: u64, len: usize) {
+        self.verified.put(pos, &self.scratch[..len]);
+    }
+
+    /// The private copy of the records published since the last
+    /// [`Producer::forget_verified`]: each exactly as encoded here or as its checks saw it.
+    /// Persist from it ([`crate::Wal::persist_from`]) where it [`Verified::covers`] what the
+    /// wal lacks, and from the [`Consumer`] (every record checked again) where it does not.
+    pub fn verified(&self) -> Verified<'_> {
+        Verified {
+            from: self.verified.from,
+            bytes: &self.verified.bytes,
+            block: self.shared.block,
+            reread: self.reread_after_checks.then_some(&*self.shared),
+        }
+    }
+
+    /// Drops the verified copy of everything before `lsn` (what the wal now holds).
+    pub fn forget_verified(&mut self, lsn: Lsn) {
+        self.verified.forget_before(lsn.0);
+    }
+
+    /// Test-only mutation: the copy that [`Producer::verified`] hands to the wal reads the
+    /// shared memory again instead of the bytes that passed the checks, and is still trusted
+    /// (no checksum), so a write that lands after the checks reaches the wal unchecked. `wal/tests/verified_copy.rs` proves
+    /// the tests notice.
+    #[doc(hidden)]
+    pub fn reread_after_checks_for_test(&mut self) {
+        self.reread_after_checks = true;
+    }
+
     /// Decodes the record at `pos` from at most `available` bytes (bounded by its block and by
     /// the range being checked): the header first, then only as much payload as the header
     /// claims.
@@ -622,6 +827,7 @@ impl Producer {
         self.tail = to.lsn.0;
         self.last_index = to.last_index;
         self.last_term = to.last_term;
+        self.verified.settle(self.tail);
         self.shared.publish(self.tail);
         Ok(())
     }

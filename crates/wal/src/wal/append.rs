@@ -9,7 +9,7 @@ use std::sync::MutexGuard;
 
 use crate::error::WalError;
 use crate::format::{self, ChainCheck, HEADER_BYTES, RawHeader, RecordKind};
-use crate::ring::Consumer;
+use crate::ring::RecordSource;
 use crate::{Durability, Index, Lsn, Position, Term};
 
 use super::state::{Exclusive, Loc, State};
@@ -157,16 +157,23 @@ impl Wal {
         }
     }
 
-    /// Persists the records of `consumer`'s ring from the log's end up to `end` (a follower's
-    /// accepted range, or a leader's own appends), re-checking every record (bounds, crc32c,
-    /// Lsn tag, index chain) on the way, and returns when `durability` is reached.
-    pub fn persist_from(
+    /// Persists the records of a ring from the log's end up to `end` (a follower's accepted
+    /// range, or a leader's own appends), checking every record (bounds, Lsn tag, index chain,
+    /// and, unless `source` holds a private copy of records that already passed it, crc32c)
+    /// on the way, and returns when `durability` is reached. `source` is the ring's
+    /// [`Consumer`](crate::Consumer), or its producer's [`Verified`](crate::Verified) copy.
+    pub fn persist_from<S: RecordSource + ?Sized>(
         &self,
-        consumer: &Consumer,
+        consumer: &S,
         end: Lsn,
         durability: Durability,
     ) -> Result<Position, WalError> {
         let block = self.config.block_bytes;
+        let decode = if consumer.verified() {
+            format::decode_verified
+        } else {
+            format::decode_record
+        };
         if consumer.block_bytes() != block {
             return Err(WalError::Config {
                 reason: "the ring's block size differs from the log's",
@@ -199,11 +206,12 @@ impl Wal {
                 let rest = format::block_rest(pos, block);
                 if rest >= HEADER_BYTES as u64 {
                     if pos + HEADER_BYTES as u64 > end.0 {
+                        let (held_start, held_end) = consumer.held();
                         return Err(WalError::Range {
                             start: Lsn(pos),
                             end,
-                            held_start: consumer.head(),
-                            held_end: consumer.tail(),
+                            held_start,
+                            held_end,
                         });
                     }
                     consumer.copy_range(Lsn(pos), &mut header)?;
@@ -237,8 +245,7 @@ impl Wal {
                 index: last.last_index,
                 source,
             };
-            let decoded =
-                format::decode_record(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
+            let decoded = decode(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
             let header = decoded.header;
             let mut chain = ChainCheck {
                 last_index: last.last_index,

@@ -47,8 +47,11 @@ impl Wal {
                 source,
             };
             if loc.lsn >= st.buf_start {
+                // The write buffer is this process's memory, and a record is placed in it
+                // only once checked (`persist_from`) or encoded here (`append`): its checksum
+                // is not computed again on the way to raft.
                 let at = (loc.lsn - st.buf_start) as usize;
-                let decoded = format::decode_record(&st.buf[at..st.buf_len], entry.lsn, block)
+                let decoded = format::decode_verified(&st.buf[at..st.buf_len], entry.lsn, block)
                     .map_err(corrupt)?;
                 payload.clear();
                 payload.extend_from_slice(decoded.payload);
