@@ -229,6 +229,62 @@ where
         .summary(name, bytes)
 }
 
+/// The reference for `Fsync` commits on a disk: `warmup + count` appends of `size` bytes at
+/// sequential 4 KiB-aligned offsets of a file in `dir`, each followed by fdatasync, as the
+/// wal does. The file is written and synced in full first, so, like the wal's preallocated
+/// segments, each fdatasync flushes data only, no file-size metadata. The file is removed
+/// afterwards.
+pub fn fdatasync_latency(
+    dir: &std::path::Path,
+    size: usize,
+    count: u64,
+    warmup: u64,
+) -> std::io::Result<Summary> {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("fdatasync-reference");
+    let stride = size.max(1).div_ceil(4096) as u64 * 4096;
+    let total = warmup + count;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    let zeros = vec![0u8; stride as usize];
+    for _ in 0..total {
+        file.write_all(&zeros)?;
+    }
+    file.sync_all()?;
+    let payload = vec![0x5au8; size];
+    let failed = AtomicU64::new(0);
+    let summary = run(
+        &format!("fdatasync {size} B"),
+        size as u64,
+        total,
+        warmup,
+        Load::Closed { in_flight: 1 },
+        |_, i| {
+            let ok = file.write_all_at(&payload, i * stride).is_ok() && file.sync_data().is_ok();
+            if !ok {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+            ok
+        },
+        |_| {},
+    );
+    drop(file);
+    std::fs::remove_file(&path)?;
+    match failed.load(Ordering::Relaxed) {
+        0 => Ok(summary),
+        n => Err(std::io::Error::other(format!(
+            "{n} of {total} writes or fdatasyncs to {} failed",
+            path.display()
+        ))),
+    }
+}
+
 /// This process's CPU seconds (user + system) from `/proc/self/stat` (USER_HZ = 100).
 pub fn process_cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
@@ -335,6 +391,16 @@ mod tests {
         );
         assert!(s.max_us >= 99_000.0, "{s:?}");
         assert!(s.p50_us < 99_000.0, "{s:?}");
+    }
+
+    #[test]
+    fn the_fdatasync_reference_measures_every_append_and_cleans_up() {
+        let dir = std::env::temp_dir().join(format!("rdmalog-fdatasync-{}", std::process::id()));
+        let s = fdatasync_latency(&dir, 4096, 20, 5).unwrap();
+        assert_eq!((s.count, s.errors), (20, 0));
+        assert!(s.p50_us >= 1.0 && s.p50_us <= s.p99_us, "{s:?}");
+        assert!(!dir.join("fdatasync-reference").exists());
+        std::fs::remove_dir(&dir).unwrap();
     }
 
     #[test]
