@@ -21,6 +21,20 @@ pub const TAG_CONF_CHANGE_V2: u8 = 2;
 /// First payload byte of a (v1) ConfChange entry.
 pub const TAG_CONF_CHANGE: u8 = 3;
 
+/// Builds raft's entry from a stored payload it owns: an application entry's data is the
+/// buffer itself (no copy; the wal reads into a buffer of the payload's size), a conf change's
+/// is copied without its tag.
+pub fn entry_from_owned(index: u64, term: u64, payload: Vec<u8>) -> Result<Entry, String> {
+    if payload.first() == Some(&TAG_NORMAL) {
+        let mut e = Entry::default();
+        e.index = index;
+        e.term = term;
+        e.data = Bytes::from(payload);
+        return Ok(e);
+    }
+    entry_from_payload(index, term, &payload)
+}
+
 /// Builds raft's entry from a stored payload.
 pub fn entry_from_payload(index: u64, term: u64, payload: &[u8]) -> Result<Entry, String> {
     let mut e = Entry::default();
@@ -628,20 +642,22 @@ impl raft::Storage for WalStorage {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
         let mut out = Vec::with_capacity((high - low).min(1024) as usize);
-        let mut payload = Vec::new();
         let mut size = 0u64;
         for i in low..high {
+            // A buffer per entry, which becomes the entry's data: one allocation and one
+            // copy per entry read, not a growing scratch buffer and a second copy.
+            let mut payload = Vec::new();
             let e = self
                 .wal
                 .read(Index(i), &mut payload)
                 .map_err(|e| self.read_failed(i, e))?;
-            let entry =
-                entry_from_payload(i, e.term.0, &payload).map_err(|e| self.read_failed(i, e))?;
             size += payload.len() as u64 + 24;
             // raft-rs's rule: always at least one entry, then stop before exceeding the limit.
             if !out.is_empty() && size > max_size {
                 break;
             }
+            let entry =
+                entry_from_owned(i, e.term.0, payload).map_err(|e| self.read_failed(i, e))?;
             out.push(entry);
         }
         Ok(out)
@@ -694,11 +710,19 @@ mod tests {
         let p = payload_of(&cc, &mut scratch).to_vec();
         assert_eq!(p, b"\x02cc");
         let back = entry_from_payload(5, 2, &p).unwrap();
+        assert_eq!(entry_from_owned(5, 2, p.clone()).unwrap(), back);
         assert_eq!(back.get_entry_type(), EntryType::EntryConfChangeV2);
         assert_eq!(&back.data[..], b"cc");
         let noop = entry_from_payload(6, 2, b"").unwrap();
         assert!(noop.data.is_empty());
         assert!(entry_from_payload(7, 2, b"\x09x").is_err());
+        assert!(entry_from_owned(7, 2, b"\x09x".to_vec()).is_err());
+        let app = entry_from_owned(8, 3, vec![TAG_NORMAL, 7, 7]).unwrap();
+        assert_eq!(app, entry_from_payload(8, 3, &[TAG_NORMAL, 7, 7]).unwrap());
+        assert_eq!(
+            (app.index, app.term, &app.data[..]),
+            (8, 3, &[TAG_NORMAL, 7, 7][..])
+        );
     }
 
     #[test]
