@@ -12,6 +12,7 @@
 
 pub mod lab;
 pub mod plot;
+pub mod steps;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -108,6 +108,10 @@ enum Cmd {
         /// How the drivers wait: busy, event, adaptive (spin 50 µs) or adaptive:<µs>.
         #[arg(long, default_value = "adaptive")]
         poll: String,
+        /// Also break each commit down into its steps (one append in flight): the median
+        /// time from the append to each step on the leader and the first follower.
+        #[arg(long)]
+        steps: bool,
     },
     /// Put latency of an etcd cluster through its v3 JSON gateway.
     Etcd {
@@ -142,11 +146,23 @@ fn main() -> anyhow::Result<()> {
             durability,
             dir,
             poll,
+            steps,
         } => {
             let d = durability_of(&durability)?;
+            let recorder = if steps {
+                Some(bench::steps::Recorder::install()?)
+            } else {
+                None
+            };
             let cluster = Embedded::open(d, &dir, 7000, 0xbe01, bench::lab::parse_poll(&poll)?)?;
-            let (s, extra) = cluster.measure(&c, &format!("rdmalog {durability} {} B", c.size))?;
-            println!("{}", serde_json::to_string_pretty(&(s, extra))?);
+            let name = format!("rdmalog {durability} {} B", c.size);
+            match recorder {
+                Some(r) => println!("{}", cluster.steps(&c, &r, &name)?),
+                None => {
+                    let (s, extra) = cluster.measure(&c, &name)?;
+                    println!("{}", serde_json::to_string_pretty(&(s, extra))?);
+                }
+            }
         }
         Cmd::Etcd { c, endpoint } => {
             let s = measure_etcd(endpoint, &c, &format!("etcd put {} B", c.size))?;
@@ -218,6 +234,43 @@ impl Embedded {
             cpu_us_per_entry_all_replicas: cpu * 1e6 / total as f64,
         };
         Ok((s, extra))
+    }
+
+    /// One append at a time, each broken down into the steps the replicas mark; returns the
+    /// breakdown as a Markdown table.
+    fn steps(
+        &self,
+        c: &Common,
+        recorder: &bench::steps::Recorder,
+        name: &str,
+    ) -> anyhow::Result<String> {
+        let k = self.leader(Duration::from_secs(30))?;
+        let log = &self.0.logs[k];
+        let leader = log.status().id;
+        let payload = vec![0x5au8; c.size];
+        let mut samples = Vec::new();
+        for i in 0..c.warmup + c.count {
+            if i == c.warmup {
+                recorder.take();
+            }
+            let start = Instant::now();
+            let index = log
+                .append(&payload)
+                .and_then(|h| h.wait(Duration::from_secs(30)))
+                .with_context(|| format!("append {i} of the step breakdown"))?;
+            let end = Instant::now();
+            if i >= c.warmup {
+                samples.push(bench::steps::Sample { index, start, end });
+            }
+        }
+        // Steps that follow the commit (a follower's persist under Replicated) come late.
+        std::thread::sleep(Duration::from_millis(200));
+        let rows = bench::steps::breakdown(&recorder.take(), &samples, leader);
+        Ok(format!(
+            "{name}: each step's median time from the append ({} appends, one in flight)\n\n{}",
+            samples.len(),
+            bench::steps::render(&rows)
+        ))
     }
 
     fn close(self) {

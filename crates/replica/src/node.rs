@@ -28,6 +28,21 @@ use crate::wire::{self, Body, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{ReplicaConfig, ReplicaError};
 use fast::{FastPeer, Inflight};
 
+/// Marks a step of the entries `first..=last` on their way through this replica, for the
+/// per-step latency breakdown (`rdmalog-bench embedded --steps`): a `tracing` event at target
+/// `rdmalog::step`, level TRACE, which costs one relaxed load where no subscriber wants it.
+/// The steps: `ready` (raft handed the entries over; the leader put them in its ring),
+/// `sent` / `sent_slow` (an append left for a follower), `received` (a follower took a fast
+/// append's descriptor), `persisted` (in the wal at the configured durability), `answered`
+/// (a follower's append response left), `acked` / `nic_acked` (the leader counted a
+/// follower's response or write completion), `committed` (the commit index reached `last`).
+macro_rules! step {
+    ($node:expr, $step:literal, $first:expr, $last:expr) => {
+        tracing::trace!(target: "rdmalog::step", node = $node, step = $step, first = $first, last = $last)
+    };
+}
+pub(crate) use step;
+
 mod fast;
 
 /// How many fabric events one poll takes (the array is allocated once).
@@ -1626,6 +1641,9 @@ impl<F: Fabric> Replica<F> {
                 if let Some(r) = ring {
                     self.on_ring_info(peer, &m, r);
                 }
+                if m.get_msg_type() == MessageType::MsgAppendResponse && !m.reject {
+                    step!(self.cfg.id, "acked", m.index, m.index);
+                }
                 self.step(m);
             }
             Body::FastAppend {
@@ -1643,6 +1661,9 @@ impl<F: Fabric> Replica<F> {
                 {
                     self.reject_peer(peer);
                     return Ok(());
+                }
+                if let (Some(a), Some(b)) = (m.entries.first(), m.entries.last()) {
+                    step!(self.cfg.id, "received", a.index, b.index);
                 }
                 self.on_fast_append(peer, m, lsn_start, lsn_end)?;
             }
@@ -1794,15 +1815,24 @@ impl<F: Fabric> Replica<F> {
         // The leader's entries must be in the ring before its messages go out: the fast path
         // writes them from there.
         self.write_entries_to_ring(&entries)?;
+        let range = entries
+            .first()
+            .zip(entries.last())
+            .map(|(a, b)| (a.index, b.index));
+        if let Some((first, last)) = range {
+            step!(self.cfg.id, "ready", first, last);
+        }
         for m in rd.take_messages() {
             self.send_raft(m);
         }
         let committed = rd.take_committed_entries();
         self.apply(committed)?;
-        if !entries.is_empty() {
+        if let Some((first, last)) = range {
             self.persist()?;
+            step!(self.cfg.id, "persisted", first, last);
         }
         if let Some(hs) = rd.hs() {
+            step!(self.cfg.id, "committed", hs.commit, hs.commit);
             self.store_hard_state(hs.clone())?;
         }
         // A new term is durable now: grant its leader before our answers to it leave.
@@ -1811,6 +1841,9 @@ impl<F: Fabric> Replica<F> {
             self.send_raft(m);
         }
         let mut light = self.raw.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            step!(self.cfg.id, "committed", commit, commit);
+        }
         for m in light.take_messages() {
             self.send_raft(m);
         }
@@ -2173,6 +2206,9 @@ impl<F: Fabric> Replica<F> {
         if !self.peers.contains_key(&to) {
             return;
         }
+        if m.get_msg_type() == MessageType::MsgAppendResponse && !m.reject {
+            step!(self.cfg.id, "answered", m.index, m.index);
+        }
         if m.get_msg_type() == MessageType::MsgSnapshot {
             if let Some(p) = self.peers.get_mut(&to) {
                 p.fast.sent(m.get_snapshot().get_metadata().index);
@@ -2186,6 +2222,12 @@ impl<F: Fabric> Replica<F> {
                 p.fast.sent(last.index);
             }
             if self.try_fast_append(&m) {
+                step!(
+                    self.cfg.id,
+                    "sent",
+                    m.index + 1,
+                    m.index + m.entries.len() as u64
+                );
                 return;
             }
             if let Some(p) = self.peers.get_mut(&to) {
@@ -2199,6 +2241,14 @@ impl<F: Fabric> Replica<F> {
             ring,
         };
         self.send_body(to, &body);
+        if is_append {
+            step!(
+                self.cfg.id,
+                "sent_slow",
+                m.index + 1,
+                m.index + m.entries.len() as u64
+            );
+        }
     }
 
     /// Sends raft's MsgSnapshot: the data in chunks, then the message with the metadata, all

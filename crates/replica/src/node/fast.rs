@@ -714,6 +714,7 @@ impl<F: Fabric> Replica<F> {
         ack.term = r.term;
         ack.index = last;
         self.stats.nic_acks += 1;
+        super::step!(self.cfg.id, "nic_acked", last, last);
         let _ = self.raw.step(ack);
     }
 
