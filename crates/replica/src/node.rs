@@ -246,10 +246,10 @@ pub struct PeerStatus {
 
 #[derive(Clone, Copy, Debug)]
 struct RingEntry {
-    index: u64,
-    term: u64,
-    start: u64,
-    end: u64,
+    index: Index,
+    term: Term,
+    start: Lsn,
+    end: Lsn,
 }
 
 #[derive(Debug, Default)]
@@ -1331,15 +1331,15 @@ impl<F: Fabric> Replica<F> {
         let head = self.consumer.head().0;
         for k in 0..self.ring_entries.len() {
             let r = self.ring_entries[k];
-            if r.start < head {
+            if r.start.0 < head {
                 continue;
             }
-            match self.consumer.next_entry(Lsn(r.start)) {
+            match self.consumer.next_entry(r.start) {
                 Ok(Some((lsn, d)))
-                    if lsn.0 == r.start
-                        && d.header.index.0 == r.index
-                        && d.header.term.0 == r.term
-                        && lsn.0 + d.record_len == r.end => {}
+                    if lsn == r.start
+                        && d.header.index == r.index
+                        && d.header.term == r.term
+                        && lsn.0 + d.record_len == r.end.0 => {}
                 Ok(Some((lsn, d))) => {
                     return Err(format!(
                         "the ring record of entry {} (term {}) at lsn {} now reads as entry {} term {} at lsn {}",
@@ -1941,7 +1941,7 @@ impl<F: Fabric> Replica<F> {
                 let same = e.index <= self.fast_accepted_to
                     && self
                         .ring_entry(e.index)
-                        .is_some_and(|(_, r)| r.term == e.term);
+                        .is_some_and(|(_, r)| r.term.0 == e.term);
                 if same {
                     continue;
                 }
@@ -1969,12 +1969,11 @@ impl<F: Fabric> Replica<F> {
             };
             self.scratch = scratch;
             let lsn = result?;
-            let end = self.producer.position().lsn.0;
             self.ring_entries.push_back(RingEntry {
-                index: e.index,
-                term: e.term,
-                start: lsn.0,
-                end,
+                index: Index(e.index),
+                term: Term(e.term),
+                start: lsn,
+                end: self.producer.position().lsn,
             });
         }
         Ok(())
@@ -1985,14 +1984,14 @@ impl<F: Fabric> Replica<F> {
     /// are (the ring holds up to half a ring of unsynced entries under `Memory`, so a scan per
     /// append showed up in the commit cost).
     fn ring_entry(&self, index: u64) -> Option<(usize, RingEntry)> {
-        let front = self.ring_entries.front()?.index;
+        let front = self.ring_entries.front()?.index.0;
         let k = index.checked_sub(front)? as usize;
         match self.ring_entries.get(k) {
-            Some(r) if r.index == index => Some((k, *r)),
+            Some(r) if r.index.0 == index => Some((k, *r)),
             _ => self
                 .ring_entries
                 .iter()
-                .position(|r| r.index == index)
+                .position(|r| r.index.0 == index)
                 .map(|k| (k, self.ring_entries[k])),
         }
     }
@@ -2006,13 +2005,13 @@ impl<F: Fabric> Replica<F> {
         }
         let prev = self.ring_entry(index - 1).map(|(_, r)| r);
         let cut = (self.cfg.mutation == crate::Mutation::RewindToCutRecord)
-            .then(|| self.ring_entry(index).map(|(_, r)| r.start))
+            .then(|| self.ring_entry(index).map(|(_, r)| r.start.0))
             .flatten();
         if index <= self.wal.last_index().0 {
             self.wal.truncate_suffix(Index(index))?;
         }
         let prev_term = prev
-            .map(|p| p.term)
+            .map(|p| p.term.0)
             .or_else(|| self.wal.term(Index(index - 1)).map(|t| t.0))
             .unwrap_or(0);
         // The log goes on right after entry `index - 1`: the end of its ring record, or, once
@@ -2021,7 +2020,7 @@ impl<F: Fabric> Replica<F> {
         // entry right after `index - 1`, so a follower rewound past the padding would hold
         // every later entry at other Lsns than the leader's (and refuse every fast append).
         let target = match prev {
-            Some(p) => Some(p.end),
+            Some(p) => Some(p.end.0),
             None if cut.is_some_and(|c| c >= self.consumer.head().0) => cut,
             None => {
                 let end = self.wal.position();
@@ -2047,7 +2046,7 @@ impl<F: Fabric> Replica<F> {
                 self.consumer = c;
             }
         }
-        self.ring_entries.retain(|r| r.index < index);
+        self.ring_entries.retain(|r| r.index.0 < index);
         self.fast_accepted_to = self.fast_accepted_to.min(index - 1);
         Ok(())
     }
@@ -2088,13 +2087,16 @@ impl<F: Fabric> Replica<F> {
         } else {
             self.wal.position().lsn.0
         };
-        let pinned = self.writes_in_flight.pinned_from().unwrap_or(u64::MAX);
+        let pinned = self
+            .writes_in_flight
+            .pinned_from()
+            .map_or(u64::MAX, |l| l.0);
         let up_to = persisted.min(pinned).min(self.producer.position().lsn.0);
         if up_to > self.consumer.head().0 {
             self.consumer.release(Lsn(up_to))?;
             // The verified copy never holds more than the ring (usually it is already empty).
             self.producer.forget_verified(Lsn(up_to));
-            while self.ring_entries.front().is_some_and(|r| r.end <= up_to) {
+            while self.ring_entries.front().is_some_and(|r| r.end.0 <= up_to) {
                 self.ring_entries.pop_front();
             }
         }
@@ -2211,7 +2213,7 @@ impl<F: Fabric> Replica<F> {
         }
         if m.get_msg_type() == MessageType::MsgSnapshot {
             if let Some(p) = self.peers.get_mut(&to) {
-                p.fast.sent(m.get_snapshot().get_metadata().index);
+                p.fast.sent(Index(m.get_snapshot().get_metadata().index));
             }
             self.send_snapshot(m);
             return;
@@ -2219,7 +2221,7 @@ impl<F: Fabric> Replica<F> {
         let is_append = m.get_msg_type() == MessageType::MsgAppend && !m.entries.is_empty();
         if is_append {
             if let (Some(p), Some(last)) = (self.peers.get_mut(&to), m.entries.last()) {
-                p.fast.sent(last.index);
+                p.fast.sent(Index(last.index));
             }
             if self.try_fast_append(&m) {
                 step!(

@@ -14,7 +14,7 @@ use std::fmt;
 use fabric::{ConnState, Fabric, NodeId, WcStatus, WriteRequest};
 use raft::StateRole;
 use raft::prelude::{Entry, Message, MessageType};
-use wal::{Lsn, Term};
+use wal::{Index, Lsn, Term};
 
 use super::{MAX_OUTBOX, Replica, RingEntry};
 use crate::storage::entry_from_payload;
@@ -25,8 +25,8 @@ use crate::{Mutation, ReplicaError};
 /// entry (our match for it), `lsn` where its next record goes in its ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct FastEnd {
-    pub(super) index: u64,
-    pub(super) lsn: u64,
+    pub(super) index: Index,
+    pub(super) lsn: Lsn,
 }
 
 /// The leader's fast-path state for one peer, valid for one connection in one term.
@@ -41,7 +41,7 @@ pub(super) struct FastPeer {
     /// much: an append still in flight could otherwise land after a fast write aimed at the
     /// end the response reported, and the write would go over records the peer accepted
     /// from it.
-    sent_to: u64,
+    sent_to: Index,
 }
 
 impl FastPeer {
@@ -61,7 +61,7 @@ impl FastPeer {
     }
 
     /// Records that an append (or a snapshot) up to `index` went to this peer.
-    pub(super) fn sent(&mut self, index: u64) {
+    pub(super) fn sent(&mut self, index: Index) {
         self.sent_to = self.sent_to.max(index);
     }
 
@@ -71,7 +71,7 @@ impl FastPeer {
     }
 
     /// The highest index sent to this peer on this connection in this term.
-    pub(super) fn sent_to(&self) -> u64 {
+    pub(super) fn sent_to(&self) -> Index {
         self.sent_to
     }
 
@@ -81,9 +81,9 @@ impl FastPeer {
     pub(super) fn on_response(
         &mut self,
         reject: bool,
-        acked: u64,
-        last_index: u64,
-        ring_end: u64,
+        acked: Index,
+        last_index: Index,
+        ring_end: Lsn,
         guard_sent: bool,
     ) {
         if reject {
@@ -113,9 +113,9 @@ impl FastPeer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct InflightWrite {
     pub(super) peer: u64,
-    pub(super) lsn: u64,
-    pub(super) term: u64,
-    pub(super) last: Option<u64>,
+    pub(super) lsn: Lsn,
+    pub(super) term: Term,
+    pub(super) last: Option<Index>,
 }
 
 /// The leader's in-flight fast writes, by work-request id.
@@ -143,7 +143,7 @@ impl Inflight {
     }
 
     /// The lowest Lsn an in-flight write still reads from.
-    pub(super) fn pinned_from(&self) -> Option<u64> {
+    pub(super) fn pinned_from(&self) -> Option<Lsn> {
         self.0.values().map(|w| w.lsn).min()
     }
 }
@@ -245,8 +245,8 @@ impl<F: Fabric> Replica<F> {
                 // still has, before any response of its term showed one.
                 let pos = self.producer.position();
                 let end = FastEnd {
-                    index: pos.last_index.0,
-                    lsn: pos.lsn.0,
+                    index: pos.last_index,
+                    lsn: pos.lsn,
                 };
                 for p in self.peers.values_mut() {
                     p.fast.wrote(end);
@@ -276,7 +276,7 @@ impl<F: Fabric> Replica<F> {
         // still unanswered. A follower that lost entries comes back on a new connection.
         let lagging = self.cfg.durability.commits_on_nic_ack()
             && !m.reject
-            && r.last_index < p.fast.sent_to();
+            && Index(r.last_index) < p.fast.sent_to();
         if let Some(pr) = self.raw.raft.mut_prs().get_mut(peer) {
             if r.last_index < pr.matched && !lagging {
                 pr.matched = r.last_index;
@@ -289,8 +289,13 @@ impl<F: Fabric> Replica<F> {
         }
         if m.get_msg_type() == MessageType::MsgAppendResponse {
             let guard_sent = self.cfg.mutation != Mutation::ReopenFastPathEarly;
-            p.fast
-                .on_response(m.reject, m.index, r.last_index, r.ring_end, guard_sent);
+            p.fast.on_response(
+                m.reject,
+                Index(m.index),
+                Index(r.last_index),
+                Lsn(r.ring_end),
+                guard_sent,
+            );
         }
     }
 
@@ -442,10 +447,10 @@ impl<F: Fabric> Replica<F> {
                 }
                 let end = lsn.0 + d.record_len;
                 ring_entries.push_back(RingEntry {
-                    index,
-                    term,
-                    start: lsn.0,
-                    end,
+                    index: Index(index),
+                    term: Term(term),
+                    start: lsn,
+                    end: Lsn(end),
                 });
                 pos = Lsn(end);
             })
@@ -523,10 +528,10 @@ impl<F: Fabric> Replica<F> {
             };
             entries.push(e);
             self.ring_entries.push_back(RingEntry {
-                index,
-                term,
-                start: lsn.0,
-                end,
+                index: Index(index),
+                term: Term(term),
+                start: lsn,
+                end: Lsn(end),
             });
             good = wal::Position {
                 lsn: Lsn(end),
@@ -587,7 +592,7 @@ impl<F: Fabric> Replica<F> {
         // Writes need no send credits: with none left (or frames already queued) the bytes go
         // out now and the descriptor waits in the outbox. It is posted later on the same
         // connection, so it still arrives after the bytes are visible.
-        if fast_end.index != m.index
+        if fast_end.index.0 != m.index
             || p.outbox.len() >= MAX_OUTBOX
             || self.fabric.conn_state(peer) != ConnState::Up
         {
@@ -602,13 +607,13 @@ impl<F: Fabric> Replica<F> {
         let mut last_end = 0;
         for (j, e) in m.entries.iter().enumerate() {
             match self.ring_entries.get(k + j) {
-                Some(r) if r.index == e.index && r.term == e.term => last_end = r.end,
+                Some(r) if r.index.0 == e.index && r.term.0 == e.term => last_end = r.end.0,
                 _ => return false,
             }
         }
-        let start = fast_end.lsn;
-        let first_start = self.ring_entries[k].start;
-        let prev_end_ok = k == 0 || self.ring_entries[k - 1].end == start;
+        let start = fast_end.lsn.0;
+        let first_start = self.ring_entries[k].start.0;
+        let prev_end_ok = k == 0 || self.ring_entries[k - 1].end.0 == start;
         if start < self.consumer.head().0 || start > first_start || !prev_end_ok {
             return false;
         }
@@ -642,13 +647,13 @@ impl<F: Fabric> Replica<F> {
                 return false;
             }
             pos += n;
-            let last = (pos == end).then(|| m.entries.last().expect("non-empty").index);
+            let last = (pos == end).then(|| Index(m.entries.last().expect("non-empty").index));
             self.writes_in_flight.insert(
                 wr_id,
                 InflightWrite {
                     peer: to,
-                    lsn: pos - n,
-                    term: m.term,
+                    lsn: Lsn(pos - n),
+                    term: Term(m.term),
                     last,
                 },
             );
@@ -662,8 +667,8 @@ impl<F: Fabric> Replica<F> {
         let last = m.entries.last().expect("non-empty").index;
         if let Some(p) = self.peers.get_mut(&to) {
             p.fast.wrote(FastEnd {
-                index: last,
-                lsn: end,
+                index: Index(last),
+                lsn: Lsn(end),
             });
         }
         self.stats.fast_appends += 1;
@@ -704,7 +709,7 @@ impl<F: Fabric> Replica<F> {
         if !self.cfg.durability.commits_on_nic_ack() || r.state != StateRole::Leader {
             return;
         }
-        if w.term != r.term && self.cfg.mutation != Mutation::NicAckBeforeGrant {
+        if w.term.0 != r.term && self.cfg.mutation != Mutation::NicAckBeforeGrant {
             return;
         }
         let mut ack = Message::default();
@@ -712,9 +717,9 @@ impl<F: Fabric> Replica<F> {
         ack.from = w.peer;
         ack.to = self.cfg.id;
         ack.term = r.term;
-        ack.index = last;
+        ack.index = last.0;
         self.stats.nic_acks += 1;
-        super::step!(self.cfg.id, "nic_acked", last, last);
+        super::step!(self.cfg.id, "nic_acked", last.0, last.0);
         let _ = self.raw.step(ack);
     }
 
@@ -735,9 +740,15 @@ mod tests {
 
     fn open_at(index: u64, lsn: u64) -> FastPeer {
         let mut p = FastPeer::default();
-        p.sent(index);
-        p.on_response(false, index, index, lsn, true);
-        assert_eq!(p.end(), Some(FastEnd { index, lsn }));
+        p.sent(Index(index));
+        p.on_response(false, Index(index), Index(index), Lsn(lsn), true);
+        assert_eq!(
+            p.end(),
+            Some(FastEnd {
+                index: Index(index),
+                lsn: Lsn(lsn)
+            })
+        );
         p
     }
 
@@ -747,8 +758,8 @@ mod tests {
         assert_eq!(
             p.end(),
             Some(FastEnd {
-                index: 10,
-                lsn: 4096
+                index: Index(10),
+                lsn: Lsn(4096)
             })
         );
     }
@@ -758,44 +769,44 @@ mod tests {
         // An append up to 12 is in flight; a response showing the log at 10 must not aim the
         // next write at 10's end, where that append's records will land.
         let mut p = FastPeer::default();
-        p.sent(12);
-        p.on_response(false, 10, 10, 4096, true);
+        p.sent(Index(12));
+        p.on_response(false, Index(10), Index(10), Lsn(4096), true);
         assert_eq!(p.end(), None);
-        p.on_response(false, 12, 12, 5000, true);
-        assert_eq!(p.end().map(|e| e.index), Some(12));
+        p.on_response(false, Index(12), Index(12), Lsn(5000), true);
+        assert_eq!(p.end().map(|e| e.index), Some(Index(12)));
     }
 
     #[test]
     fn a_reject_closes_it_and_so_does_a_follower_holding_more() {
         let mut p = open_at(10, 4096);
-        p.on_response(true, 10, 10, 4096, true);
+        p.on_response(true, Index(10), Index(10), Lsn(4096), true);
         assert_eq!(p.end(), None);
 
         let mut p = open_at(10, 4096);
         // The follower answers an older append while holding entries we did not write.
-        p.on_response(false, 8, 11, 4500, true);
+        p.on_response(false, Index(8), Index(11), Lsn(4500), true);
         assert_eq!(p.end(), None);
 
         let mut p = open_at(10, 4096);
         p.wrote(FastEnd {
-            index: 14,
-            lsn: 6000,
+            index: Index(14),
+            lsn: Lsn(6000),
         });
         // An ack of an earlier append that our writes already went past keeps the end.
-        p.on_response(false, 9, 12, 5000, true);
-        assert_eq!(p.end().map(|e| e.index), Some(14));
+        p.on_response(false, Index(9), Index(12), Lsn(5000), true);
+        assert_eq!(p.end().map(|e| e.index), Some(Index(14)));
     }
 
     #[test]
     fn a_reset_forgets_what_was_sent() {
         let mut p = open_at(10, 4096);
-        p.sent(20);
+        p.sent(Index(20));
         p.reset();
         assert_eq!(p.end(), None);
-        p.on_response(false, 5, 5, 100, true);
+        p.on_response(false, Index(5), Index(5), Lsn(100), true);
         assert_eq!(
             p.end().map(|e| e.index),
-            Some(5),
+            Some(Index(5)),
             "a new term starts from scratch"
         );
     }
@@ -804,8 +815,8 @@ mod tests {
     fn inflight_writes_pin_from_their_lowest_lsn_until_completed_or_forgotten() {
         let w = |peer, lsn| InflightWrite {
             peer,
-            lsn,
-            term: 1,
+            lsn: Lsn(lsn),
+            term: Term(1),
             last: None,
         };
         let mut f = Inflight::default();
@@ -813,10 +824,10 @@ mod tests {
         f.insert(1, w(2, 300));
         f.insert(2, w(3, 100));
         f.insert(3, w(2, 500));
-        assert_eq!(f.pinned_from(), Some(100));
+        assert_eq!(f.pinned_from(), Some(Lsn(100)));
         assert_eq!(f.complete(2), Some(w(3, 100)));
         assert_eq!(f.complete(2), None);
-        assert_eq!(f.pinned_from(), Some(300));
+        assert_eq!(f.pinned_from(), Some(Lsn(300)));
         f.forget_peer(2);
         assert_eq!(f.pinned_from(), None);
         f.insert(4, w(3, 700));
