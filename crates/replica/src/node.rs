@@ -38,7 +38,13 @@ use fast::{FastPeer, Inflight};
 /// follower's response or write completion), `committed` (the commit index reached `last`).
 macro_rules! step {
     ($node:expr, $step:literal, $first:expr, $last:expr) => {
-        tracing::trace!(target: "rdmalog::step", node = $node, step = $step, first = $first, last = $last)
+        tracing::trace!(
+            target: "rdmalog::step",
+            node = $node,
+            step = $step,
+            first = $first,
+            last = $last
+        )
     };
 }
 pub(crate) use step;
