@@ -173,6 +173,9 @@ pub struct Wal {
     /// Mirror of `State::first_index`, stored under the mutex wherever it changes: raft asks
     /// for the first index on every pass, and a read of it needs no lock.
     first_index: AtomicU64,
+    /// Mirror of `State::last.last_index`, likewise (raft and waiters ask for it many times
+    /// per commit); stored only by [`Wal::set_last`].
+    last_index: AtomicU64,
 }
 
 impl Wal {
@@ -238,6 +241,7 @@ impl Wal {
             completed_epoch: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             first_index: AtomicU64::new(report.first_index.0),
+            last_index: AtomicU64::new(report.position.last_index.0),
         };
         Ok((wal, report))
     }
@@ -257,6 +261,12 @@ impl Wal {
     fn set_first_index(&self, st: &mut State, first: Index) {
         st.first_index = first;
         self.first_index.store(first.0, Ordering::Release);
+    }
+
+    /// The one place the log's end changes, for the same reason.
+    fn set_last(&self, st: &mut State, last: Position) {
+        st.last = last;
+        self.last_index.store(last.last_index.0, Ordering::Release);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -126,11 +126,14 @@ impl Wal {
             term,
             record_len: record as u32,
         });
-        state.last = Position {
-            lsn: Lsn(end),
-            last_index: index,
-            last_term: term,
-        };
+        self.set_last(
+            state,
+            Position {
+                lsn: Lsn(end),
+                last_index: index,
+                last_term: term,
+            },
+        );
         if state.buf_len as u64 >= self.config.max_batch_bytes / 2 {
             if let Some(gatherer) = &state.gatherer {
                 gatherer.unpark();

@@ -291,7 +291,8 @@ impl Wal {
                 // Everything from `start` on is gone: the batch and what was buffered since.
                 st.buf_start = start;
                 st.buf_len = 0;
-                st.cut_locs(start);
+                let last = st.cut_locs(start);
+                self.set_last(&mut st, last);
                 st.generation += 1;
                 self.generation.store(st.generation, Ordering::Release);
                 st.discarded = Some(failure);

@@ -150,7 +150,7 @@ impl Wal {
 
     /// Last index held (buffered entries included).
     pub fn last_index(&self) -> Index {
-        self.lock().last_index()
+        Index(self.last_index.load(Ordering::Acquire))
     }
 
     /// Everything before this Lsn is durable.

@@ -202,8 +202,9 @@ impl State {
         }
     }
 
-    /// Forgets entries from stream position `lsn` on.
-    pub(super) fn cut_locs(&mut self, lsn: u64) {
+    /// Forgets entries from stream position `lsn` on, and returns where the log then ends
+    /// (for [`Wal::set_last`](super::Wal)).
+    pub(super) fn cut_locs(&mut self, lsn: u64) -> Position {
         let n = self.locs.partition_point(|loc| loc.lsn < lsn);
         self.locs.truncate(n);
         let (last_index, last_term) = self.last_before(lsn);
@@ -211,11 +212,11 @@ impl State {
             .locs
             .back()
             .map_or(self.start, |loc| loc.lsn + u64::from(loc.record_len));
-        self.last = Position {
+        Position {
             lsn: Lsn(end),
             last_index,
             last_term,
-        };
+        }
     }
 
     pub(super) fn segment_for(&self, lsn: u64) -> Option<&Arc<Segment>> {

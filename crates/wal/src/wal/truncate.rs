@@ -136,7 +136,8 @@ impl Wal {
                 debug_assert_eq!(st.last.lsn.0, old_end, "nor does the log end move");
                 st.segments.truncate(kept);
                 st.locs.truncate(n);
-                st.cut_locs(cut);
+                let last = st.cut_locs(cut);
+                self.set_last(&mut st, last);
                 debug_assert_eq!(st.last.lsn.0, cut);
                 st.durable = cut;
                 st.buf_start = cut;
@@ -271,7 +272,7 @@ impl Wal {
                 st.start = start.lsn.0;
                 self.set_first_index(&mut st, Index(start.last_index.0 + 1));
                 st.prev_term = start.last_term;
-                st.last = start;
+                self.set_last(&mut st, start);
                 st.durable = start.lsn.0;
                 st.buf_start = start.lsn.0;
                 st.buf_len = 0;
