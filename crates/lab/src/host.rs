@@ -560,7 +560,12 @@ pub fn qemu_args(cfg: &LabConfig, p: &Prepared, disk: Option<&Path>) -> Vec<Stri
         "-initrd".into(),
         p.initrd.display().to_string(),
         "-append".into(),
-        "console=ttyS0 quiet panic=-1".into(),
+        // `tsc=reliable`: TCG derives the TSC from the host's monotonic clock, so it is
+        // steady, but a loaded host delays vCPUs enough for the clocksource watchdog to call
+        // it unstable; the switch that follows patches kernel text while other vCPUs run,
+        // which under TCG ended a boot in an `int3` oops in `sched_clock_cpu` (an `ops/demo`
+        // run on 2026-12-02). Without the watchdog the TSC stays the clocksource.
+        "console=ttyS0 quiet panic=-1 tsc=reliable".into(),
         "-virtfs".into(),
         "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap".into(),
         "-virtfs".into(),
