@@ -4,38 +4,29 @@
 //! its own ring, and both logs then hold the same entries at the same Lsns. A conflicting
 //! suffix on the follower is truncated and rewritten.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use wal::fs::{FaultFs, FileSystem};
-use wal::{
-    AnonymousMemory, Durability, Index, Lsn, RingConfig, RingMemory, Term, Wal, WalConfig, ring,
-};
-
-fn config() -> WalConfig {
-    WalConfig {
-        block_bytes: 512,
-        segment_data_bytes: 4096,
-        max_batch_bytes: 1024,
-        ..WalConfig::default()
-    }
-}
-
-fn rdma_write(from: &dyn RingMemory, to: &dyn RingMemory, start: Lsn, end: Lsn) {
-    let mask = from.len_bytes() as u64 - 1;
-    for pos in (start.0..end.0).step_by(8) {
-        let word = from.words()[((pos & mask) / 8) as usize].load(Ordering::Relaxed);
-        to.words()[((pos & (to.len_bytes() as u64 - 1)) / 8) as usize]
-            .store(word, Ordering::Relaxed);
-    }
-}
+use wal::{AnonymousMemory, Durability, Index, RingConfig, Term, Wal, ring};
 
 #[test]
 fn follower_ends_with_the_same_entries_at_the_same_lsns() {
     let fs: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
-    let (leader_wal, _) = Wal::open(Arc::clone(&fs), Path::new("/leader"), config()).unwrap();
-    let (follower_wal, _) = Wal::open(Arc::clone(&fs), Path::new("/follower"), config()).unwrap();
+    let (leader_wal, _) = Wal::open(
+        Arc::clone(&fs),
+        Path::new("/leader"),
+        common::ring_wal_config(),
+    )
+    .unwrap();
+    let (follower_wal, _) = Wal::open(
+        Arc::clone(&fs),
+        Path::new("/follower"),
+        common::ring_wal_config(),
+    )
+    .unwrap();
     let ring_config = RingConfig {
         capacity_bytes: 2048,
         block_bytes: 512,
@@ -65,7 +56,7 @@ fn follower_ends_with_the_same_entries_at_the_same_lsns() {
         leader_wal
             .persist_from(&leader_consumer, end, Durability::Fsync)
             .unwrap();
-        rdma_write(&*leader_memory, &*follower_memory, start, end);
+        common::rdma_write(&*leader_memory, &*follower_memory, start, end);
         let accepted = follower.accept_written(end).unwrap();
         follower_wal
             .persist_from(&follower_consumer, accepted.lsn, Durability::Fsync)

@@ -3,14 +3,16 @@
 //! checks (a write that breaks the protocol, standing in here for a deposed leader's late RDMA
 //! Write). The mutation that reads the copy again from the shared memory is caught here.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use wal::fs::{FaultFs, FileSystem};
 use wal::{
-    AnonymousMemory, Durability, Index, Lsn, Producer, RecordSource, RingConfig, RingMemory, Term,
-    Wal, WalConfig, WalError, ring,
+    AnonymousMemory, Durability, Index, Producer, RecordSource, RingConfig, RingMemory, Term, Wal,
+    WalError, ring,
 };
 
 const RING: RingConfig = RingConfig {
@@ -18,28 +20,10 @@ const RING: RingConfig = RingConfig {
     block_bytes: 512,
 };
 
-fn config() -> WalConfig {
-    WalConfig {
-        block_bytes: 512,
-        segment_data_bytes: 4096,
-        max_batch_bytes: 1024,
-        ..WalConfig::default()
-    }
-}
-
 fn open(fs: &Arc<dyn FileSystem>, dir: &str) -> Wal {
-    Wal::open(Arc::clone(fs), Path::new(dir), config())
+    Wal::open(Arc::clone(fs), Path::new(dir), common::ring_wal_config())
         .unwrap()
         .0
-}
-
-/// Copies the stream bytes `[start, end)` between ring memories, word by word (an RDMA Write).
-fn rdma_write(from: &dyn RingMemory, to: &dyn RingMemory, start: Lsn, end: Lsn) {
-    let mask = from.len_bytes() as u64 - 1;
-    for pos in (start.0..end.0).step_by(8) {
-        let word = from.words()[((pos & mask) / 8) as usize].load(Ordering::Relaxed);
-        to.words()[((pos & mask) / 8) as usize].store(word, Ordering::Relaxed);
-    }
 }
 
 fn persist_verified(wal: &Wal, producer: &mut Producer) {
@@ -65,7 +49,7 @@ fn follower_persists_after_a_late_write(reread_mutation: bool) -> Result<Vec<u8>
     }
     let (_, lsn) = leader.append_next(Term(1), &[0xab; 64]).unwrap();
     let end = leader.position().lsn;
-    rdma_write(&*leader_memory, &*follower_memory, lsn, end);
+    common::rdma_write(&*leader_memory, &*follower_memory, lsn, end);
     follower.accept_written(end).unwrap();
     // The late write: the first payload word of the accepted record changes.
     let word = ((lsn.0 + 32) & (RING.capacity_bytes - 1)) / 8;
@@ -125,7 +109,7 @@ fn a_log_persisted_from_the_copy_equals_one_persisted_from_the_ring() {
             end,
             "the copy is empty once persisted"
         );
-        rdma_write(&*leader_memory, &*follower_memory, start, end);
+        common::rdma_write(&*leader_memory, &*follower_memory, start, end);
         follower.accept_written(end).unwrap();
         from_ring
             .persist_from(&follower_consumer, end, Durability::Fsync)

@@ -48,3 +48,29 @@ pub fn read_all(wal: &Wal) -> Vec<(u64, u64, Vec<u8>)> {
     }
     out
 }
+
+/// The geometry of the ring tests: 512 B blocks, 4 KiB segments, 1 KiB batches.
+pub fn ring_wal_config() -> WalConfig {
+    WalConfig {
+        block_bytes: 512,
+        segment_data_bytes: 4096,
+        max_batch_bytes: 1024,
+        ..WalConfig::default()
+    }
+}
+
+/// Copies the stream bytes `[start, end)` from one ring memory to another, word by word,
+/// each at its own ring's offset: what an RDMA Write does to a follower's ring.
+pub fn rdma_write(
+    from: &dyn wal::RingMemory,
+    to: &dyn wal::RingMemory,
+    start: wal::Lsn,
+    end: wal::Lsn,
+) {
+    use std::sync::atomic::Ordering;
+    let (from_mask, to_mask) = (from.len_bytes() as u64 - 1, to.len_bytes() as u64 - 1);
+    for pos in (start.0..end.0).step_by(8) {
+        let word = from.words()[((pos & from_mask) / 8) as usize].load(Ordering::Relaxed);
+        to.words()[((pos & to_mask) / 8) as usize].store(word, Ordering::Relaxed);
+    }
+}
