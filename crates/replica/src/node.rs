@@ -2100,8 +2100,6 @@ impl<F: Fabric> Replica<F> {
         let up_to = persisted.min(pinned).min(self.producer.position().lsn.0);
         if up_to > self.consumer.head().0 {
             self.consumer.release(Lsn(up_to))?;
-            // The verified copy never holds more than the ring (usually it is already empty).
-            self.producer.forget_verified(Lsn(up_to));
             while self.ring_entries.front().is_some_and(|r| r.end.0 <= up_to) {
                 self.ring_entries.pop_front();
             }

@@ -355,7 +355,9 @@ pub struct Producer {
 }
 
 /// A private copy of the stream bytes `[from, from + bytes.len())`: each record as it was
-/// encoded or checked, at its offset, the bytes between records zero.
+/// encoded or checked, at its offset, the bytes between records zero. It ends at the
+/// producer's tail, and whoever persists forgets what the wal took, so it never holds more
+/// than the ring's published, unpersisted bytes.
 #[derive(Debug, Default)]
 struct VerifiedCopy {
     from: u64,
