@@ -28,6 +28,8 @@
 
 #![deny(unsafe_code)]
 
+pub mod admission;
+pub mod dial;
 pub mod rdma;
 pub mod sim;
 

@@ -38,6 +38,9 @@ use verbs::{
     WordBuffer, WordRegion,
 };
 
+use crate::admission::{Admission, ControlOutcome};
+pub use crate::admission::{MIN_SECRET_BYTES, NONCE_BYTES, admission_proof, load_secret};
+use crate::dial;
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
     MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, Waiter, WcOp, WcStatus, WriteRequest,
@@ -49,11 +52,6 @@ const FRAME_HEADER_BYTES: usize = 8;
 /// How long the connection-manager thread waits for an incoming connect before it looks at
 /// its queue of outgoing connects again.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
-
-/// How long after adoption a dial from the other side counts as half of a simultaneous dial
-/// (resolved by the lower-id rule) rather than as a sign that our connection is dead. Dials of
-/// both sides race within a connect's duration, well under this.
-const DUPLICATE_WINDOW: Duration = Duration::from_secs(3);
 
 /// Receive completions kept for queue pairs not yet handed over by the CM thread.
 const EARLY_WC_LIMIT: usize = 1024;
@@ -100,77 +98,8 @@ pub struct RdmaConfig {
     pub admission_timeout: Duration,
 }
 
-/// Shortest accepted cluster secret: 128 bits.
-pub const MIN_SECRET_BYTES: usize = 16;
-
-/// Reads a cluster secret file: at least [`MIN_SECRET_BYTES`] bytes (a trailing newline is
-/// ignored), readable by its owner only.
-pub fn load_secret(path: &std::path::Path) -> Result<Vec<u8>, FabricError> {
-    use std::os::unix::fs::PermissionsExt;
-    let bad = |reason: String| FabricError::Register {
-        len_bytes: 0,
-        reason,
-    };
-    let meta = std::fs::metadata(path).map_err(|e| {
-        bad(format!(
-            "cannot read the secret file {}: {e}",
-            path.display()
-        ))
-    })?;
-    let mode = meta.permissions().mode();
-    if mode & 0o077 != 0 {
-        return Err(bad(format!(
-            "the secret file {} is readable by group or others (mode {:o}); run `chmod 600 {}`",
-            path.display(),
-            mode & 0o777,
-            path.display()
-        )));
-    }
-    let mut bytes = std::fs::read(path).map_err(|e| {
-        bad(format!(
-            "cannot read the secret file {}: {e}",
-            path.display()
-        ))
-    })?;
-    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-        bytes.pop();
-    }
-    if bytes.len() < MIN_SECRET_BYTES {
-        return Err(bad(format!(
-            "the secret in {} has {} bytes; use at least {MIN_SECRET_BYTES} (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
-            path.display(),
-            bytes.len()
-        )));
-    }
-    Ok(bytes)
-}
-
-/// The proof that `prover` knows `secret`, answering `verifier`'s `nonce` in `cluster_id`.
-pub fn admission_proof(
-    secret: &[u8],
-    cluster_id: u64,
-    prover: NodeId,
-    verifier: NodeId,
-    nonce: &[u8; NONCE_BYTES],
-) -> [u8; 32] {
-    use hmac::Mac;
-    let mut mac =
-        hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(b"rdmalog-admission-v1");
-    mac.update(&cluster_id.to_le_bytes());
-    mac.update(&prover.0.to_le_bytes());
-    mac.update(&verifier.0.to_le_bytes());
-    mac.update(nonce);
-    mac.finalize().into_bytes().into()
-}
-
-/// Bytes of an admission nonce.
-pub const NONCE_BYTES: usize = 16;
-
 /// Bit 63 of a frame header marks a control frame (admission); credit totals never reach it.
 const CONTROL_BIT: u64 = 1 << 63;
-const CONTROL_CHALLENGE: u8 = 1;
-const CONTROL_PROOF: u8 = 2;
 
 impl RdmaConfig {
     /// Defaults: 16 receive slots per connection, the verbs crate's QP tuning.
@@ -241,12 +170,8 @@ struct Conn {
     broken: bool,
     /// Whether this side connected (else it accepted).
     outgoing: bool,
-    /// Whether the peer proved it knows the cluster secret (always, without a secret).
-    admitted: bool,
-    /// Our challenge to the peer.
-    nonce: [u8; NONCE_BYTES],
-    /// When the connection came up, for the admission timeout.
-    since: std::time::Instant,
+    /// Whether the peer proved it knows the cluster secret, and since when it is up.
+    admission: Admission,
     /// The region the peer advertised, reported once it is admitted.
     region: Option<RemoteRegion>,
 }
@@ -554,26 +479,20 @@ impl RdmaEndpoint {
         if outgoing {
             self.connecting.remove(&peer);
         }
-        if let Some(existing) = self.conns.get(&peer).filter(|c| !c.broken) {
-            // A new connection from the same initiator as the one we hold means that side
-            // considers the old one dead (it restarted, or saw an error we have not seen yet,
-            // e.g. on an idle follower-to-follower link): the new one replaces it. Connections
-            // from different initiators mean both sides dialled at once: both sides keep the
-            // one the lower node id made, so the pair settles instead of flapping.
-            // A connection older than the duplicate window is not half of a simultaneous dial:
-            // a new dial then means the peer found it dead (e.g. it restarted while the link was
-            // idle, which this side cannot notice), so the new one replaces it.
-            let lower = self.cfg.node.min(peer);
-            let initiator = |out: bool| if out { self.cfg.node } else { peer };
-            let (old_by, new_by) = (initiator(existing.outgoing), initiator(outgoing));
-            let young = existing.since.elapsed() < DUPLICATE_WINDOW;
-            if old_by != new_by && old_by == lower && young {
-                tracing::debug!(%peer, "dropping a duplicate connection");
-                // The QP goes before the receive buffers it still has posted.
-                drop(conn);
-                drop(recv);
-                return;
-            }
+        let held = self
+            .conns
+            .get(&peer)
+            .filter(|c| !c.broken)
+            .map(|c| dial::Held {
+                outgoing: c.outgoing,
+                age: c.admission.since().elapsed(),
+            });
+        if dial::keep(self.cfg.node, peer, held, outgoing) == dial::Keep::Held {
+            tracing::debug!(%peer, "dropping a duplicate connection");
+            // The QP goes before the receive buffers it still has posted.
+            drop(conn);
+            drop(recv);
+            return;
         }
         if self.conns.contains_key(&peer) {
             self.break_conn(peer, None, DisconnectReason::PeerReset);
@@ -615,9 +534,7 @@ impl RdmaEndpoint {
             inflight: VecDeque::new(),
             broken: false,
             outgoing,
-            admitted: self.cfg.secret.is_none(),
-            nonce: [0; NONCE_BYTES],
-            since: std::time::Instant::now(),
+            admission: Admission::new(self.cfg.secret.as_deref().map(Vec::as_slice)),
             region,
         };
         self.conns.insert(peer, c);
@@ -648,18 +565,20 @@ impl RdmaEndpoint {
             self.announce(peer, region);
             return;
         }
-        let mut nonce = [0u8; NONCE_BYTES];
-        if let Err(e) = getrandom::fill(&mut nonce) {
-            tracing::error!(%peer, error = %e, "no randomness for an admission nonce; dropping the connection");
-            self.break_conn(peer, None, DisconnectReason::Refused);
-            return;
-        }
-        if let Some(c) = self.conns.get_mut(&peer) {
-            c.nonce = nonce;
-        }
-        let mut msg = [0u8; 1 + NONCE_BYTES];
-        msg[0] = CONTROL_CHALLENGE;
-        msg[1..].copy_from_slice(&nonce);
+        let challenge = self
+            .conns
+            .get_mut(&peer)
+            .expect("inserted above")
+            .admission
+            .challenge();
+        let msg = match challenge {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(%peer, error = %e, "dropping the connection");
+                self.break_conn(peer, None, DisconnectReason::Refused);
+                return;
+            }
+        };
         if self.send_control(peer, &msg).is_err() {
             self.break_conn(peer, None, DisconnectReason::Refused);
             return;
@@ -689,53 +608,25 @@ impl RdmaEndpoint {
     }
 
     fn handle_control(&mut self, peer: NodeId, msg: &[u8]) {
-        let Some(secret) = self.cfg.secret.clone() else {
-            self.refuse(
-                peer,
-                "it demands admission but this node has no cluster secret configured",
-            );
+        let Some(c) = self.conns.get_mut(&peer) else {
             return;
         };
-        match (msg.first(), msg.len()) {
-            (Some(&CONTROL_CHALLENGE), len) if len == 1 + NONCE_BYTES => {
-                let nonce: [u8; NONCE_BYTES] = msg[1..].try_into().expect("length checked");
-                let proof =
-                    admission_proof(&secret, self.cfg.cluster_id, self.cfg.node, peer, &nonce);
-                let mut out = [0u8; 33];
-                out[0] = CONTROL_PROOF;
-                out[1..].copy_from_slice(&proof);
+        let secret = self.cfg.secret.as_deref().map(Vec::as_slice);
+        match c
+            .admission
+            .on_control(secret, self.cfg.cluster_id, self.cfg.node, peer, msg)
+        {
+            ControlOutcome::Reply(out) => {
                 if self.send_control(peer, &out).is_err() {
                     self.break_conn(peer, None, DisconnectReason::Refused);
                 }
             }
-            (Some(&CONTROL_PROOF), 33) => {
-                use hmac::Mac;
-                let Some(c) = self.conns.get(&peer) else {
-                    return;
-                };
-                let mut mac =
-                    hmac::Hmac::<sha2::Sha256>::new_from_slice(&secret).expect("any key length");
-                mac.update(b"rdmalog-admission-v1");
-                mac.update(&self.cfg.cluster_id.to_le_bytes());
-                mac.update(&peer.0.to_le_bytes());
-                mac.update(&self.cfg.node.0.to_le_bytes());
-                mac.update(&c.nonce);
-                // Constant-time comparison, so the proof cannot be guessed byte by byte.
-                if mac.verify_slice(&msg[1..]).is_err() {
-                    self.refuse(
-                        peer,
-                        "its admission proof does not match: wrong cluster secret",
-                    );
-                    return;
-                }
-                let c = self.conns.get_mut(&peer).expect("checked above");
-                if !c.admitted {
-                    c.admitted = true;
-                    let remote = c.region;
-                    self.announce(peer, remote);
-                }
+            ControlOutcome::Admitted => {
+                let remote = c.region;
+                self.announce(peer, remote);
             }
-            _ => self.refuse(peer, "it sent a malformed admission frame"),
+            ControlOutcome::Nothing => {}
+            ControlOutcome::Refuse(why) => self.refuse(peer, why),
         }
     }
 
@@ -747,7 +638,10 @@ impl RdmaEndpoint {
         msg: &[u8],
         credit_only: bool,
     ) -> Result<(), FabricError> {
-        let admitted = self.conns.get(&peer).is_some_and(|c| c.admitted)
+        let admitted = self
+            .conns
+            .get(&peer)
+            .is_some_and(|c| c.admission.admitted())
             && !self.unannounced.contains_key(&peer);
         if !credit_only && !admitted {
             return Err(FabricError::NotConnected { peer });
@@ -984,7 +878,7 @@ impl RdmaEndpoint {
             if self.frame.is_empty() {
                 return; // a credit-only frame
             }
-            if !c.admitted {
+            if !c.admission.admitted() {
                 self.refuse(
                     peer,
                     "it sent data before proving it knows the cluster secret",
@@ -1120,7 +1014,7 @@ impl Fabric for RdmaEndpoint {
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
         match self.conns.get(&peer).filter(|c| !c.broken) {
-            Some(c) if c.admitted && !self.unannounced.contains_key(&peer) => {
+            Some(c) if c.admission.admitted() && !self.unannounced.contains_key(&peer) => {
                 return ConnState::Up;
             }
             Some(_) => return ConnState::Connecting,
@@ -1150,7 +1044,7 @@ impl Fabric for RdmaEndpoint {
         let c = self
             .conns
             .get_mut(&peer)
-            .filter(|c| !c.broken && c.admitted)
+            .filter(|c| !c.broken && c.admission.admitted())
             .ok_or(FabricError::NotConnected { peer })?;
         let remote = verbs::RemoteRegion {
             addr: wr.remote.addr,
@@ -1202,7 +1096,7 @@ impl Fabric for RdmaEndpoint {
     fn send_credits(&self, peer: NodeId) -> u32 {
         self.conns
             .get(&peer)
-            .filter(|c| !c.broken && c.admitted && !c.free_send.is_empty())
+            .filter(|c| !c.broken && c.admission.admitted() && !c.free_send.is_empty())
             .map_or(0, |c| c.credits.available().saturating_sub(1) as u32)
     }
 
@@ -1233,7 +1127,11 @@ impl Fabric for RdmaEndpoint {
     }
 
     fn set_remote_write(&mut self, peer: NodeId, allowed: bool) -> Result<(), FabricError> {
-        match self.conns.get(&peer).filter(|c| !c.broken && c.admitted) {
+        match self
+            .conns
+            .get(&peer)
+            .filter(|c| !c.broken && c.admission.admitted())
+        {
             Some(c) => {
                 let r = if allowed {
                     c.conn.qp().grant_remote_write()
@@ -1260,7 +1158,7 @@ impl Fabric for RdmaEndpoint {
         let late: Vec<NodeId> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.broken && !c.admitted && c.since.elapsed() > limit)
+            .filter(|(_, c)| !c.broken && c.admission.overdue(limit))
             .map(|(p, _)| *p)
             .collect();
         for peer in late {
@@ -1469,63 +1367,6 @@ impl Dialer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn secrets_must_be_long_and_private() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("secret");
-        std::fs::write(&p, b"0123456789abcdef0123\n").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(
-            load_secret(&p)
-                .unwrap_err()
-                .to_string()
-                .contains("chmod 600")
-        );
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(load_secret(&p).unwrap(), b"0123456789abcdef0123");
-        std::fs::write(&p, b"short\n").unwrap();
-        assert!(
-            load_secret(&p)
-                .unwrap_err()
-                .to_string()
-                .contains("at least 16")
-        );
-        assert!(load_secret(&dir.path().join("missing")).is_err());
-    }
-
-    #[test]
-    fn proofs_bind_secret_cluster_both_ids_and_nonce() {
-        let n = [7u8; NONCE_BYTES];
-        let base = admission_proof(b"0123456789abcdef", 1, NodeId(1), NodeId(2), &n);
-        assert_eq!(
-            base,
-            admission_proof(b"0123456789abcdef", 1, NodeId(1), NodeId(2), &n)
-        );
-        assert_ne!(
-            base,
-            admission_proof(b"0123456789abcdeX", 1, NodeId(1), NodeId(2), &n)
-        );
-        assert_ne!(
-            base,
-            admission_proof(b"0123456789abcdef", 2, NodeId(1), NodeId(2), &n)
-        );
-        assert_ne!(
-            base,
-            admission_proof(b"0123456789abcdef", 1, NodeId(2), NodeId(1), &n)
-        );
-        assert_ne!(
-            base,
-            admission_proof(
-                b"0123456789abcdef",
-                1,
-                NodeId(1),
-                NodeId(2),
-                &[8; NONCE_BYTES]
-            )
-        );
-    }
 
     #[test]
     fn statuses_map_to_the_fabric_classes() {
