@@ -32,6 +32,7 @@ pub mod admission;
 pub mod dial;
 pub mod rdma;
 pub mod sim;
+pub mod tcp;
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,0 +1,516 @@
+//! The TCP back-end keeps the fabric's semantics over kernel sockets, on this host (loopback,
+//! no lab). Asserted: the connect carries the advertised region; writes (also ones longer than
+//! a frame) followed by sends are seen in order; credits bound sends and come back when
+//! receives are reposted; a revoked connection, a wrong key and an out-of-bounds write each
+//! fail `RemoteAccess`, change nothing and break the connection; a reconnect and a grant make
+//! writes work again. Admission by the cluster secret; a wrong cluster id and an unready peer
+//! are refused with errors that say why; both sides dialling at once settle on one connection;
+//! a peer that closes or stops reading fails what is outstanding (`RetryExceeded`, then
+//! `Flushed`); a client that connects and says nothing is dropped.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabric::tcp::{TcpConfig, TcpEndpoint, WRITE_CHUNK_BYTES};
+use fabric::{
+    ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion, Memory, NodeId,
+    RemoteRegion, WcOp, WcStatus, WriteRequest, read_bytes, write_bytes,
+};
+
+const A: NodeId = NodeId(1);
+const B: NodeId = NodeId(2);
+const C: NodeId = NodeId(3);
+
+fn addr(port: u16, n: NodeId) -> SocketAddr {
+    format!("127.0.0.{}:{}", n.0, port + n.0 as u16)
+        .parse()
+        .unwrap()
+}
+
+struct Node {
+    ep: TcpEndpoint,
+    mem: Arc<dyn Memory>,
+    local: LocalRegion,
+    peer_region: Option<RemoteRegion>,
+    events: Vec<Event>,
+}
+
+fn config(id: NodeId, peers: &[NodeId], port: u16) -> TcpConfig {
+    let peers = peers.iter().map(|p| (*p, addr(port, *p))).collect();
+    let mut cfg = TcpConfig::new(id, 0xC1, addr(port, id), peers);
+    cfg.admission_timeout = Duration::from_secs(5);
+    cfg
+}
+
+fn open(cfg: TcpConfig, advertise: bool) -> Node {
+    let mut ep = TcpEndpoint::open(cfg).expect("endpoint");
+    let mem = ep.alloc(4 << 20).unwrap();
+    let (local, remote) = ep.register(mem.clone()).unwrap();
+    if advertise {
+        ep.advertise(remote);
+    }
+    Node {
+        ep,
+        mem,
+        local,
+        peer_region: None,
+        events: Vec::new(),
+    }
+}
+
+fn node(id: NodeId, peer: NodeId, port: u16) -> Node {
+    open(config(id, &[peer], port), true)
+}
+
+fn pump(nodes: &mut [&mut Node]) {
+    let mut buf = [Event::Disconnected {
+        peer: NodeId(0),
+        reason: DisconnectReason::Closed,
+    }; 32];
+    for n in nodes.iter_mut() {
+        let k = n.ep.poll(&mut buf);
+        for e in &buf[..k] {
+            if let Event::Connected { remote, .. } = e {
+                n.peer_region = *remote;
+            }
+            n.events.push(*e);
+        }
+    }
+}
+
+fn until(nodes: &mut [&mut Node], what: &str, mut f: impl FnMut(&mut [&mut Node]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        pump(nodes);
+        if f(nodes) {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let seen: Vec<_> = nodes.iter().map(|n| format!("{:?}", n.events)).collect();
+    panic!("timed out waiting for {what}; events: {seen:?}");
+}
+
+fn connect(a: &mut Node, b: &mut Node) {
+    let (ia, ib) = (a.ep.node(), b.ep.node());
+    a.ep.connect(ib).unwrap();
+    until(&mut [a, b], "connection", |n| {
+        n[0].ep.conn_state(ib) == ConnState::Up
+            && n[1].ep.conn_state(ia) == ConnState::Up
+            && n[0].peer_region.is_some()
+    });
+    a.events.clear();
+    b.events.clear();
+}
+
+fn write_req(a: &Node, wr_id: u64, off: u64, len: u64) -> WriteRequest {
+    WriteRequest {
+        wr_id,
+        local: a.local,
+        local_offset: off,
+        remote: a.peer_region.unwrap(),
+        remote_offset: off,
+        len_bytes: len,
+        signaled: true,
+    }
+}
+
+fn status_of(n: &Node, wr_id: u64) -> Option<WcStatus> {
+    n.events.iter().find_map(|e| match e {
+        Event::Completion(c) if c.wr_id == wr_id && c.op != WcOp::Recv => Some(c.status),
+        _ => None,
+    })
+}
+
+fn wait_status(a: &mut Node, b: &mut Node, wr_id: u64) -> WcStatus {
+    until(&mut [a, b], "a completion", |n| {
+        status_of(n[0], wr_id).is_some()
+    });
+    status_of(a, wr_id).unwrap()
+}
+
+#[test]
+fn ordering_credits_and_fencing() {
+    let port = 47100;
+    let mut a = node(A, B, port);
+    let mut b = node(B, A, port);
+    connect(&mut a, &mut b);
+    b.ep.set_remote_write(A, true).unwrap();
+
+    // Write then send, rounds of varying sizes, some longer than one frame: every recv sees
+    // its write's bytes.
+    for round in 0..200u64 {
+        let len = if round % 50 == 7 {
+            3 * WRITE_CHUNK_BYTES as u64 + 13
+        } else {
+            8 + (round * 977) % (60 * 1024)
+        };
+        let byte = (round % 250) as u8 + 1;
+        write_bytes(a.mem.as_ref(), 0, &vec![byte; len as usize]);
+        a.ep.post_write(B, write_req(&a, round, 0, len)).unwrap();
+        a.ep.post_send(B, 10_000 + round, &len.to_le_bytes())
+            .unwrap();
+        let mut seen = false;
+        until(&mut [&mut a, &mut b], "recv", |n| {
+            if let Some(pos) = n[1]
+                .events
+                .iter()
+                .position(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+            {
+                let Event::Completion(c) = n[1].events.remove(pos) else {
+                    unreachable!()
+                };
+                let msg = n[1].ep.recv_message(A, c.wr_id).unwrap().to_vec();
+                let want = u64::from_le_bytes(msg.try_into().unwrap());
+                let mut got = vec![0u8; want as usize];
+                read_bytes(n[1].mem.as_ref(), 0, &mut got);
+                assert!(
+                    got.iter().all(|&x| x == byte),
+                    "round {round}: stale bytes at recv"
+                );
+                n[1].ep.repost_recv(A, c.wr_id).unwrap();
+                seen = true;
+            }
+            seen && n[0]
+                .events
+                .iter()
+                .filter(|e| matches!(e, Event::Completion(c) if c.status == WcStatus::Success))
+                .count()
+                >= 2
+        });
+        assert!(
+            a.events
+                .iter()
+                .all(|e| matches!(e, Event::Completion(c) if c.status == WcStatus::Success)),
+            "{:?}",
+            a.events
+        );
+        a.events.clear();
+    }
+
+    // Credits: without reposts, the sender runs out at the window.
+    let window = a.ep.send_credits(B);
+    assert_eq!(window, 16, "the default window");
+    for i in 0..window {
+        a.ep.post_send(B, 20_000 + u64::from(i), b"x").unwrap();
+    }
+    assert!(matches!(
+        a.ep.post_send(B, 1, b"x"),
+        Err(FabricError::NoCredit { .. })
+    ));
+    until(&mut [&mut a, &mut b], "all sends received", |n| {
+        n[1].events
+            .iter()
+            .filter(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+            .count() as u32
+            >= window
+    });
+    for e in std::mem::take(&mut b.events) {
+        if let Event::Completion(c) = e
+            && c.op == WcOp::Recv
+        {
+            b.ep.repost_recv(A, c.wr_id).unwrap();
+        }
+    }
+    until(&mut [&mut a, &mut b], "credits back", |n| {
+        n[0].ep.send_credits(B) == window
+    });
+    a.events.clear();
+
+    // Fencing: revoke; the next write fails RemoteAccess, changes nothing, and what was
+    // posted behind it is flushed.
+    write_bytes(b.mem.as_ref(), 4096, &[0x5A; 256]);
+    write_bytes(a.mem.as_ref(), 4096, &[0xEE; 256]);
+    b.ep.set_remote_write(A, false).unwrap();
+    a.ep.post_write(B, write_req(&a, 77, 4096, 256)).unwrap();
+    a.ep.post_send(B, 78, b"behind").unwrap();
+    assert_eq!(wait_status(&mut a, &mut b, 77), WcStatus::RemoteAccess);
+    assert_eq!(status_of(&a, 78), Some(WcStatus::Flushed));
+    assert!(a.events.contains(&Event::Disconnected {
+        peer: B,
+        reason: DisconnectReason::Failed(WcStatus::RemoteAccess)
+    }));
+    let mut target = [0u8; 256];
+    read_bytes(b.mem.as_ref(), 4096, &mut target);
+    assert_eq!(target, [0x5A; 256], "a fenced write changed memory");
+    assert_eq!(a.ep.conn_state(B), ConnState::Down);
+    until(&mut [&mut a, &mut b], "the target sees the break", |n| {
+        n[1].ep.conn_state(A) == ConnState::Down
+    });
+    assert!(
+        b.events
+            .iter()
+            .all(|e| !matches!(e, Event::Completion(c) if c.op == WcOp::Recv)),
+        "the send behind a refused write was delivered"
+    );
+
+    // A guessed key and a write past the region's end are refused like a revoked grant.
+    for wr_id in [80, 81] {
+        a.events.clear();
+        b.events.clear();
+        a.peer_region = None;
+        connect(&mut a, &mut b);
+        b.ep.set_remote_write(A, true).unwrap();
+        let mut req = write_req(&a, wr_id, 4096, 256);
+        if wr_id == 80 {
+            req.remote.rkey ^= 1;
+        } else {
+            req.remote_offset = req.remote.len_bytes - 128;
+        }
+        a.ep.post_write(B, req).unwrap();
+        assert_eq!(
+            wait_status(&mut a, &mut b, wr_id),
+            WcStatus::RemoteAccess,
+            "write {wr_id}"
+        );
+        read_bytes(b.mem.as_ref(), 4096, &mut target);
+        assert_eq!(target, [0x5A; 256]);
+    }
+
+    // Reconnect and grant: writes work again.
+    a.events.clear();
+    a.peer_region = None;
+    connect(&mut a, &mut b);
+    b.ep.set_remote_write(A, true).unwrap();
+    a.ep.post_write(B, write_req(&a, 90, 4096, 256)).unwrap();
+    assert_eq!(wait_status(&mut a, &mut b, 90), WcStatus::Success);
+    read_bytes(b.mem.as_ref(), 4096, &mut target);
+    assert_eq!(target, [0xEE; 256]);
+}
+
+#[test]
+fn peers_with_the_secret_are_admitted_and_a_wrong_secret_is_refused() {
+    let port = 47200;
+    let good: &[u8] = b"correct horse battery staple";
+    let with = |id, peers: &[NodeId], secret: &[u8]| {
+        let mut cfg = config(id, peers, port);
+        cfg.secret = Some(Arc::new(secret.to_vec()));
+        open(cfg, true)
+    };
+    let mut a = with(A, &[B, C], good);
+    let mut b = with(B, &[A], good);
+    connect(&mut a, &mut b);
+    a.ep.post_send(B, 1, b"hello").unwrap();
+    until(&mut [&mut a, &mut b], "a message after admission", |n| {
+        n[1].events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+    });
+
+    let mut c = with(C, &[A], b"a wrong secret, long enough");
+    a.ep.connect(C).unwrap();
+    until(&mut [&mut a, &mut c], "refusal on both sides", |n| {
+        n[0].ep.refusals() >= 1 && n[1].ep.refusals() >= 1
+    });
+    assert!(
+        a.ep.last_connect_error(C)
+            .unwrap()
+            .contains("wrong cluster secret"),
+        "{:?}",
+        a.ep.last_connect_error(C)
+    );
+    for n in [&a, &c] {
+        assert!(
+            !n.events
+                .iter()
+                .any(|e| matches!(e, Event::Connected { peer, .. } if *peer == C || *peer == A && n.ep.node() == C)),
+            "a refused peer was reported connected: {:?}",
+            n.events
+        );
+    }
+    assert_eq!(a.ep.conn_state(C), ConnState::Down);
+    assert!(a.ep.set_remote_write(C, true).is_err());
+    assert!(c.ep.post_send(A, 1, b"let me in").is_err());
+    // The admitted pair is untouched.
+    assert_eq!(a.ep.conn_state(B), ConnState::Up);
+}
+
+#[test]
+fn refusals_say_why_and_a_connect_after_advertise_is_accepted() {
+    let port = 47300;
+    let mut a = node(A, B, port);
+    let mut b = open(config(B, &[A], port), false);
+    a.ep.connect(B).unwrap();
+    until(&mut [&mut a, &mut b], "the not-ready refusal", |n| {
+        n[0].events
+            .iter()
+            .any(|e| matches!(e, Event::Disconnected { .. }))
+    });
+    let err = a.ep.last_connect_error(B).unwrap_or_default().to_string();
+    assert!(err.contains("not ready"), "{err}");
+    let remote = RemoteRegion {
+        addr: 1 << 40,
+        ..b.ep.register(b.mem.clone()).unwrap().1
+    };
+    b.ep.advertise(remote);
+    a.events.clear();
+    connect(&mut a, &mut b);
+    assert_eq!(a.peer_region, Some(remote));
+
+    // Another cluster: refused with both ids named.
+    let mut cfg = config(C, &[A], port);
+    cfg.cluster_id = 0xBAD;
+    let mut c = open(cfg, true);
+    c.ep.connect(A).unwrap();
+    until(&mut [&mut c, &mut a], "the cluster refusal", |n| {
+        n[0].events
+            .iter()
+            .any(|e| matches!(e, Event::Disconnected { .. }))
+    });
+    let err = c.ep.last_connect_error(A).unwrap_or_default().to_string();
+    assert!(err.contains("cluster id") && err.contains("0xbad"), "{err}");
+    // A node that is not a configured peer of A is refused too (A's peers: B only).
+    let mut d = node(NodeId(4), A, port);
+    d.ep.connect(A).unwrap();
+    until(&mut [&mut d, &mut a], "the unknown-peer refusal", |n| {
+        n[0].events
+            .iter()
+            .any(|e| matches!(e, Event::Disconnected { .. }))
+    });
+    let err = d.ep.last_connect_error(A).unwrap_or_default().to_string();
+    assert!(err.contains("not a configured peer"), "{err}");
+    // Nobody listening: unreachable, with the address.
+    let mut e = node(NodeId(5), NodeId(6), port);
+    e.ep.connect(NodeId(6)).unwrap();
+    until(&mut [&mut e], "unreachable", |n| {
+        n[0].events.contains(&Event::Disconnected {
+            peer: NodeId(6),
+            reason: DisconnectReason::Unreachable,
+        })
+    });
+    assert_eq!(a.ep.conn_state(B), ConnState::Up);
+}
+
+#[test]
+fn a_simultaneous_dial_settles_on_one_connection() {
+    let port = 47400;
+    for round in 0..5 {
+        let mut a = node(A, B, port + round * 10);
+        let mut b = node(B, A, port + round * 10);
+        a.ep.connect(B).unwrap();
+        b.ep.connect(A).unwrap();
+        until(&mut [&mut a, &mut b], "both up", |n| {
+            n[0].ep.conn_state(B) == ConnState::Up && n[1].ep.conn_state(A) == ConnState::Up
+        });
+        // Let a losing duplicate finish its handshake and be dropped.
+        let settle = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < settle {
+            pump(&mut [&mut a, &mut b]);
+        }
+        assert_eq!(a.ep.conn_state(B), ConnState::Up);
+        assert_eq!(b.ep.conn_state(A), ConnState::Up);
+        // The connection both keep carries a message each way.
+        a.events.clear();
+        b.events.clear();
+        a.ep.post_send(B, 1, b"ping").unwrap();
+        b.ep.post_send(A, 2, b"pong").unwrap();
+        until(&mut [&mut a, &mut b], "a message each way", |n| {
+            n.iter().all(|x| {
+                x.events
+                    .iter()
+                    .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+            })
+        });
+    }
+}
+
+#[test]
+fn a_peer_that_closes_fails_what_is_outstanding_and_a_restarted_peer_reconnects() {
+    let port = 47500;
+    let mut a = node(A, B, port);
+    let mut b = node(B, A, port);
+    connect(&mut a, &mut b);
+    drop(b);
+    a.ep.post_send(B, 5, b"into the void").unwrap_or(());
+    until(&mut [&mut a], "the break", |n| {
+        n[0].events
+            .iter()
+            .any(|e| matches!(e, Event::Disconnected { peer, .. } if *peer == B))
+    });
+    if let Some(s) = status_of(&a, 5) {
+        assert_ne!(s, WcStatus::Success, "a send to a closed peer was acked");
+    }
+    assert_eq!(a.ep.conn_state(B), ConnState::Down);
+    // The same node starts again on the same address: a new dial works.
+    let mut b = node(B, A, port);
+    a.events.clear();
+    a.peer_region = None;
+    connect(&mut a, &mut b);
+}
+
+/// The wire format of docs/FORMAT.md's TCP section, written by hand: a peer that says hello
+/// and then reads nothing and acknowledges nothing.
+fn fake_peer_hello(node: u64, recv_credits: u32) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&56u32.to_le_bytes());
+    f.extend_from_slice(&[1, 0, 0, 0]);
+    f.extend_from_slice(b"rdmalogT");
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(&recv_credits.to_le_bytes());
+    f.extend_from_slice(&0xC1u64.to_le_bytes());
+    f.extend_from_slice(&node.to_le_bytes());
+    f.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    f.extend_from_slice(&(1u64 << 20).to_le_bytes());
+    f.extend_from_slice(&7u32.to_le_bytes());
+    f.extend_from_slice(&[0; 4]);
+    f
+}
+
+#[test]
+fn a_peer_that_stops_answering_fails_retry_exceeded_then_flushed() {
+    let port = 47600;
+    let fake = TcpListener::bind(addr(port, B)).unwrap();
+    let mut cfg = config(A, &[B], port);
+    cfg.dead_peer_timeout = Duration::from_millis(500);
+    let mut a = open(cfg, true);
+    a.ep.connect(B).unwrap();
+    let (mut s, _) = fake.accept().unwrap();
+    let mut hello = [0u8; 64];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello[8..16], b"rdmalogT");
+    s.write_all(&fake_peer_hello(B.0, 16)).unwrap();
+    until(&mut [&mut a], "up", |n| {
+        n[0].ep.conn_state(B) == ConnState::Up
+    });
+    let t = Instant::now();
+    a.ep.post_write(B, write_req(&a, 1, 0, 64)).unwrap();
+    a.ep.post_send(B, 2, b"unanswered").unwrap();
+    until(&mut [&mut a], "the dead-peer verdict", |n| {
+        status_of(n[0], 2).is_some()
+    });
+    assert!(t.elapsed() >= Duration::from_millis(500));
+    assert_eq!(status_of(&a, 1), Some(WcStatus::RetryExceeded));
+    assert_eq!(status_of(&a, 2), Some(WcStatus::Flushed));
+    assert!(a.events.contains(&Event::Disconnected {
+        peer: B,
+        reason: DisconnectReason::Failed(WcStatus::RetryExceeded)
+    }));
+    drop(s);
+}
+
+#[test]
+fn a_client_that_says_nothing_is_dropped() {
+    let port = 47700;
+    let mut cfg = config(A, &[B], port);
+    cfg.connect_timeout = Duration::from_millis(300);
+    let a = open(cfg, true);
+    let mut s = TcpStream::connect(addr(port, A)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = s.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the listener answered a silent client");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "dropped only after {:?}",
+        t.elapsed()
+    );
+    // Garbage instead of a hello is refused too, and the endpoint keeps serving.
+    let mut s = TcpStream::connect(addr(port, A)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&[0xFF; 64]).unwrap();
+    let _ = s.read(&mut buf);
+    drop(a);
+}
