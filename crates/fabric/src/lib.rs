@@ -30,9 +30,12 @@
 
 pub mod admission;
 pub mod dial;
+pub mod endpoint;
 pub mod rdma;
 pub mod sim;
 pub mod tcp;
+
+pub use endpoint::{Endpoint, Transport};
 
 use std::fmt;
 use std::sync::Arc;

@@ -120,6 +120,13 @@ pub struct TcpConfig {
 }
 
 impl TcpConfig {
+    /// The dead-peer bound an RDMA queue pair with this local ACK timeout exponent and retry
+    /// count has ([`verbs::dead_peer_bound`], nominal), so that one setting means the same
+    /// on both transports.
+    pub fn dead_peer_from_qp(timeout: u8, retry_cnt: u8) -> Duration {
+        verbs::dead_peer_bound(timeout, retry_cnt).nominal
+    }
+
     /// Defaults: 16 receive slots, 256 outstanding operations, a 1 s dead-peer bound.
     pub fn new(
         node: NodeId,
@@ -1666,16 +1673,18 @@ impl Io {
                 hello.version
             );
             if dialled.is_none() {
+                tracing::warn!(peer = %hello.node, why, "refused a connection");
                 self.send_reject(&link, &why);
             }
             return refuse(why);
         }
         if hello.cluster_id != self.cfg.cluster_id {
             let why = format!(
-                "cluster id {:#x} is not this cluster's ({:#x})",
+                "cluster id mismatch: {:#x} is not this cluster's ({:#x})",
                 hello.cluster_id, self.cfg.cluster_id
             );
             if dialled.is_none() {
+                tracing::warn!(peer = %hello.node, why, "refused a connection");
                 self.send_reject(&link, &why);
             }
             return refuse(why);
