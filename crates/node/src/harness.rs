@@ -1,8 +1,9 @@
 //! A cluster of `rdmalog-node` processes, one per lab host, and the client that drives it.
 //!
-//! Node `i` runs on lab host `i`: RDMA at `192.0.2.1i:<base + i>`, driver port at
-//! `127.0.0.1:<base + 100 + i>` (out of band: faults on the fabric never touch it), data in
-//! `<dir>/node<i>`, log in `<dir>/node<i>.log`.
+//! Node `i` runs on lab host `i`: replication (RDMA or TCP, [`ClusterConfig::transport`]) at
+//! `192.0.2.1i:<base + i>`, or at `127.0.1.i:<base + i>` on a host without the lab
+//! ([`ClusterConfig::loopback`]); driver port at `127.0.0.1:<base + 100 + i>` (out of band:
+//! faults on the fabric never touch it), data in `<dir>/node<i>`, log in `<dir>/node<i>.log`.
 //! The workload keeps up to `window` appends in flight on one driver connection to the leader,
 //! records every acknowledgement (sequence number, index, crc32c) in the order it arrived, and
 //! after a failure resubmits what was not acknowledged, in order, to whichever node leads.
@@ -36,6 +37,11 @@ pub struct ClusterConfig {
     pub extra_args: Vec<String>,
     /// The cluster id every node is started with.
     pub cluster_id: u64,
+    /// `rdma` or `tcp`.
+    pub transport: String,
+    /// Replication on loopback addresses (`127.0.1.i`), for TCP clusters on a host without
+    /// the lab; network faults (`Fault`) need the lab.
+    pub loopback: bool,
 }
 
 impl ClusterConfig {
@@ -49,6 +55,8 @@ impl ClusterConfig {
             durability: "fsync".into(),
             extra_args: Vec::new(),
             cluster_id: 0x1ab,
+            transport: "rdma".into(),
+            loopback: false,
         }
     }
 }
@@ -161,7 +169,7 @@ impl Cluster {
             .with_context(|| format!("creating {}", cfg.dir.display()))?;
         let secret = cfg.dir.join("secret");
         write_secret(&secret, b"lab cluster secret for node tests\n")?;
-        if lab::guest::in_lab() {
+        if cfg.transport == "rdma" && lab::guest::in_lab() {
             // Before any node holds a device: a Soft-RoCE artifact left by an earlier test (a
             // dead QP1, so no rdma_cm on that host) is repaired here, not failed on.
             lab::guest::repair_dead_rdma_cm().context("checking the lab's rdma_cm")?;
@@ -182,12 +190,14 @@ impl Cluster {
         &self.cfg
     }
 
-    /// Node `i`'s RDMA address.
-    pub fn rdma_addr(&self, i: u64) -> SocketAddr {
-        SocketAddr::from((
-            lab::config::host_addr(host(i)),
-            self.cfg.base_port + i as u16,
-        ))
+    /// Node `i`'s replication address (RDMA or TCP).
+    pub fn peer_addr(&self, i: u64) -> SocketAddr {
+        let port = self.cfg.base_port + i as u16;
+        if self.cfg.loopback {
+            SocketAddr::from(([127, 0, 1, host(i)], port))
+        } else {
+            SocketAddr::from((lab::config::host_addr(host(i)), port))
+        }
     }
 
     /// Node `i`'s driver port. It listens on loopback (every lab host shares one kernel), so
@@ -229,8 +239,10 @@ impl Cluster {
             .arg(i.to_string())
             .arg("--cluster-id")
             .arg(o.cluster_id.unwrap_or(self.cfg.cluster_id).to_string())
+            .arg("--transport")
+            .arg(&self.cfg.transport)
             .arg("--listen")
-            .arg(self.rdma_addr(i).to_string())
+            .arg(self.peer_addr(i).to_string())
             .arg("--driver")
             .arg(self.driver_addr(i).to_string())
             .arg("--durability")
@@ -245,7 +257,7 @@ impl Cluster {
                     .unwrap_or_else(|| self.cfg.dir.join("secret")),
             );
         for p in (1..=self.cfg.nodes).filter(|&p| p != i) {
-            cmd.arg("--peer").arg(format!("{p}={}", self.rdma_addr(p)));
+            cmd.arg("--peer").arg(format!("{p}={}", self.peer_addr(p)));
         }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -1,4 +1,4 @@
-//! `rdmalog-node`: one replica on one host, over RDMA, with a line-based *driver port* that
+//! `rdmalog-node`: one replica on one host, over RDMA or TCP (`--transport`), with a line-based *driver port* that
 //! the lab's workload, fault tests and demo use (it is a test harness interface, not the client
 //! protocol of the server issue).
 //!
@@ -34,6 +34,8 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use fabric::NodeId;
 use fabric::rdma::{RdmaConfig, RdmaEndpoint, load_secret};
+use fabric::tcp::{TcpConfig, TcpEndpoint};
+use fabric::{Endpoint, Transport};
 use node::harness::{hex, unhex};
 use replica::{AppendHandle, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role};
 use wal::fs::{FileSystem, StdFs};
@@ -41,7 +43,7 @@ use wal::fs::{FileSystem, StdFs};
 #[derive(Parser, Debug)]
 #[command(
     name = "rdmalog-node",
-    about = "One rdmalog replica over RDMA with a driver port for lab tests"
+    about = "One rdmalog replica over RDMA or TCP with a driver port for lab tests"
 )]
 struct Args {
     /// This node's id (1..).
@@ -50,7 +52,12 @@ struct Args {
     /// Cluster id (hex or decimal).
     #[arg(long, default_value = "0x1ab")]
     cluster_id: String,
-    /// RDMA listen address (an address on this host's RDMA netdev), e.g. 192.0.2.11:7700.
+    /// The replication transport: rdma (one-sided writes, no peer CPU) or tcp (kernel
+    /// sockets, for hosts without RDMA).
+    #[arg(long, default_value = "rdma", value_parser = ["rdma", "tcp"])]
+    transport: String,
+    /// Replication listen address, e.g. 192.0.2.11:7700 (under rdma, an address on this
+    /// host's RDMA netdev).
     #[arg(long)]
     listen: SocketAddr,
     /// A peer as ID=IP:PORT (repeat for each peer).
@@ -88,7 +95,8 @@ struct Args {
     #[arg(long)]
     pin_core: Option<usize>,
     /// QP local ACK timeout exponent (4.096 us x 2^N per try); with --qp-retry it bounds how
-    /// long a dead peer takes to detect.
+    /// long a dead peer takes to detect (under tcp, the same bound is the time an operation
+    /// may stay unacknowledged).
     #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     qp_timeout: u8,
     /// QP transport retries before a peer is declared dead (0-7).
@@ -120,7 +128,7 @@ fn parse_u64(s: &str) -> anyhow::Result<u64> {
 /// Most entries one `CRCS` answers.
 const MAX_CRCS: u64 = 20_000;
 
-fn crcs(log: &Log<RdmaEndpoint>, from: u64, count: u64) -> String {
+fn crcs(log: &Log<Endpoint>, from: u64, count: u64) -> String {
     let commit = log.status().commit;
     let mut out = format!("CRCS {commit}");
     for index in from.max(1)..from.max(1).saturating_add(count).min(commit + 1) {
@@ -143,7 +151,7 @@ fn append_answer(r: Result<u64, ReplicaError>, crc: u32) -> String {
     }
 }
 
-fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
+fn answer(log: &Log<Endpoint>, line: &str) -> String {
     let mut words = line.split_whitespace();
     match (words.next(), words.next()) {
         (Some("READ"), Some(i)) => match i.parse().map(|i| log.read(i)) {
@@ -211,13 +219,13 @@ fn answer(log: &Log<RdmaEndpoint>, line: &str) -> String {
 /// One answer owed to a client, in the order its command arrived.
 enum Owed {
     Ready(String),
-    Append(AppendHandle<RdmaEndpoint>, u32),
+    Append(AppendHandle<Endpoint>, u32),
 }
 
 /// Most commands a connection may have in flight; the reader waits beyond it.
 const MAX_IN_FLIGHT: usize = 256;
 
-fn serve(log: Arc<Log<RdmaEndpoint>>, stream: TcpStream) {
+fn serve(log: Arc<Log<Endpoint>>, stream: TcpStream) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
@@ -302,23 +310,43 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|p| parse_peer(p))
         .collect::<anyhow::Result<_>>()?;
-    let mut rc = RdmaConfig::new(NodeId(a.id), cluster_id, a.listen, peers.clone());
-    rc.qp.timeout = a.qp_timeout;
-    rc.qp.retry_cnt = a.qp_retry;
+    let transport: Transport = a
+        .transport
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--transport: {e}"))?;
     let bound = verbs::dead_peer_bound(a.qp_timeout, a.qp_retry);
     tracing::info!(
+        %transport,
         nominal_ms = bound.nominal.as_millis() as u64,
         upper_ms = bound.upper.as_millis() as u64,
         "a dead peer is detected within this bound (QP timeout {} and {} retries)",
         a.qp_timeout,
         a.qp_retry
     );
-    if let Some(f) = &a.secret_file {
-        rc.secret = Some(Arc::new(load_secret(f)?));
-    }
+    let secret = match &a.secret_file {
+        Some(f) => Some(Arc::new(load_secret(f)?)),
+        None => None,
+    };
     let started = std::time::Instant::now();
-    let ep = RdmaEndpoint::open(rc)
-        .with_context(|| format!("opening the RDMA endpoint on {}", a.listen))?;
+    let ep: Endpoint = match transport {
+        Transport::Rdma => {
+            let mut rc = RdmaConfig::new(NodeId(a.id), cluster_id, a.listen, peers.clone());
+            rc.qp.timeout = a.qp_timeout;
+            rc.qp.retry_cnt = a.qp_retry;
+            rc.secret = secret;
+            RdmaEndpoint::open(rc)
+                .with_context(|| format!("opening the RDMA endpoint on {}", a.listen))?
+                .into()
+        }
+        Transport::Tcp => {
+            let mut tc = TcpConfig::new(NodeId(a.id), cluster_id, a.listen, peers.clone());
+            tc.dead_peer_timeout = bound.nominal;
+            tc.secret = secret;
+            TcpEndpoint::open(tc)
+                .with_context(|| format!("opening the TCP endpoint on {}", a.listen))?
+                .into()
+        }
+    };
     let mut voters: Vec<u64> = peers.keys().map(|p| p.0).collect();
     voters.push(a.id);
     voters.sort_unstable();
@@ -364,7 +392,7 @@ fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind(a.driver)
         .with_context(|| format!("binding the driver port {}", a.driver))?;
     eprintln!(
-        "rdmalog-node {}: up (rdma {}, driver {}, data {}; endpoint opened in {endpoint_secs:.2} s, log in {log_secs:.2} s)",
+        "rdmalog-node {}: up ({transport} {}, driver {}, data {}; endpoint opened in {endpoint_secs:.2} s, log in {log_secs:.2} s)",
         a.id,
         a.listen,
         a.driver,

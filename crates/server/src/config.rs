@@ -66,7 +66,11 @@ pub struct ServerFile {
     /// Segment file size in MiB (default 64).
     #[serde(default)]
     pub segment_mib: Option<u64>,
-    /// The RDMA side.
+    /// The replication transport: "rdma" (default) or "tcp" (kernel sockets, for hosts
+    /// without RDMA; the `[rdma]` section then gives the TCP listen address and secret).
+    #[serde(default)]
+    pub transport: Option<String>,
+    /// The replication side (its addresses and secret serve both transports).
     pub rdma: RdmaSection,
     /// The other members.
     #[serde(default)]
@@ -259,6 +263,8 @@ pub struct ServerConfig {
     pub cluster_id: u64,
     /// Durability.
     pub durability: replica::Durability,
+    /// The replication transport.
+    pub transport: fabric::Transport,
     /// Tokens read from their files, and their roles.
     pub tokens: HashMap<String, Role>,
     /// Anonymous role.
@@ -330,6 +336,18 @@ impl ServerConfig {
             if s == 0 || s > 65536 {
                 return Err(bad("segment_mib", format!("expected 1..=65536, not {s}")));
             }
+        }
+        let transport: fabric::Transport = file
+            .transport
+            .as_deref()
+            .unwrap_or("rdma")
+            .parse()
+            .map_err(|e| bad("transport", e))?;
+        if transport == fabric::Transport::Tcp && file.rdma.device.is_some() {
+            return Err(bad(
+                "rdma.device",
+                "names an RDMA device, but transport = \"tcp\" uses none: remove it".into(),
+            ));
         }
         if let Some(t) = file.rdma.qp_timeout {
             if !(1..=31).contains(&t) {
@@ -451,6 +469,7 @@ impl ServerConfig {
             file,
             cluster_id,
             durability,
+            transport,
             tokens,
             anonymous_role,
         })
@@ -493,6 +512,12 @@ plaintext = true
         assert_eq!(c.anonymous_role, Some(Role::ReadOnly));
         assert_eq!(c.file.raft.tick_ms, 20);
         assert_eq!(c.advertise(), "0.0.0.0:7600");
+        assert_eq!(c.transport, fabric::Transport::Rdma, "rdma by default");
+        let tcp = GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"");
+        assert_eq!(
+            ServerConfig::parse(&tcp, "t.toml").unwrap().transport,
+            fabric::Transport::Tcp
+        );
         for (name, mode) in [
             ("memory", replica::Durability::Memory),
             ("replicated", replica::Durability::Replicated),
@@ -529,6 +554,15 @@ plaintext = true
             (
                 GOOD.replace("[client]", "[client]\nbogus = 1"),
                 "unknown field `bogus`",
+            ),
+            (
+                GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"udp\""),
+                "`transport`: `udp` is not a transport: use rdma or tcp",
+            ),
+            (
+                GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"")
+                    .replace("[rdma]", "[rdma]\ndevice = \"mlx5_0\""),
+                "`rdma.device`",
             ),
         ];
         for (text, want) in cases {

@@ -18,6 +18,8 @@ use anyhow::Context;
 use clap::Parser;
 use fabric::NodeId;
 use fabric::rdma::{RdmaConfig, RdmaEndpoint, load_secret};
+use fabric::tcp::{TcpConfig, TcpEndpoint};
+use fabric::{Endpoint, Transport};
 use proto::NodeInfo;
 use replica::{Log, LogOptions, PollMode, ReplicaConfig};
 use server::config::ServerConfig;
@@ -27,7 +29,7 @@ use wal::fs::{FileSystem, StdFs};
 #[derive(Parser, Debug)]
 #[command(
     name = "rdmalog-server",
-    about = "One rdmalog replica over RDMA, serving clients over TCP (TLS)"
+    about = "One rdmalog replica over RDMA or TCP, serving clients over TCP (TLS)"
 )]
 struct Args {
     /// The TOML configuration (see ops/config/).
@@ -45,6 +47,9 @@ struct Args {
     /// Overrides `metrics.listen`.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Overrides `transport` (rdma or tcp).
+    #[arg(long, value_parser = ["rdma", "tcp"])]
+    transport: Option<String>,
     /// Overrides `poll.pin_core`.
     #[arg(long)]
     pin_core: Option<usize>,
@@ -77,6 +82,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(v) = a.metrics_listen {
         f.metrics = Some(server::config::MetricsSection { listen: v });
     }
+    if let Some(v) = a.transport.clone() {
+        f.transport = Some(v);
+    }
     if let Some(v) = a.pin_core {
         f.poll.pin_core = Some(v);
     }
@@ -99,21 +107,38 @@ fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     };
     let peers: BTreeMap<NodeId, SocketAddr> =
         f.peers.iter().map(|p| (NodeId(p.id), p.rdma)).collect();
-    let mut rc = RdmaConfig::new(NodeId(f.node_id), cfg.cluster_id, f.rdma.listen, peers);
-    rc.device = f.rdma.device.clone();
-    if let Some(t) = f.rdma.qp_timeout {
-        rc.qp.timeout = t;
-    }
-    if let Some(r) = f.rdma.qp_retry {
-        rc.qp.retry_cnt = r;
-    }
-    if let Some(s) = &f.rdma.secret_file {
-        rc.secret = Some(Arc::new(load_secret(s)?));
-    } else {
-        tracing::warn!("no rdma.secret_file: RDMA peers are not authenticated");
-    }
-    let ep = RdmaEndpoint::open(rc)
-        .with_context(|| format!("opening the RDMA endpoint on {}", f.rdma.listen))?;
+    let secret = match &f.rdma.secret_file {
+        Some(s) => Some(Arc::new(load_secret(s)?)),
+        None => {
+            tracing::warn!(transport = %cfg.transport, "no rdma.secret_file: peers are not authenticated");
+            None
+        }
+    };
+    let (qp_timeout, qp_retry) = (
+        f.rdma.qp_timeout.unwrap_or(14),
+        f.rdma.qp_retry.unwrap_or(7),
+    );
+    let ep: Endpoint = match cfg.transport {
+        Transport::Rdma => {
+            let mut rc = RdmaConfig::new(NodeId(f.node_id), cfg.cluster_id, f.rdma.listen, peers);
+            rc.device = f.rdma.device.clone();
+            rc.qp.timeout = qp_timeout;
+            rc.qp.retry_cnt = qp_retry;
+            rc.secret = secret;
+            RdmaEndpoint::open(rc)
+                .with_context(|| format!("opening the RDMA endpoint on {}", f.rdma.listen))?
+                .into()
+        }
+        Transport::Tcp => {
+            let mut tc = TcpConfig::new(NodeId(f.node_id), cfg.cluster_id, f.rdma.listen, peers);
+            // The same bound as RDMA's retry timer, so one setting means one thing.
+            tc.dead_peer_timeout = TcpConfig::dead_peer_from_qp(qp_timeout, qp_retry);
+            tc.secret = secret;
+            TcpEndpoint::open(tc)
+                .with_context(|| format!("opening the TCP endpoint on {}", f.rdma.listen))?
+                .into()
+        }
+    };
     let mut voters: Vec<u64> = f.peers.iter().map(|p| p.id).collect();
     voters.push(f.node_id);
     voters.sort_unstable();

@@ -1,0 +1,3 @@
+//! Helpers shared by the cluster test binaries.
+
+pub mod cluster_scenarios;

@@ -1,0 +1,64 @@
+//! Host tests: a 3-node cluster of `rdmalog-node` processes over TCP on this host's loopback
+//! (`127.0.1.1-3`), no lab and no RDMA, under the faults a host can make without network
+//! namespaces: kill -9 of a follower and of the leader, kill -9 of all three (fsync and
+//! memory durability), a machine crash of a follower under memory durability, a follower
+//! caught up by a snapshot, and a node with the wrong secret or cluster id. The same scenarios
+//! (`common/cluster_scenarios.rs`) run over RDMA in the lab (`lab_cluster.rs`); every
+//! acknowledged append is checked on every live node afterwards.
+//!
+//! The scenarios run one at a time (three node processes each), whatever `--test-threads`.
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::cluster_scenarios::{self as s, Setup};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn run(scenario: fn(&Setup)) {
+    let _g = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    scenario(&Setup::HOST_TCP);
+}
+
+#[test]
+fn steady_state_mixed_sizes_commit_identically() {
+    run(s::steady_state_mixed_sizes_commit_identically);
+}
+
+#[test]
+fn follower_crash_mid_load_then_catch_up() {
+    run(s::follower_crash_mid_load_then_catch_up);
+}
+
+#[test]
+fn leader_crash_mid_load_fails_over_and_rejoins() {
+    run(s::leader_crash_mid_load_fails_over_and_rejoins);
+}
+
+#[test]
+fn kill_9_of_all_three_keeps_every_acknowledged_entry() {
+    run(s::power_loss_of_all_three_keeps_every_acknowledged_entry);
+}
+
+#[test]
+fn memory_durability_survives_kill_9_of_every_process() {
+    run(s::memory_durability_survives_kill_9_of_every_process);
+}
+
+#[test]
+fn memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it() {
+    run(s::memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it);
+}
+
+#[test]
+fn a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot() {
+    run(s::a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot);
+}
+
+#[test]
+fn a_wrong_peer_is_refused_on_both_sides() {
+    run(s::a_wrong_peer_is_refused_on_both_sides);
+}

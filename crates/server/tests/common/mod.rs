@@ -1,0 +1,3 @@
+//! Helpers shared by the server test binaries.
+
+pub mod servers;

@@ -1,0 +1,15 @@
+//! Host test: three `rdmalog-server` processes with `transport = "tcp"` on this host's
+//! loopback (`127.0.1.1-3`), no RDMA and no lab, driven by the `rdmalog` CLI as a user would:
+//! append, tail -f, status, kill -9 of the leader with the CLI carrying on through the
+//! redirect, the old leader's restart and catch-up, `rdmalog bench`, SIGTERM of every server
+//! and `rdmalog check` of every data dir. The same scenario runs over RDMA and TCP in the lab
+//! (`lab_server.rs`).
+
+mod common;
+
+use common::servers::{Place, three_servers_serve_the_cli_through_a_leader_crash as scenario};
+
+#[test]
+fn three_tcp_servers_serve_the_cli_through_a_leader_crash() {
+    scenario(Place::HOST_TCP);
+}
