@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use fabric::NodeId;
 use fabric::rdma::{RdmaConfig, RdmaEndpoint};
+use fabric::tcp::{TcpConfig, TcpEndpoint};
+use fabric::{Endpoint, NodeId, Transport};
 use replica::{Durability, Log, LogOptions, PollMode, ReplicaConfig, Role};
 use wal::fs::{FileSystem, StdFs};
 
@@ -27,7 +28,7 @@ pub fn in_lab() -> bool {
 #[derive(Debug)]
 pub struct LabCluster {
     /// The replicas, node 1 first.
-    pub logs: Vec<Log<RdmaEndpoint>>,
+    pub logs: Vec<Log<Endpoint>>,
 }
 
 /// The lab's default: three replicas and the rxe threads share 2 vCPUs, so spin briefly.
@@ -60,12 +61,36 @@ impl LabCluster {
         cluster: u64,
         poll: PollMode,
     ) -> anyhow::Result<LabCluster> {
+        Self::open_on(Transport::Rdma, d, dir, port_base, cluster, poll)
+    }
+
+    /// Like [`LabCluster::open`], over `transport` between the same hosts.
+    pub fn open_on(
+        transport: Transport,
+        d: Durability,
+        dir: &Path,
+        port_base: u16,
+        cluster: u64,
+        poll: PollMode,
+    ) -> anyhow::Result<LabCluster> {
         let _ = std::fs::remove_dir_all(dir);
-        Self::reopen(d, dir, port_base, cluster, poll)
+        Self::reopen_on(transport, d, dir, port_base, cluster, poll)
     }
 
     /// Like [`LabCluster::open`], but keeps what `dir` holds: the replicas recover their logs.
     pub fn reopen(
+        d: Durability,
+        dir: &Path,
+        port_base: u16,
+        cluster: u64,
+        poll: PollMode,
+    ) -> anyhow::Result<LabCluster> {
+        Self::reopen_on(Transport::Rdma, d, dir, port_base, cluster, poll)
+    }
+
+    /// Like [`LabCluster::reopen`], over `transport`.
+    pub fn reopen_on(
+        transport: Transport,
         d: Durability,
         dir: &Path,
         port_base: u16,
@@ -78,14 +103,19 @@ impl LabCluster {
                 .filter(|&p| p != id)
                 .map(|p| (NodeId(p), lab_addr(p, port_base + p as u16)))
                 .collect();
-            let rc = RdmaConfig::new(
-                NodeId(id),
-                cluster,
-                lab_addr(id, port_base + id as u16),
-                peers,
-            );
-            let ep =
-                RdmaEndpoint::open(rc).context("opening an RDMA endpoint (inside the lab?)")?;
+            let listen = lab_addr(id, port_base + id as u16);
+            let ep: Endpoint = match transport {
+                Transport::Rdma => {
+                    RdmaEndpoint::open(RdmaConfig::new(NodeId(id), cluster, listen, peers))
+                        .context("opening an RDMA endpoint (inside the lab?)")?
+                        .into()
+                }
+                Transport::Tcp => {
+                    TcpEndpoint::open(TcpConfig::new(NodeId(id), cluster, listen, peers))
+                        .context("opening a TCP endpoint (inside the lab?)")?
+                        .into()
+                }
+            };
             let mut cfg =
                 ReplicaConfig::new(id, vec![1, 2, 3], cluster, dir.join(format!("n{id}")));
             cfg.durability = d;

@@ -295,6 +295,56 @@ pub fn process_cpu_seconds() -> Option<f64> {
     Some((t(11)? + t(12)?) as f64 / 100.0)
 }
 
+/// The whole machine's CPU time by kind, from the first line of `/proc/stat`, in seconds
+/// (USER_HZ is 100 on Linux): what a transport costs in the kernel (system, softirq) shows here
+/// and not in a process's own counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct MachineCpu {
+    /// User time (with nice).
+    pub user: f64,
+    /// System time (the kernel on behalf of processes).
+    pub system: f64,
+    /// Hard and soft interrupt time (the network stack's receive path; Soft-RoCE's work).
+    pub softirq: f64,
+    /// Idle and I/O wait.
+    pub idle: f64,
+}
+
+impl MachineCpu {
+    /// Parses `/proc/stat`'s text.
+    pub fn parse(stat: &str) -> Option<MachineCpu> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let f: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse::<f64>().map(|j| j / 100.0))
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let at = |k: usize| f.get(k).copied().unwrap_or(0.0);
+        Some(MachineCpu {
+            user: at(0) + at(1),
+            system: at(2),
+            idle: at(3) + at(4),
+            softirq: at(5) + at(6),
+        })
+    }
+
+    /// Reads it now.
+    pub fn now() -> Option<MachineCpu> {
+        MachineCpu::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The time spent since `earlier`.
+    pub fn since(&self, earlier: &MachineCpu) -> MachineCpu {
+        MachineCpu {
+            user: self.user - earlier.user,
+            system: self.system - earlier.system,
+            softirq: self.softirq - earlier.softirq,
+            idle: self.idle - earlier.idle,
+        }
+    }
+}
+
 /// A progress line on stderr, redrawn in place: `[#####.....] 50% 500/1000 1234/s`.
 pub fn progress_line(label: &str, done: u64, total: u64, since: Instant) -> String {
     let frac = if total == 0 {
@@ -318,6 +368,20 @@ pub type SharedOp<T> = Arc<T>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_cpu_reads_proc_stat_in_seconds_by_kind() {
+        let text =
+            "cpu  1000 50 300 9000 100 20 80 0 0 0\ncpu0 500 25 150 4500 50 10 40 0 0 0\nintr 1\n";
+        let c = MachineCpu::parse(text).unwrap();
+        assert_eq!(c.user, 10.5);
+        assert_eq!(c.system, 3.0);
+        assert_eq!(c.idle, 91.0);
+        assert_eq!(c.softirq, 1.0);
+        let later = MachineCpu { user: 12.5, ..c };
+        assert_eq!(later.since(&c).user, 2.0);
+        assert!(MachineCpu::parse("nothing").is_none());
+    }
 
     #[test]
     fn warm_up_is_excluded_and_percentiles_come_from_the_rest() {

@@ -14,6 +14,12 @@
 //! The ratios are medians of per-pair ratios with their min and max: absolute times under TCG
 //! mean nothing, ratios measured in the same boot do.
 //!
+//! `rdmalog-bench transports --out DIR` is issue 15's table: the same three replicas over RDMA
+//! and over TCP between the same lab hosts, in A/B pairs alternating which goes first, 4 KiB
+//! entries under `Fsync` and `Memory`: commit p50/p99/p99.9 at 1 and 16 in flight, the highest
+//! open-loop rate whose p99 stays under 10 ms, and the whole guest's CPU per committed entry
+//! (user, system, softirq from `/proc/stat`).
+//!
 //! `rdmalog-bench embedded ...` and `rdmalog-bench etcd ...` run one measurement each.
 
 #![deny(unsafe_code)]
@@ -121,6 +127,21 @@ enum Cmd {
         #[arg(long, default_value = "192.0.2.11:2379")]
         endpoint: SocketAddr,
     },
+    /// RDMA against TCP, same hosts, same build, one boot (issue 15's table).
+    Transports {
+        /// Where results go.
+        #[arg(long)]
+        out: PathBuf,
+        /// A/B pairs (each runs both transports; which goes first alternates).
+        #[arg(long, default_value_t = 3)]
+        pairs: usize,
+        /// Operations per measurement.
+        #[arg(long, default_value_t = 300)]
+        count: u64,
+        /// Data directories (the lab's ext4 disk, so fsync means something).
+        #[arg(long, default_value = "/run/lab/disk/bench")]
+        dir: PathBuf,
+    },
     /// The whole suite, one boot.
     Suite {
         /// Where results go.
@@ -174,6 +195,12 @@ fn main() -> anyhow::Result<()> {
             count,
             dir,
         } => suite(&out, pairs, count, &dir)?,
+        Cmd::Transports {
+            out,
+            pairs,
+            count,
+            dir,
+        } => transports::run(&out, pairs, count, &dir)?,
     }
     Ok(())
 }
@@ -187,6 +214,8 @@ use bench::lab::lab_addr;
 
 /// Three replicas in this process, one per rxe host.
 struct Embedded(bench::lab::LabCluster);
+
+mod transports;
 
 /// What an embedded measurement adds to the latency summary.
 #[derive(Debug, Clone, Default, serde::Serialize)]
