@@ -87,7 +87,7 @@ const WAKER: Token = Token(usize::MAX - 2);
 const IO_TICK: Duration = Duration::from_millis(20);
 
 /// Buffers kept for reuse (received messages, frames being built).
-const POOL_LIMIT: usize = 256;
+const POOL_LIMIT: usize = 64;
 
 /// Configuration of one node's TCP endpoint.
 #[derive(Clone, Debug)]

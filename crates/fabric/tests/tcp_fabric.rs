@@ -514,3 +514,69 @@ fn a_client_that_says_nothing_is_dropped() {
     let _ = s.read(&mut buf);
     drop(a);
 }
+
+/// A configured peer's address speaking garbage after a valid hello: random frame kinds,
+/// lengths and bodies, including writes without a grant and lengths past the limit. The
+/// endpoint drops each such connection, never panics, places nothing, and still serves a real
+/// peer afterwards.
+#[test]
+fn garbage_from_a_peer_breaks_only_its_connection() {
+    let port = 47800;
+    let mut a = node(A, B, port);
+    let before = {
+        let mut v = vec![0u8; 4096];
+        read_bytes(a.mem.as_ref(), 0, &mut v);
+        v
+    };
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..40 {
+        let mut s = TcpStream::connect(addr(port, A)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&fake_peer_hello(B.0, 16)).unwrap();
+        let mut hello = [0u8; 64];
+        if s.read_exact(&mut hello).is_err() {
+            continue; // refused while an earlier one is still being dropped
+        }
+        for _ in 0..8 {
+            let kind = (next() % 10) as u8;
+            let len = match next() % 4 {
+                0 => 0,
+                1 => next() % 40,
+                2 => next() % 5000,
+                _ => 300_000 + next() % 1000,
+            } as usize;
+            let mut f = Vec::new();
+            f.extend_from_slice(&(len as u32).to_le_bytes());
+            f.extend_from_slice(&[kind, 0, 0, 0]);
+            f.extend((0..len.min(5000)).map(|_| next() as u8));
+            if s.write_all(&f).is_err() {
+                break;
+            }
+        }
+        drop(s);
+        pump(&mut [&mut a]);
+        if round % 10 == 9 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let mut after = vec![0u8; 4096];
+    read_bytes(a.mem.as_ref(), 0, &mut after);
+    assert_eq!(before, after, "garbage changed registered memory");
+    let mut b = node(B, A, port);
+    a.events.clear();
+    b.events.clear();
+    connect(&mut b, &mut a);
+    a.ep.set_remote_write(B, true).unwrap();
+    b.ep.post_send(A, 1, b"still here").unwrap();
+    until(&mut [&mut a, &mut b], "a message after the garbage", |n| {
+        n[0].events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+    });
+}
