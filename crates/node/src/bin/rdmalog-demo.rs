@@ -43,6 +43,14 @@ struct Args {
         value_parser = ["fsync", "memory", "replicated"]
     )]
     durability: String,
+    /// The replication transport between the lab hosts: rdma (Soft-RoCE) or tcp.
+    #[arg(
+        long,
+        env = "RDMALOG_DEMO_TRANSPORT",
+        default_value = "rdma",
+        value_parser = ["rdma", "tcp"]
+    )]
+    transport: String,
     /// Appends of the final latency measurement (64 B, one in flight).
     #[arg(long, default_value_t = 300)]
     latency_appends: u64,
@@ -93,8 +101,14 @@ fn main() -> anyhow::Result<()> {
     };
     let mut cfg = ClusterConfig::new(bin, &dir, 9000);
     cfg.durability = a.durability.clone();
+    cfg.transport = a.transport.clone();
+    let on = if a.transport == "rdma" {
+        "on rxe i at 192.0.2.1i"
+    } else {
+        "over TCP at 192.0.2.1i"
+    };
     println!(
-        "demo: starting 3 rdmalog nodes (node i on rxe i at 192.0.2.1i, durability {}, data in {})",
+        "demo: starting 3 rdmalog nodes (node i {on}, durability {}, data in {})",
         cfg.durability,
         dir.display()
     );
