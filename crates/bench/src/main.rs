@@ -16,7 +16,7 @@
 //!
 //! `rdmalog-bench transports --out DIR` is issue 15's table: the same three replicas over RDMA
 //! and over TCP between the same lab hosts, in A/B pairs alternating which goes first, 4 KiB
-//! entries under `Fsync` and `Memory`: commit p50/p99/p99.9 at 1 and 16 in flight, the highest
+//! entries under `Fsync`, `Memory` and `Replicated`: commit p50/p99/p99.9 at 1 and 16 in flight, the highest
 //! open-loop rate whose p99 stays under 10 ms, and the whole guest's CPU per committed entry
 //! (user, system, softirq from `/proc/stat`).
 //!

@@ -18,8 +18,12 @@ use super::{Common, ratio};
 /// The p99 the highest sustained rate must keep.
 const P99_LIMIT_US: f64 = 10_000.0;
 
-/// Fractions of the closed-loop (16 in flight) throughput tried as open-loop rates.
-const RATE_STEPS: [f64; 4] = [0.5, 0.75, 1.0, 1.25];
+/// Fractions of the closed-loop (16 in flight) throughput tried as open-loop rates, in order;
+/// the scan stops at the first rate whose p99 exceeds the limit.
+const RATE_STEPS: [f64; 6] = [0.125, 0.25, 0.5, 0.75, 1.0, 1.25];
+
+/// Seconds of load per open-loop step (at least 60 appends, at most `--count`).
+const RATE_STEP_SECONDS: f64 = 3.0;
 
 /// One transport's figures in one mode and pair.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -105,7 +109,10 @@ fn measure(
     let mut max_rate = 0.0;
     for f in RATE_STEPS {
         let rate = (sixteen.ops_per_s * f).max(1.0);
-        let s = load(16, Some(rate)).run(&name(&format!("open {rate:.0}/s")), append);
+        let mut c = load(16, Some(rate));
+        c.count = ((rate * RATE_STEP_SECONDS) as u64).clamp(60, count);
+        c.warmup = c.count / 10;
+        let s = c.run(&name(&format!("open {rate:.0}/s")), append);
         rates.push((rate, s.p99_us, s.errors));
         if s.p99_us >= P99_LIMIT_US || s.errors > 0 {
             break;
@@ -137,7 +144,11 @@ pub fn run(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<(
     std::fs::create_dir_all(dir)?;
     let mut runs = Vec::new();
     let mut port_base = 7600u16;
-    for (dname, d) in [("fsync", Durability::Fsync), ("memory", Durability::Memory)] {
+    for (dname, d) in [
+        ("fsync", Durability::Fsync),
+        ("memory", Durability::Memory),
+        ("replicated", Durability::Replicated),
+    ] {
         for pair in 0..pairs {
             let order = if pair % 2 == 0 {
                 [Transport::Rdma, Transport::Tcp]
