@@ -219,14 +219,24 @@ fn render(runs: &[Run]) -> String {
                 .filter_map(|(p, a)| tcp.get(p).map(|b| a / b))
                 .collect();
             let r = ratio(per_pair);
+            // A rate of 0 means no rate tried kept the p99 under the limit.
+            let fig = |v: f64| {
+                if v == 0.0 && label.starts_with("max sustained") {
+                    "none".to_string()
+                } else {
+                    format!("{v:.0}")
+                }
+            };
+            let ratio_text = if r.median.is_finite() {
+                format!("{:.2} [{:.2}, {:.2}]", r.median, r.min, r.max)
+            } else {
+                "n/a".into()
+            };
             let _ = writeln!(
                 t,
-                "| {label} | {:.0} | {:.0} | {:.2} [{:.2}, {:.2}] |",
-                median(rdma.values().copied().collect()),
-                median(tcp.values().copied().collect()),
-                r.median,
-                r.min,
-                r.max
+                "| {label} | {} | {} | {ratio_text} |",
+                fig(median(rdma.values().copied().collect())),
+                fig(median(tcp.values().copied().collect())),
             );
         }
     }
