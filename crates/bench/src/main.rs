@@ -20,6 +20,9 @@
 //! open-loop rate whose p99 stays under 10 ms, and the whole guest's CPU per committed entry
 //! (user, system, softirq from `/proc/stat`).
 //!
+//! `rdmalog-bench host-tcp --out DIR` runs on a host without the lab: three `rdmalog-server`
+//! processes replicating over TCP on loopback against three etcd 3.4 members on the same host.
+//!
 //! `rdmalog-bench embedded ...` and `rdmalog-bench etcd ...` run one measurement each.
 
 #![deny(unsafe_code)]
@@ -142,6 +145,22 @@ enum Cmd {
         #[arg(long, default_value = "/run/lab/disk/bench")]
         dir: PathBuf,
     },
+    /// On this host, no lab: three `rdmalog-server` processes replicating over TCP on
+    /// loopback against three etcd 3.4 members on the same host, in A/B pairs.
+    HostTcp {
+        /// Where results go.
+        #[arg(long)]
+        out: PathBuf,
+        /// A/B pairs per comparison.
+        #[arg(long, default_value_t = 5)]
+        pairs: usize,
+        /// Operations per measurement.
+        #[arg(long, default_value_t = 500)]
+        count: u64,
+        /// Data directories (a real disk, so fsync means something).
+        #[arg(long, default_value = "/var/tmp/rdmalog-bench-host")]
+        dir: PathBuf,
+    },
     /// The whole suite, one boot.
     Suite {
         /// Where results go.
@@ -201,6 +220,12 @@ fn main() -> anyhow::Result<()> {
             count,
             dir,
         } => transports::run(&out, pairs, count, &dir)?,
+        Cmd::HostTcp {
+            out,
+            pairs,
+            count,
+            dir,
+        } => host_tcp(&out, pairs, count, &dir)?,
     }
     Ok(())
 }
@@ -209,8 +234,6 @@ fn durability_of(s: &str) -> anyhow::Result<Durability> {
     s.parse()
         .map_err(|e: String| anyhow::anyhow!("--durability: {e}"))
 }
-
-use bench::lab::lab_addr;
 
 /// Three replicas in this process, one per rxe host.
 struct Embedded(bench::lab::LabCluster);
@@ -396,8 +419,40 @@ fn measure_etcd(endpoint: SocketAddr, c: &Common, name: &str) -> anyhow::Result<
     Ok(s)
 }
 
-/// Three etcd members on the lab's addresses, data on `dir`.
-fn start_etcd(dir: &Path) -> anyhow::Result<Vec<Child>> {
+/// Where the etcd and `rdmalog-server` clusters run: their addresses and the servers'
+/// replication transport.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    /// Host `i`'s address.
+    ip: fn(u64) -> String,
+    /// The servers' replication transport.
+    transport: &'static str,
+}
+
+/// The lab's hosts, servers over RDMA.
+const LAB: Place = Place {
+    ip: |i| format!("192.0.2.1{i}"),
+    transport: "rdma",
+};
+
+/// This host's loopback, no lab, servers over TCP.
+const HOST_TCP: Place = Place {
+    ip: |i| format!("127.0.1.{i}"),
+    transport: "tcp",
+};
+
+impl Place {
+    fn addr(&self, i: u64, port: u64) -> String {
+        format!("{}:{port}", (self.ip)(i))
+    }
+
+    fn socket(&self, i: u64, port: u64) -> SocketAddr {
+        self.addr(i, port).parse().expect("address")
+    }
+}
+
+/// Three etcd members at `at`, data on `dir`.
+fn start_etcd(dir: &Path, at: Place) -> anyhow::Result<Vec<Child>> {
     let which = Command::new("etcd").arg("--version").output();
     let Ok(v) = which else {
         bail!("etcd is not installed: ops/bench installs Debian's etcd-server");
@@ -410,7 +465,7 @@ fn start_etcd(dir: &Path) -> anyhow::Result<Vec<Child>> {
             .unwrap_or("etcd")
     );
     let cluster: Vec<String> = (1..=3)
-        .map(|i| format!("e{i}=http://192.0.2.1{i}:2380"))
+        .map(|i| format!("e{i}=http://{}", at.addr(i, 2380)))
         .collect();
     let mut kids = Vec::new();
     for i in 1..=3 {
@@ -424,13 +479,13 @@ fn start_etcd(dir: &Path) -> anyhow::Result<Vec<Child>> {
                 .arg(&d)
                 .args([
                     "--listen-client-urls",
-                    &format!("http://192.0.2.1{i}:2379"),
+                    &format!("http://{}", at.addr(i, 2379)),
                     "--advertise-client-urls",
-                    &format!("http://192.0.2.1{i}:2379"),
+                    &format!("http://{}", at.addr(i, 2379)),
                     "--listen-peer-urls",
-                    &format!("http://192.0.2.1{i}:2380"),
+                    &format!("http://{}", at.addr(i, 2380)),
                     "--initial-advertise-peer-urls",
-                    &format!("http://192.0.2.1{i}:2380"),
+                    &format!("http://{}", at.addr(i, 2380)),
                     "--initial-cluster",
                     &cluster.join(","),
                     "--initial-cluster-state",
@@ -445,7 +500,7 @@ fn start_etcd(dir: &Path) -> anyhow::Result<Vec<Child>> {
     }
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let ok = Http::connect(lab_addr(1, 2379))
+        let ok = Http::connect(at.socket(1, 2379))
             .and_then(|mut h| h.post("/v3/kv/put", "{\"key\":\"cmVhZHk=\",\"value\":\"MQ==\"}"))
             .is_ok();
         if ok {
@@ -464,16 +519,17 @@ fn start_etcd(dir: &Path) -> anyhow::Result<Vec<Child>> {
     }
 }
 
-/// Three `rdmalog-server` processes (fsync durability, like etcd), one per lab host, from
-/// the binary beside this one.
+/// Three `rdmalog-server` processes (fsync durability, like etcd), one per host of a
+/// [`Place`], from the binary beside this one.
 struct ServerCluster {
     kids: Vec<Child>,
+    at: Place,
 }
 
 const SERVER_CLUSTER: u64 = 0x5e4;
 
-fn server_client_addr(i: u64) -> String {
-    format!("192.0.2.1{i}:{}", 9400 + i)
+fn server_client_addr(at: Place, i: u64) -> String {
+    at.addr(i, 9400 + i)
 }
 
 fn server_metrics_addr(i: u64) -> SocketAddr {
@@ -481,7 +537,7 @@ fn server_metrics_addr(i: u64) -> SocketAddr {
 }
 
 impl ServerCluster {
-    fn start(dir: &Path) -> anyhow::Result<ServerCluster> {
+    fn start(dir: &Path, at: Place) -> anyhow::Result<ServerCluster> {
         let exe = std::env::current_exe()?;
         let bin = exe.with_file_name("rdmalog-server");
         if !bin.is_file() {
@@ -497,18 +553,19 @@ impl ServerCluster {
             for p in (1..=3u64).filter(|&p| p != i) {
                 peers += &format!(
                     "[[peers]]\nid = {p}\nrdma = \"{}\"\nclient = \"{}\"\n\n",
-                    lab_addr(p, 9300 + p as u16),
-                    server_client_addr(p)
+                    at.addr(p, 9300 + p),
+                    server_client_addr(at, p)
                 );
             }
             let cfg = dir.join(format!("server{i}.toml"));
             std::fs::write(
                 &cfg,
                 format!(
-                    "node_id = {i}\ncluster_id = {SERVER_CLUSTER}\ndata_dir = \"{}\"\ndurability = \"fsync\"\n\n[rdma]\nlisten = \"{}\"\n\n{peers}[client]\nlisten = \"{}\"\nplaintext = true\n\n[auth]\nanonymous_role = \"read-write\"\n\n[metrics]\nlisten = \"{}\"\n",
+                    "node_id = {i}\ncluster_id = {SERVER_CLUSTER}\ntransport = \"{}\"\ndata_dir = \"{}\"\ndurability = \"fsync\"\n\n[rdma]\nlisten = \"{}\"\n\n{peers}[client]\nlisten = \"{}\"\nplaintext = true\n\n[auth]\nanonymous_role = \"read-write\"\n\n[metrics]\nlisten = \"{}\"\n",
+                    at.transport,
                     dir.join(format!("server{i}")).display(),
-                    lab_addr(i, 9300 + i as u16),
-                    server_client_addr(i),
+                    at.addr(i, 9300 + i),
+                    server_client_addr(at, i),
                     server_metrics_addr(i),
                 ),
             )?;
@@ -524,7 +581,7 @@ impl ServerCluster {
                     .context("starting rdmalog-server")?,
             );
         }
-        let c = ServerCluster { kids };
+        let c = ServerCluster { kids, at };
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let ok = client::Client::connect(c.client_config())
@@ -544,7 +601,11 @@ impl ServerCluster {
     }
 
     fn client_config(&self) -> client::ClientConfig {
-        client::ClientConfig::new((1..=3).map(server_client_addr).collect(), SERVER_CLUSTER)
+        let at = self.at;
+        client::ClientConfig::new(
+            (1..=3).map(|i| server_client_addr(at, i)).collect(),
+            SERVER_CLUSTER,
+        )
     }
 
     /// Each server's role and CPU seconds, from its `/status`.
@@ -684,8 +745,35 @@ fn suite(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()>
 
     let mut cdf = Vec::new();
     embedded_pairs(&mut r, &mut cdf, out, pairs, count, dir, &mut port)?;
-    etcd_pairs(&mut r, &mut cdf, pairs, count, dir)?;
-    report(out, &r, &cdf)
+    etcd_pairs(&mut r, &mut cdf, pairs, count, dir, LAB)?;
+    report(
+        out,
+        &r,
+        &cdf,
+        "64 B commit latency CDF (Soft-RoCE under TCG: compare shapes and ratios, not µs)",
+    )
+}
+
+/// etcd against `rdmalog-server` over TCP on this host: what the log costs without RDMA.
+fn host_tcp(out: &Path, pairs: usize, count: u64, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    let mut r = Results {
+        date: String::from_utf8_lossy(&Command::new("date").arg("-u").output()?.stdout)
+            .trim()
+            .to_string(),
+        ..Results::default()
+    };
+    let mut cdf = Vec::new();
+    etcd_pairs(&mut r, &mut cdf, pairs, count, dir, HOST_TCP)?;
+    let _ = std::fs::remove_dir_all(dir);
+    report(
+        out,
+        &r,
+        &cdf,
+        "64 B latency CDF on one host: rdmalog-server over TCP and etcd 3.4",
+    )
 }
 
 /// The next perftest port (each run takes its own).
@@ -870,10 +958,14 @@ fn etcd_pairs(
     pairs: usize,
     count: u64,
     dir: &Path,
+    at: Place,
 ) -> anyhow::Result<()> {
-    eprintln!("== etcd 3.4 and rdmalog-server, both through their TCP client protocols");
-    let etcd = start_etcd(&dir.join("etcd"));
-    let servers = ServerCluster::start(&dir.join("servers"));
+    eprintln!(
+        "== etcd 3.4 and rdmalog-server (replicating over {}), both through their TCP client protocols",
+        at.transport
+    );
+    let etcd = start_etcd(&dir.join("etcd"), at);
+    let servers = ServerCluster::start(&dir.join("servers"), at);
     match (etcd, servers) {
         (Ok(mut kids), Ok(servers)) => {
             for (size, in_flight) in [(64usize, 1usize), (4096, 1), (4096, 16)] {
@@ -894,7 +986,7 @@ fn etcd_pairs(
                     // slows the other; a pause lets timers settle after SIGCONT.
                     signal(&servers.kids, "STOP");
                     let e = measure_etcd(
-                        lab_addr(1, 2379),
+                        at.socket(1, 2379),
                         &c,
                         &format!("etcd put {size} B x{in_flight}"),
                     );
@@ -965,12 +1057,8 @@ fn etcd_pairs(
 }
 
 /// Writes the CDF plot, the table and the JSON of `r` under `out`, and prints the table.
-fn report(out: &Path, r: &Results, cdf: &[Series]) -> anyhow::Result<()> {
-    plot::latency_cdf(
-        &out.join("latency_cdf.svg"),
-        "64 B commit latency CDF (Soft-RoCE under TCG: compare shapes and ratios, not µs)",
-        cdf,
-    )?;
+fn report(out: &Path, r: &Results, cdf: &[Series], title: &str) -> anyhow::Result<()> {
+    plot::latency_cdf(&out.join("latency_cdf.svg"), title, cdf)?;
     let table = render_table(r);
     std::fs::write(out.join("table.md"), &table)?;
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(r)?)?;
