@@ -32,10 +32,12 @@ pub mod admission;
 pub mod dial;
 pub mod endpoint;
 pub mod rdma;
+mod shared;
 pub mod sim;
 pub mod tcp;
 
 pub use endpoint::{Endpoint, Transport};
+pub use shared::WordMemory;
 
 use std::fmt;
 use std::sync::Arc;

@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -41,6 +41,7 @@ use verbs::{
 use crate::admission::{Admission, ControlOutcome};
 pub use crate::admission::{MIN_SECRET_BYTES, NONCE_BYTES, admission_proof, load_secret};
 use crate::dial;
+use crate::shared::{self, Events, Inbox, WordMemory};
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
     MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, Waiter, WcOp, WcStatus, WriteRequest,
@@ -129,18 +130,7 @@ impl RdmaConfig {
 }
 
 /// Ring memory allocated by this back-end: its address never moves, so it may be registered.
-#[derive(Debug)]
-pub struct RdmaMemory(Arc<WordBuffer>);
-
-impl Memory for RdmaMemory {
-    fn words(&self) -> &[AtomicU64] {
-        self.0.words()
-    }
-
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
-    }
-}
+pub type RdmaMemory = WordMemory;
 
 #[derive(Debug)]
 struct Inflight {
@@ -180,21 +170,6 @@ impl Conn {
     fn advertised(&self) -> u64 {
         self.recv.posted_total() - self.held
     }
-}
-
-/// Received frames the owner has not reposted yet, one buffer per receive slot. The buffers
-/// are made at connect with room for a whole frame and then only swapped with
-/// [`RdmaEndpoint::frame`], never freed or grown, so a received frame costs one copy out of the
-/// registered receive pool and no allocation.
-#[derive(Debug, Default)]
-struct Inbox {
-    slots: Vec<InboxSlot>,
-}
-
-#[derive(Debug, Default)]
-struct InboxSlot {
-    bytes: Vec<u8>,
-    full: bool,
 }
 
 enum CmRequest {
@@ -244,14 +219,14 @@ pub struct RdmaEndpoint {
     refusals: u64,
     early_wc: Vec<verbs::Completion>,
     qpn: BTreeMap<u32, NodeId>,
+    /// Received frames the owner has not reposted yet, one buffer per receive slot, made at
+    /// connect with room for a whole frame; a received frame costs one copy out of the
+    /// registered receive pool and no allocation.
     inboxes: BTreeMap<NodeId, Inbox>,
     /// The frame being received: filled from the receive pool, then swapped into its inbox
     /// slot (whose empty buffer comes back here). Room for a whole frame from the start.
     frame: Vec<u8>,
-    events: VecDeque<Event>,
-    /// Per peer, the [`Event::Connected`]s queued in `events` and not yet polled: while any
-    /// is, the connection is not yet the owner's to use ([`Fabric::conn_state`]).
-    unannounced: BTreeMap<NodeId, u32>,
+    events: Events,
     wc: Vec<verbs::Completion>,
     slot_bytes: usize,
     /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
@@ -407,8 +382,7 @@ impl RdmaEndpoint {
             qpn: BTreeMap::new(),
             inboxes: BTreeMap::new(),
             frame: Vec::with_capacity(slot_bytes),
-            events: VecDeque::new(),
-            unannounced: BTreeMap::new(),
+            events: Events::default(),
             wc: vec![verbs::Completion::EMPTY; WC_BATCH],
             slot_bytes,
             wait,
@@ -453,7 +427,7 @@ impl RdmaEndpoint {
         let mut status = first;
         for f in c.inflight.drain(..) {
             let s = status.take().unwrap_or(WcStatus::Flushed);
-            self.events.push_back(Event::Completion(Completion {
+            self.events.push(Event::Completion(Completion {
                 peer,
                 wr_id: f.wr_id,
                 op: f.op,
@@ -464,13 +438,12 @@ impl RdmaEndpoint {
         c.broken = true;
         // Receive events not yet taken by the owner name slots of this connection's inbox;
         // they must not be read as slots of the next one.
-        self.events
-            .retain(|e| !matches!(e, Event::Completion(x) if x.peer == peer && x.op == WcOp::Recv));
+        self.events.forget_receives(peer);
         self.qpn.retain(|_, p| *p != peer);
         if let Some(inbox) = self.inboxes.get_mut(&peer) {
-            inbox.slots.iter_mut().for_each(|s| s.full = false);
+            inbox.clear();
         }
-        self.events.push_back(Event::Disconnected { peer, reason });
+        self.events.push(Event::Disconnected { peer, reason });
         // Dropping the connection destroys the QP (and with it any WR still in the device).
         drop(c);
     }
@@ -507,7 +480,7 @@ impl RdmaEndpoint {
                 tracing::warn!(%peer, error = %e, "cannot register a send buffer; dropping the connection");
                 drop(conn);
                 drop(recv);
-                self.events.push_back(Event::Disconnected {
+                self.events.push(Event::Disconnected {
                     peer,
                     reason: DisconnectReason::Unreachable,
                 });
@@ -539,17 +512,7 @@ impl RdmaEndpoint {
         };
         self.conns.insert(peer, c);
         let slot_bytes = self.slot_bytes;
-        self.inboxes.insert(
-            peer,
-            Inbox {
-                slots: (0..slots)
-                    .map(|_| InboxSlot {
-                        bytes: Vec::with_capacity(slot_bytes),
-                        full: false,
-                    })
-                    .collect(),
-            },
-        );
+        self.inboxes.insert(peer, Inbox::new(slots, slot_bytes));
         let qp_num = self.conns[&peer].conn.qp().qp_num();
         let early: Vec<verbs::Completion> = self
             .early_wc
@@ -596,8 +559,7 @@ impl RdmaEndpoint {
     /// connection drop and logs that it was refused).
     /// Queues the [`Event::Connected`] of a new, admitted connection to `peer`.
     fn announce(&mut self, peer: NodeId, remote: Option<RemoteRegion>) {
-        *self.unannounced.entry(peer).or_default() += 1;
-        self.events.push_back(Event::Connected { peer, remote });
+        self.events.announce(peer, remote);
     }
 
     fn refuse(&mut self, peer: NodeId, why: &str) {
@@ -642,7 +604,7 @@ impl RdmaEndpoint {
             .conns
             .get(&peer)
             .is_some_and(|c| c.admission.admitted())
-            && !self.unannounced.contains_key(&peer);
+            && !self.events.unannounced(peer);
         if !credit_only && !admitted {
             return Err(FabricError::NotConnected { peer });
         }
@@ -730,7 +692,7 @@ impl RdmaEndpoint {
                         // The peer's own connection to us is up: our failed dial changes nothing.
                         continue;
                     }
-                    self.events.push_back(Event::Disconnected {
+                    self.events.push(Event::Disconnected {
                         peer,
                         reason: DisconnectReason::Unreachable,
                     });
@@ -781,7 +743,7 @@ impl RdmaEndpoint {
             let status = map_status(wc.status);
             if status == WcStatus::Success {
                 if f.signaled {
-                    self.events.push_back(Event::Completion(Completion {
+                    self.events.push(Event::Completion(Completion {
                         peer,
                         wr_id: f.wr_id,
                         op: f.op,
@@ -791,7 +753,7 @@ impl RdmaEndpoint {
                 }
             } else {
                 if f.signaled || f.op == WcOp::Write {
-                    self.events.push_back(Event::Completion(Completion {
+                    self.events.push(Event::Completion(Completion {
                         peer,
                         wr_id: f.wr_id,
                         op: f.op,
@@ -885,8 +847,9 @@ impl RdmaEndpoint {
                 );
                 return;
             }
+            let len = self.frame.len() as u32;
             let inbox = self.inboxes.entry(peer).or_default();
-            let Some(slot) = inbox.slots.iter().position(|s| !s.full) else {
+            let Some(slot) = inbox.put(&mut self.frame) else {
                 // The peer sent beyond the credits we granted: a protocol violation.
                 tracing::warn!(%peer, "a frame beyond the granted credits; dropping the connection");
                 self.break_conn(
@@ -896,14 +859,10 @@ impl RdmaEndpoint {
                 );
                 return;
             };
-            let len = self.frame.len() as u32;
-            let held = &mut inbox.slots[slot];
-            std::mem::swap(&mut held.bytes, &mut self.frame);
-            held.full = true;
             c.held += 1;
-            self.events.push_back(Event::Completion(Completion {
+            self.events.push(Event::Completion(Completion {
                 peer,
-                wr_id: slot as u64,
+                wr_id: slot,
                 op: WcOp::Recv,
                 status: WcStatus::Success,
                 byte_len: len,
@@ -918,11 +877,7 @@ impl Fabric for RdmaEndpoint {
     }
 
     fn alloc(&mut self, len_bytes: u64) -> Result<Arc<dyn Memory>, FabricError> {
-        let buf = WordBuffer::new(len_bytes as usize).map_err(|e| FabricError::Register {
-            len_bytes,
-            reason: e.to_string(),
-        })?;
-        Ok(Arc::new(RdmaMemory(buf)))
+        shared::alloc_words(len_bytes)
     }
 
     fn alloc_persistent(
@@ -930,26 +885,11 @@ impl Fabric for RdmaEndpoint {
         path: &std::path::Path,
         len_bytes: u64,
     ) -> Result<(Arc<dyn Memory>, bool), FabricError> {
-        let (buf, opened) = WordBuffer::open_shared(path, len_bytes as usize).map_err(|e| {
-            FabricError::Register {
-                len_bytes,
-                reason: e.to_string(),
-            }
-        })?;
-        Ok((
-            Arc::new(RdmaMemory(buf)),
-            opened == verbs::SharedOpen::Reopened,
-        ))
+        shared::alloc_shared_words(path, len_bytes)
     }
 
     fn free_persistent(&mut self, path: &std::path::Path) -> Result<(), FabricError> {
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FabricError::SharedMemory {
-                path: path.to_owned(),
-                reason: format!("cannot remove it: {e}"),
-            }),
-            _ => Ok(()),
-        }
+        shared::free_shared(path)
     }
 
     fn register(
@@ -1014,7 +954,7 @@ impl Fabric for RdmaEndpoint {
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
         match self.conns.get(&peer).filter(|c| !c.broken) {
-            Some(c) if c.admission.admitted() && !self.unannounced.contains_key(&peer) => {
+            Some(c) if c.admission.admitted() && !self.events.unannounced(peer) => {
                 return ConnState::Up;
             }
             Some(_) => return ConnState::Connecting,
@@ -1038,7 +978,7 @@ impl Fabric for RdmaEndpoint {
                 offset: wr.local_offset,
                 end,
             })?;
-        if self.unannounced.contains_key(&peer) {
+        if self.events.unannounced(peer) {
             return Err(FabricError::NotConnected { peer });
         }
         let c = self
@@ -1103,20 +1043,12 @@ impl Fabric for RdmaEndpoint {
     fn recv_message(&self, peer: NodeId, slot: u64) -> Result<&[u8], FabricError> {
         self.inboxes
             .get(&peer)
-            .and_then(|i| i.slots.get(slot as usize))
-            .filter(|m| m.full)
-            .map(|m| &m.bytes[..])
+            .and_then(|i| i.message(slot))
             .ok_or(FabricError::BadSlot { peer, slot })
     }
 
     fn repost_recv(&mut self, peer: NodeId, slot: u64) -> Result<(), FabricError> {
-        let taken = self
-            .inboxes
-            .get_mut(&peer)
-            .and_then(|i| i.slots.get_mut(slot as usize))
-            .filter(|m| m.full)
-            .map(|m| m.full = false);
-        if taken.is_none() {
+        if !self.inboxes.get_mut(&peer).is_some_and(|i| i.release(slot)) {
             return Err(FabricError::BadSlot { peer, slot });
         }
         if let Some(c) = self.conns.get_mut(&peer) {
@@ -1171,25 +1103,7 @@ impl Fabric for RdmaEndpoint {
         for peer in peers {
             self.maybe_send_credit(peer);
         }
-        let mut k = 0;
-        while k < out.len() {
-            match self.events.pop_front() {
-                Some(e) => {
-                    if let Event::Connected { peer, .. } = e {
-                        if let Some(n) = self.unannounced.get_mut(&peer) {
-                            *n -= 1;
-                            if *n == 0 {
-                                self.unannounced.remove(&peer);
-                            }
-                        }
-                    }
-                    out[k] = e;
-                    k += 1;
-                }
-                None => break,
-            }
-        }
-        k
+        self.events.drain_into(out)
     }
 }
 
@@ -1367,6 +1281,7 @@ impl Dialer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU64;
 
     #[test]
     fn statuses_map_to_the_fabric_classes() {

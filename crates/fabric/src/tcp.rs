@@ -44,11 +44,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
-use verbs::WordBuffer;
+use mio::{Interest, Poll, Token};
 
 use crate::admission::{Admission, ControlOutcome};
 use crate::dial;
+use crate::shared::{self, Events, Inbox, WordMemory};
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
     MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, Waiter, WcOp, WcStatus, WriteRequest,
@@ -151,19 +151,9 @@ impl TcpConfig {
 }
 
 /// Memory allocated by this back-end (page-aligned words; shared-memory files for
-/// [`Fabric::alloc_persistent`]).
-#[derive(Debug)]
-pub struct TcpMemory(Arc<WordBuffer>);
-
-impl Memory for TcpMemory {
-    fn words(&self) -> &[AtomicU64] {
-        self.0.words()
-    }
-
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
-    }
-}
+/// [`Fabric::alloc_persistent`]). Any [`Memory`] can be registered here, since the I/O thread
+/// places writes through the words.
+pub type TcpMemory = WordMemory;
 
 fn setup_err(reason: String) -> FabricError {
     FabricError::Register {
@@ -457,12 +447,6 @@ struct Conn {
     region: Option<RemoteRegion>,
 }
 
-#[derive(Debug, Default)]
-struct InboxSlot {
-    bytes: Vec<u8>,
-    full: bool,
-}
-
 #[derive(Debug)]
 struct IoThread {
     tx: Sender<Cmd>,
@@ -488,12 +472,11 @@ pub struct TcpEndpoint {
     conns: BTreeMap<NodeId, Conn>,
     /// Link id to peer, for the links adopted.
     links: HashMap<u64, NodeId>,
-    inboxes: BTreeMap<NodeId, Vec<InboxSlot>>,
+    inboxes: BTreeMap<NodeId, Inbox>,
     connecting: BTreeMap<NodeId, ()>,
     last_errors: BTreeMap<NodeId, String>,
     refusals: u64,
-    events: VecDeque<Event>,
-    unannounced: BTreeMap<NodeId, u32>,
+    events: Events,
     locals: Vec<Arc<dyn Memory>>,
     shared: Arc<Shared>,
     rx: Receiver<IoEvent>,
@@ -552,8 +535,7 @@ impl TcpEndpoint {
             connecting: BTreeMap::new(),
             last_errors: BTreeMap::new(),
             refusals: 0,
-            events: VecDeque::new(),
-            unannounced: BTreeMap::new(),
+            events: Events::default(),
             locals: Vec::new(),
             shared,
             rx: ev_rx,
@@ -590,7 +572,7 @@ impl TcpEndpoint {
         let mut status = first;
         for f in c.inflight.drain(..) {
             let s = status.take().unwrap_or(WcStatus::Flushed);
-            self.events.push_back(Event::Completion(Completion {
+            self.events.push(Event::Completion(Completion {
                 peer,
                 wr_id: f.wr_id,
                 op: f.op,
@@ -598,13 +580,11 @@ impl TcpEndpoint {
                 byte_len: 0,
             }));
         }
-        // Receive events not yet taken by the owner name slots of this connection's inbox.
-        self.events
-            .retain(|e| !matches!(e, Event::Completion(x) if x.peer == peer && x.op == WcOp::Recv));
+        self.events.forget_receives(peer);
         if let Some(inbox) = self.inboxes.get_mut(&peer) {
-            inbox.iter_mut().for_each(|s| s.full = false);
+            inbox.clear();
         }
-        self.events.push_back(Event::Disconnected { peer, reason });
+        self.events.push(Event::Disconnected { peer, reason });
     }
 
     fn refuse(&mut self, peer: NodeId, why: &str) {
@@ -614,16 +594,11 @@ impl TcpEndpoint {
         self.break_conn(peer, None, DisconnectReason::Refused);
     }
 
-    fn announce(&mut self, peer: NodeId, remote: Option<RemoteRegion>) {
-        *self.unannounced.entry(peer).or_default() += 1;
-        self.events.push_back(Event::Connected { peer, remote });
-    }
-
     fn usable(&self, peer: NodeId) -> bool {
         self.conns
             .get(&peer)
             .is_some_and(|c| c.admission.admitted())
-            && !self.unannounced.contains_key(&peer)
+            && !self.events.unannounced(peer)
     }
 
     fn adopt(&mut self, link: Arc<Link>, hello: Hello, outgoing: bool) {
@@ -665,7 +640,7 @@ impl TcpEndpoint {
                 Err(e) => {
                     tracing::error!(%peer, error = %e, "dropping the connection");
                     link.close();
-                    self.events.push_back(Event::Disconnected {
+                    self.events.push(Event::Disconnected {
                         peer,
                         reason: DisconnectReason::Refused,
                     });
@@ -677,11 +652,13 @@ impl TcpEndpoint {
         };
         self.links.insert(link.id, peer);
         self.conns.insert(peer, c);
-        let inbox = self.inboxes.entry(peer).or_default();
-        inbox.resize_with(self.cfg.recv_slots, InboxSlot::default);
-        inbox.iter_mut().for_each(|s| s.full = false);
+        let inbox = self
+            .inboxes
+            .entry(peer)
+            .or_insert_with(|| Inbox::new(slots as usize, 0));
+        inbox.clear();
         match challenge {
-            None => self.announce(peer, hello.region),
+            None => self.events.announce(peer, hello.region),
             Some(msg) => {
                 if self.send_frame(peer, K_CONTROL, &msg).is_err() {
                     self.break_conn(peer, None, DisconnectReason::Refused);
@@ -734,7 +711,7 @@ impl TcpEndpoint {
             }
             ControlOutcome::Admitted => {
                 let remote = c.region;
-                self.announce(peer, remote);
+                self.events.announce(peer, remote);
             }
             ControlOutcome::Nothing => {}
             ControlOutcome::Refuse(why) => self.refuse(peer, why),
@@ -748,7 +725,7 @@ impl TcpEndpoint {
         while c.inflight.front().is_some_and(|f| f.seq <= upto) {
             let f = c.inflight.pop_front().expect("front exists");
             if f.signaled {
-                self.events.push_back(Event::Completion(Completion {
+                self.events.push(Event::Completion(Completion {
                     peer,
                     wr_id: f.wr_id,
                     op: f.op,
@@ -772,7 +749,7 @@ impl TcpEndpoint {
                 self.connecting.remove(&peer);
                 self.last_errors.insert(peer, why);
                 if !self.conns.contains_key(&peer) {
-                    self.events.push_back(Event::Disconnected {
+                    self.events.push(Event::Disconnected {
                         peer,
                         reason: DisconnectReason::Unreachable,
                     });
@@ -791,8 +768,10 @@ impl TcpEndpoint {
                     );
                     return;
                 }
+                let mut bytes = bytes;
+                let len = bytes.len() as u32;
                 let inbox = self.inboxes.entry(peer).or_default();
-                let Some(slot) = inbox.iter().position(|s| !s.full) else {
+                let Some(slot) = inbox.put(&mut bytes) else {
                     self.shared.pool.give(bytes);
                     tracing::warn!(%peer, "a message beyond the granted credits; dropping the connection");
                     self.break_conn(
@@ -802,16 +781,14 @@ impl TcpEndpoint {
                     );
                     return;
                 };
-                let len = bytes.len() as u32;
-                let old = std::mem::replace(&mut inbox[slot].bytes, bytes);
-                inbox[slot].full = true;
-                self.shared.pool.give(old);
+                // `bytes` is now the slot's old buffer.
+                self.shared.pool.give(bytes);
                 if let Some(c) = self.conns.get_mut(&peer) {
                     c.held += 1;
                 }
-                self.events.push_back(Event::Completion(Completion {
+                self.events.push(Event::Completion(Completion {
                     peer,
-                    wr_id: slot as u64,
+                    wr_id: slot,
                     op: WcOp::Recv,
                     status: WcStatus::Success,
                     byte_len: len,
@@ -861,11 +838,7 @@ impl Fabric for TcpEndpoint {
     }
 
     fn alloc(&mut self, len_bytes: u64) -> Result<Arc<dyn Memory>, FabricError> {
-        let buf = WordBuffer::new(len_bytes as usize).map_err(|e| FabricError::Register {
-            len_bytes,
-            reason: e.to_string(),
-        })?;
-        Ok(Arc::new(TcpMemory(buf)))
+        shared::alloc_words(len_bytes)
     }
 
     fn alloc_persistent(
@@ -873,26 +846,11 @@ impl Fabric for TcpEndpoint {
         path: &std::path::Path,
         len_bytes: u64,
     ) -> Result<(Arc<dyn Memory>, bool), FabricError> {
-        let (buf, opened) = WordBuffer::open_shared(path, len_bytes as usize).map_err(|e| {
-            FabricError::Register {
-                len_bytes,
-                reason: e.to_string(),
-            }
-        })?;
-        Ok((
-            Arc::new(TcpMemory(buf)),
-            opened == verbs::SharedOpen::Reopened,
-        ))
+        shared::alloc_shared_words(path, len_bytes)
     }
 
     fn free_persistent(&mut self, path: &std::path::Path) -> Result<(), FabricError> {
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(FabricError::SharedMemory {
-                path: path.to_owned(),
-                reason: format!("cannot remove it: {e}"),
-            }),
-            _ => Ok(()),
-        }
+        shared::free_shared(path)
     }
 
     fn register(
@@ -1071,20 +1029,12 @@ impl Fabric for TcpEndpoint {
     fn recv_message(&self, peer: NodeId, slot: u64) -> Result<&[u8], FabricError> {
         self.inboxes
             .get(&peer)
-            .and_then(|i| i.get(slot as usize))
-            .filter(|m| m.full)
-            .map(|m| &m.bytes[..])
+            .and_then(|i| i.message(slot))
             .ok_or(FabricError::BadSlot { peer, slot })
     }
 
     fn repost_recv(&mut self, peer: NodeId, slot: u64) -> Result<(), FabricError> {
-        let taken = self
-            .inboxes
-            .get_mut(&peer)
-            .and_then(|i| i.get_mut(slot as usize))
-            .filter(|m| m.full)
-            .map(|m| m.full = false);
-        if taken.is_none() {
+        if !self.inboxes.get_mut(&peer).is_some_and(|i| i.release(slot)) {
             return Err(FabricError::BadSlot { peer, slot });
         }
         if let Some(c) = self.conns.get_mut(&peer) {
@@ -1141,23 +1091,7 @@ impl Fabric for TcpEndpoint {
                 DisconnectReason::Failed(WcStatus::RetryExceeded),
             );
         }
-        let mut k = 0;
-        while k < out.len() {
-            let Some(e) = self.events.pop_front() else {
-                break;
-            };
-            if let Event::Connected { peer, .. } = e
-                && let Some(n) = self.unannounced.get_mut(&peer)
-            {
-                *n -= 1;
-                if *n == 0 {
-                    self.unannounced.remove(&peer);
-                }
-            }
-            out[k] = e;
-            k += 1;
-        }
-        k
+        self.events.drain_into(out)
     }
 }
 
@@ -1219,7 +1153,7 @@ enum Next {
 
 impl Io {
     fn run(mut self) {
-        let mut events = Events::with_capacity(256);
+        let mut events = mio::Events::with_capacity(256);
         while !self.stop.load(Ordering::Acquire) {
             if let Err(e) = self.poll.poll(&mut events, Some(IO_TICK))
                 && e.kind() != io::ErrorKind::Interrupted
