@@ -1089,13 +1089,23 @@ fn render_table(r: &Results) -> String {
             x.median, x.min, x.max
         );
     }
-    t += "\n| CPU per committed entry (3 replicas in one process) | µs |\n|---|---:|\n";
-    for (name, us) in &r.cpu_us_per_entry_all_replicas {
-        t += &format!("| {name} | {us:.0} |\n");
-    }
-    t += "\n| CPU per committed entry, per rdmalog-server process (last pair) | µs |\n|---|---:|\n";
-    for (name, us) in &r.cpu_us_per_entry_servers {
-        t += &format!("| {name} | {us:.0} |\n");
+    for (title, rows) in [
+        (
+            "CPU per committed entry (3 replicas in one process)",
+            &r.cpu_us_per_entry_all_replicas,
+        ),
+        (
+            "CPU per committed entry, per rdmalog-server process (last pair)",
+            &r.cpu_us_per_entry_servers,
+        ),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        t += &format!("\n| {title} | µs |\n|---|---:|\n");
+        for (name, us) in rows {
+            t += &format!("| {name} | {us:.0} |\n");
+        }
     }
     t
 }
