@@ -86,6 +86,10 @@ const WAKER: Token = Token(usize::MAX - 2);
 /// How often the I/O thread looks at handshake deadlines when nothing happens.
 const IO_TICK: Duration = Duration::from_millis(20);
 
+/// Bytes the I/O thread reads from one connection before it turns to the others; the rest is
+/// read on its next pass (a busy peer cannot starve the others).
+const READ_BUDGET: usize = 512 * 1024;
+
 /// Buffers kept for reuse (received messages, frames being built).
 const POOL_LIMIT: usize = 64;
 
@@ -440,8 +444,6 @@ struct Conn {
     granted: u64,
     /// The grant last told to the peer.
     told: u64,
-    /// Messages held in the inbox, not yet reposted by the owner.
-    held: u64,
     outgoing: bool,
     admission: Admission,
     region: Option<RemoteRegion>,
@@ -518,6 +520,7 @@ impl TcpEndpoint {
             conns: HashMap::new(),
             next_id: 1,
             notify: false,
+            unread: Vec::new(),
         };
         io.poll
             .registry()
@@ -629,7 +632,6 @@ impl TcpEndpoint {
             sent_msgs: 0,
             granted: slots,
             told: slots,
-            held: 0,
             outgoing,
             admission: Admission::new(secret.as_deref().map(Vec::as_slice)),
             region: hello.region,
@@ -783,9 +785,6 @@ impl TcpEndpoint {
                 };
                 // `bytes` is now the slot's old buffer.
                 self.shared.pool.give(bytes);
-                if let Some(c) = self.conns.get_mut(&peer) {
-                    c.held += 1;
-                }
                 self.events.push(Event::Completion(Completion {
                     peer,
                     wr_id: slot,
@@ -1038,7 +1037,6 @@ impl Fabric for TcpEndpoint {
             return Err(FabricError::BadSlot { peer, slot });
         }
         if let Some(c) = self.conns.get_mut(&peer) {
-            c.held = c.held.saturating_sub(1);
             c.granted += 1;
         }
         self.maybe_send_credit(peer);
@@ -1142,6 +1140,9 @@ struct Io {
     conns: HashMap<u64, IoConn>,
     next_id: u64,
     notify: bool,
+    /// Connections whose read stopped at the budget with bytes left: read again on the next
+    /// pass (edge-triggered polling will not report them again).
+    unread: Vec<u64>,
 }
 
 /// What handling a frame leads to.
@@ -1155,7 +1156,12 @@ impl Io {
     fn run(mut self) {
         let mut events = mio::Events::with_capacity(256);
         while !self.stop.load(Ordering::Acquire) {
-            if let Err(e) = self.poll.poll(&mut events, Some(IO_TICK))
+            let wait = if self.unread.is_empty() {
+                IO_TICK
+            } else {
+                Duration::ZERO
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(wait))
                 && e.kind() != io::ErrorKind::Interrupted
             {
                 tracing::error!(error = %e, "the TCP fabric's poll failed");
@@ -1166,6 +1172,11 @@ impl Io {
                     LISTENER => self.accept(),
                     WAKER => {}
                     Token(t) => self.ready(t as u64, ev.is_writable()),
+                }
+            }
+            for id in std::mem::take(&mut self.unread) {
+                if let Some(link) = self.conns.get(&id).map(|c| c.link.clone()) {
+                    self.read(id, &link);
                 }
             }
             while let Ok(Cmd::Dial(peer, addr)) = self.cmds.try_recv() {
@@ -1423,9 +1434,16 @@ impl Io {
         self.read(id, &link);
     }
 
-    /// Reads until the socket would block, handling every whole frame.
+    /// Reads until the socket would block (or the budget is spent), handling every whole frame.
     fn read(&mut self, id: u64, link: &Arc<Link>) {
+        let mut budget = READ_BUDGET;
         loop {
+            if budget == 0 {
+                if !self.unread.contains(&id) {
+                    self.unread.push(id);
+                }
+                break;
+            }
             let Some(c) = self.conns.get_mut(&id) else {
                 return;
             };
@@ -1443,6 +1461,7 @@ impl Io {
                 }
                 Ok(n) => {
                     c.filled += n;
+                    budget = budget.saturating_sub(n);
                     self.frames(id);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

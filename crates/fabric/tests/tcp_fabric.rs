@@ -143,7 +143,7 @@ fn ordering_credits_and_fencing() {
     // its write's bytes.
     for round in 0..200u64 {
         let len = if round % 50 == 7 {
-            3 * WRITE_CHUNK_BYTES as u64 + 13
+            14 * WRITE_CHUNK_BYTES as u64 + 13
         } else {
             8 + (round * 977) % (60 * 1024)
         };

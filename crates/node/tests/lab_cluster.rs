@@ -13,8 +13,8 @@
 //! run is 100000) and `RDMALOG_LAB_FAULT_APPENDS` (default 600) scale the workloads.
 //!
 //! The scenarios live in `common/cluster_scenarios.rs`; `tcp_cluster.rs` runs those that need
-//! no network fault over TCP on the host. Here each runs over RDMA, and the ones whose faults
-//! only the lab can make (one-way blocks, loss, cable cuts) also over TCP on the same bridge.
+//! no network fault over TCP on the host. Here each runs twice in one boot: over RDMA, and
+//! (the `tcp_` tests) over TCP between the same hosts on the same bridge.
 
 mod common;
 
@@ -132,4 +132,52 @@ fn tcp_replicated_durability_through_kills_a_stopped_leader_loss_a_cut_and_a_kil
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn tcp_after_a_chaos_schedule_is_lifted_the_cluster_elects_serves_and_reconnects() {
     s::after_a_chaos_schedule_is_lifted_the_cluster_elects_serves_and_reconnects(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_steady_state_mixed_sizes_commit_identically() {
+    s::steady_state_mixed_sizes_commit_identically(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_follower_crash_mid_load_then_catch_up() {
+    s::follower_crash_mid_load_then_catch_up(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_leader_crash_mid_load_fails_over_and_rejoins() {
+    s::leader_crash_mid_load_fails_over_and_rejoins(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_power_loss_of_all_three_keeps_every_acknowledged_entry() {
+    s::power_loss_of_all_three_keeps_every_acknowledged_entry(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_memory_durability_survives_kill_9_of_every_process() {
+    s::memory_durability_survives_kill_9_of_every_process(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it() {
+    s::memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot() {
+    s::a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_a_wrong_peer_is_refused_on_both_sides() {
+    s::a_wrong_peer_is_refused_on_both_sides(&Setup::LAB_TCP);
 }
