@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
+use crate::netns::Netns;
+use std::sync::Arc;
+
 /// How a cluster's nodes are started.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
@@ -40,8 +43,11 @@ pub struct ClusterConfig {
     /// `rdma` or `tcp`.
     pub transport: String,
     /// Replication on loopback addresses (`127.0.1.i`), for TCP clusters on a host without
-    /// the lab; network faults (`Fault`) need the lab.
+    /// the lab; network faults (`Fault`) need the lab or [`ClusterConfig::netns`].
     pub loopback: bool,
+    /// One network namespace per node on this host (no lab), whose one-way blocks and cable
+    /// cuts [`Fault`] makes; replaces `loopback`.
+    pub netns: Option<Arc<Netns>>,
 }
 
 impl ClusterConfig {
@@ -57,6 +63,7 @@ impl ClusterConfig {
             cluster_id: 0x1ab,
             transport: "rdma".into(),
             loopback: false,
+            netns: None,
         }
     }
 }
@@ -174,6 +181,7 @@ impl Cluster {
             // dead QP1, so no rdma_cm on that host) is repaired here, not failed on.
             lab::guest::repair_dead_rdma_cm().context("checking the lab's rdma_cm")?;
         }
+        *lock_active() = cfg.netns.clone();
         let mut c = Cluster {
             cfg,
             procs: BTreeMap::new(),
@@ -193,7 +201,9 @@ impl Cluster {
     /// Node `i`'s replication address (RDMA or TCP).
     pub fn peer_addr(&self, i: u64) -> SocketAddr {
         let port = self.cfg.base_port + i as u16;
-        if self.cfg.loopback {
+        if let Some(n) = &self.cfg.netns {
+            SocketAddr::from((n.data_ip(i), port))
+        } else if self.cfg.loopback {
             SocketAddr::from(([127, 0, 1, host(i)], port))
         } else {
             SocketAddr::from((lab::config::host_addr(host(i)), port))
@@ -203,7 +213,12 @@ impl Cluster {
     /// Node `i`'s driver port. It listens on loopback (every lab host shares one kernel), so
     /// the test's control traffic never crosses the fabric its faults are injected into.
     pub fn driver_addr(&self, i: u64) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.cfg.base_port + 100 + i as u16))
+        let port = self.cfg.base_port + 100 + i as u16;
+        match &self.cfg.netns {
+            // Inside a namespace, on its control link: data-network faults never touch it.
+            Some(n) => SocketAddr::from((n.ctl_ip(i), port)),
+            None => SocketAddr::from(([127, 0, 0, 1], port)),
+        }
     }
 
     /// Node `i`'s data directory.
@@ -234,7 +249,10 @@ impl Cluster {
             .append(true)
             .open(self.log_path(i))
             .with_context(|| format!("opening {}", self.log_path(i).display()))?;
-        let mut cmd = Command::new(&self.cfg.bin);
+        let mut cmd = match &self.cfg.netns {
+            Some(n) => n.command(i, &self.cfg.bin),
+            None => Command::new(&self.cfg.bin),
+        };
         cmd.arg("--id")
             .arg(i.to_string())
             .arg("--cluster-id")
@@ -565,7 +583,24 @@ impl Drop for Cluster {
             }
         }
         self.kill_all();
+        let mut active = lock_active();
+        if active
+            .as_ref()
+            .zip(self.cfg.netns.as_ref())
+            .is_some_and(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            *active = None;
+        }
     }
+}
+
+/// The namespaces of the running [`Cluster`], if it has any: where [`Fault`]s apply.
+static ACTIVE_NETNS: std::sync::Mutex<Option<Arc<Netns>>> = std::sync::Mutex::new(None);
+
+fn lock_active() -> std::sync::MutexGuard<'static, Option<Arc<Netns>>> {
+    ACTIVE_NETNS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A fault injected into the lab's fabric, undone when dropped (also when a test panics, so a
@@ -579,11 +614,15 @@ pub enum Fault {
         from: u8,
         /// Receiver.
         to: u8,
+        /// The namespaces it applies in, if not the lab's.
+        net: Option<Arc<Netns>>,
     },
     /// Host `host`'s cable is cut.
     Cable {
         /// The host.
         host: u8,
+        /// The namespaces it applies in, if not the lab's.
+        net: Option<Arc<Netns>>,
     },
     /// Host `host` sends through netem.
     Netem {
@@ -595,37 +634,65 @@ pub enum Fault {
 impl Fault {
     /// Drops what node `from` sends to node `to` (one direction).
     pub fn block(from: u64, to: u64) -> anyhow::Result<Fault> {
-        lab::guest::block_path(host(from), host(to))?;
+        let net = lock_active().clone();
+        match &net {
+            Some(n) => n.block(from, to, true)?,
+            None => lab::guest::block_path(host(from), host(to))?,
+        }
         Ok(Fault::Block {
             from: host(from),
             to: host(to),
+            net,
         })
     }
 
     /// Cuts node `i`'s cable: everything it sends and receives is dropped, its link stays up.
     pub fn cut_cable(i: u64) -> anyhow::Result<Fault> {
-        lab::guest::cut_cable(host(i), true)?;
-        Ok(Fault::Cable { host: host(i) })
+        let net = lock_active().clone();
+        match &net {
+            Some(n) => n.cut_cable(i, true)?,
+            None => lab::guest::cut_cable(host(i), true)?,
+        }
+        Ok(Fault::Cable { host: host(i), net })
     }
 
     /// Applies netem to everything node `i` sends.
     pub fn netem(i: u64, netem: &lab::guest::Netem) -> anyhow::Result<Fault> {
+        if lock_active().is_some() {
+            bail!(
+                "netem in network namespaces is not built (this host's kernel may lack sch_netem); loss runs in the lab"
+            );
+        }
         lab::guest::set_netem(host(i), netem)?;
         Ok(Fault::Netem { host: host(i) })
     }
 
     /// Lifts the fault now, reporting an error (dropping lifts it too, ignoring errors).
-    pub fn lift(self) -> anyhow::Result<()> {
+    pub fn lift(mut self) -> anyhow::Result<()> {
         let r = self.undo();
+        // Not undone twice (no Drop), but the namespaces it refers to are let go.
+        if let Fault::Block { net, .. } | Fault::Cable { net, .. } = &mut self {
+            drop(net.take());
+        }
         std::mem::forget(self);
         r
     }
 
     fn undo(&self) -> anyhow::Result<()> {
-        match *self {
-            Fault::Block { from, to } => lab::guest::unblock_path(from, to)?,
-            Fault::Cable { host } => lab::guest::cut_cable(host, false)?,
-            Fault::Netem { host } => lab::guest::clear_netem(host)?,
+        match self {
+            Fault::Block {
+                from,
+                to,
+                net: Some(n),
+            } => n.block(u64::from(*from), u64::from(*to), false)?,
+            Fault::Block {
+                from,
+                to,
+                net: None,
+            } => lab::guest::unblock_path(*from, *to)?,
+            Fault::Cable { host, net: Some(n) } => n.cut_cable(u64::from(*host), false)?,
+            Fault::Cable { host, net: None } => lab::guest::cut_cable(*host, false)?,
+            Fault::Netem { host } => lab::guest::clear_netem(*host)?,
         }
         Ok(())
     }

@@ -6,3 +6,4 @@
 #![deny(unsafe_code)]
 
 pub mod harness;
+pub mod netns;

@@ -1,9 +1,11 @@
-//! Host tests: a 3-node cluster of `rdmalog-node` processes over TCP on this host's loopback
-//! (`127.0.1.1-3`), no lab and no RDMA, under the faults a host can make without network
-//! namespaces: kill -9 of a follower and of the leader, kill -9 of all three (fsync and
-//! memory durability), a machine crash of a follower under memory durability, a follower
-//! caught up by a snapshot, and a node with the wrong secret or cluster id. The same scenarios
-//! (`common/cluster_scenarios.rs`) run over RDMA in the lab (`lab_cluster.rs`); every
+//! Host tests: a 3-node cluster of `rdmalog-node` processes over TCP on this host, no lab and
+//! no RDMA. On loopback (`127.0.1.1-3`): kill -9 of a follower and of the leader, kill -9 of
+//! all three (fsync and memory durability), a machine crash of a follower under memory
+//! durability, a follower caught up by a snapshot, and a node with the wrong secret or cluster
+//! id. In network namespaces (`node::netns`, one per node on a bridge): a SIGSTOPped leader
+//! behind a one-way block that wakes deposed, and cable cuts of a follower and of the leader.
+//! Loss needs netem, which this host's kernel may lack; it runs in the lab. The same scenarios
+//! (`common/cluster_scenarios.rs`) run over RDMA and TCP in the lab (`lab_cluster.rs`); every
 //! acknowledged append is checked on every live node afterwards.
 //!
 //! The scenarios run one at a time (three node processes each), whatever `--test-threads`.
@@ -61,4 +63,20 @@ fn a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot() {
 #[test]
 fn a_wrong_peer_is_refused_on_both_sides() {
     run(s::a_wrong_peer_is_refused_on_both_sides);
+}
+
+#[test]
+fn netns_deposed_leader_wakes_up_and_cannot_commit() {
+    let _g = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    s::deposed_leader_wakes_up_and_is_fenced(&Setup::HOST_NETNS_TCP);
+}
+
+#[test]
+fn netns_partitions_heal_and_a_cut_off_leader_cannot_commit() {
+    let _g = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    s::partitions_heal_and_a_cut_off_leader_cannot_commit(&Setup::HOST_NETNS_TCP);
 }

@@ -17,6 +17,9 @@ pub struct Setup {
     pub transport: &'static str,
     /// Replication on `127.0.1.i` instead of the lab hosts' addresses.
     pub loopback: bool,
+    /// One network namespace per node on this host (no lab), so one-way blocks and cable
+    /// cuts work without QEMU.
+    pub netns: bool,
     /// Added to every scenario's port base, so one boot can run a scenario on both
     /// transports without waiting out the first run's sockets.
     pub port_offset: u16,
@@ -27,19 +30,29 @@ impl Setup {
     pub const LAB_RDMA: Setup = Setup {
         transport: "rdma",
         loopback: false,
+        netns: false,
         port_offset: 0,
     };
     /// TCP across the lab's hosts (the same bridge as RDMA).
     pub const LAB_TCP: Setup = Setup {
         transport: "tcp",
         loopback: false,
+        netns: false,
         port_offset: 2000,
     };
     /// TCP on this host's loopback, no lab.
     pub const HOST_TCP: Setup = Setup {
         transport: "tcp",
         loopback: true,
+        netns: false,
         port_offset: 4000,
+    };
+    /// TCP between network namespaces on this host, no lab.
+    pub const HOST_NETNS_TCP: Setup = Setup {
+        transport: "tcp",
+        loopback: false,
+        netns: true,
+        port_offset: 5000,
     };
 
     /// A three-node configuration under `dir` with port base `base`.
@@ -51,6 +64,11 @@ impl Setup {
         );
         c.transport = self.transport.into();
         c.loopback = self.loopback;
+        if self.netns {
+            c.netns = Some(std::sync::Arc::new(
+                node::netns::Netns::create(3).expect("network namespaces for the cluster"),
+            ));
+        }
         println!(
             "cluster: {} over {}{}",
             c.dir.display(),
