@@ -597,6 +597,20 @@ impl TcpEndpoint {
         self.break_conn(peer, None, DisconnectReason::Refused);
     }
 
+    /// The connection to `peer`, if an operation may be posted on it now: announced, admitted
+    /// and with room in its queue.
+    fn postable(&mut self, peer: NodeId) -> Result<&mut Conn, FabricError> {
+        if !self.usable(peer) {
+            return Err(FabricError::NotConnected { peer });
+        }
+        let depth = self.cfg.queue_depth;
+        let c = self.conns.get_mut(&peer).expect("usable");
+        if c.inflight.len() >= depth {
+            return Err(FabricError::QueueFull { peer, depth });
+        }
+        Ok(c)
+    }
+
     fn usable(&self, peer: NodeId) -> bool {
         self.conns
             .get(&peer)
@@ -931,18 +945,12 @@ impl Fabric for TcpEndpoint {
                 end,
             })?
             .clone();
-        if !self.usable(peer) {
-            return Err(FabricError::NotConnected { peer });
-        }
-        let depth = self.cfg.queue_depth;
-        let c = self.conns.get_mut(&peer).expect("usable");
-        if c.inflight.len() >= depth {
-            return Err(FabricError::QueueFull { peer, depth });
-        }
+        let pool = self.shared.pool.clone();
+        let c = self.postable(peer)?;
         let mut done = 0u64;
         loop {
             let n = (wr.len_bytes - done).min(WRITE_CHUNK_BYTES as u64);
-            let mut f = self.shared.pool.take();
+            let mut f = pool.take();
             frame_header(&mut f, K_WRITE, WRITE_HEAD + n as usize);
             f.extend_from_slice(&c.granted.to_le_bytes());
             f.extend_from_slice(&wr.remote.rkey.to_le_bytes());
@@ -982,14 +990,7 @@ impl Fabric for TcpEndpoint {
                 max: MAX_MESSAGE_BYTES,
             });
         }
-        if !self.usable(peer) {
-            return Err(FabricError::NotConnected { peer });
-        }
-        let depth = self.cfg.queue_depth;
-        let c = self.conns.get_mut(&peer).expect("usable");
-        if c.inflight.len() >= depth {
-            return Err(FabricError::QueueFull { peer, depth });
-        }
+        let c = self.postable(peer)?;
         if c.link.peer_grant.load(Ordering::Acquire) <= c.sent_msgs {
             return Err(FabricError::NoCredit { peer });
         }
