@@ -18,11 +18,17 @@ use common::cluster_scenarios::{self as s, Setup};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// Runs `scenario` on loopback.
 fn run(scenario: fn(&Setup)) {
+    run_on(scenario, &Setup::HOST_TCP);
+}
+
+/// Runs `scenario` at `setup`, one scenario at a time.
+fn run_on(scenario: fn(&Setup), setup: &Setup) {
     let _g = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    scenario(&Setup::HOST_TCP);
+    scenario(setup);
 }
 
 #[test]
@@ -67,16 +73,16 @@ fn a_wrong_peer_is_refused_on_both_sides() {
 
 #[test]
 fn netns_deposed_leader_wakes_up_and_cannot_commit() {
-    let _g = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    s::deposed_leader_wakes_up_and_is_fenced(&Setup::HOST_NETNS_TCP);
+    run_on(
+        s::deposed_leader_wakes_up_and_is_fenced,
+        &Setup::HOST_NETNS_TCP,
+    );
 }
 
 #[test]
 fn netns_partitions_heal_and_a_cut_off_leader_cannot_commit() {
-    let _g = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    s::partitions_heal_and_a_cut_off_leader_cannot_commit(&Setup::HOST_NETNS_TCP);
+    run_on(
+        s::partitions_heal_and_a_cut_off_leader_cannot_commit,
+        &Setup::HOST_NETNS_TCP,
+    );
 }
