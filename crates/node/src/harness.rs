@@ -624,10 +624,14 @@ pub enum Fault {
         /// The namespaces it applies in, if not the lab's.
         net: Option<Arc<Netns>>,
     },
-    /// Host `host` sends through netem.
+    /// Host `host` sends through netem (in namespaces: loses `loss_pct` of what it sends).
     Netem {
         /// The host.
         host: u8,
+        /// The loss applied, to lift it again in namespaces.
+        loss_pct: f64,
+        /// The namespaces it applies in, if not the lab's.
+        net: Option<Arc<Netns>>,
     },
 }
 
@@ -656,24 +660,46 @@ impl Fault {
         Ok(Fault::Cable { host: host(i), net })
     }
 
-    /// Applies netem to everything node `i` sends.
+    /// Applies netem to everything node `i` sends. In network namespaces only loss is
+    /// available (see [`Netns::loss`]); added delay runs in the lab.
     pub fn netem(i: u64, netem: &lab::guest::Netem) -> anyhow::Result<Fault> {
-        if lock_active().is_some() {
-            bail!(
-                "netem in network namespaces is not built (this host's kernel may lack sch_netem); loss runs in the lab"
-            );
+        let net = lock_active().clone();
+        match &net {
+            Some(n) => {
+                if netem.delay > Duration::ZERO || netem.jitter > Duration::ZERO {
+                    bail!(
+                        "added delay in network namespaces needs sch_netem, which this host's kernel may lack; delay runs in the lab"
+                    );
+                }
+                n.loss(i, netem.loss_pct, true)?;
+            }
+            None => lab::guest::set_netem(host(i), netem)?,
         }
-        lab::guest::set_netem(host(i), netem)?;
-        Ok(Fault::Netem { host: host(i) })
+        Ok(Fault::Netem {
+            host: host(i),
+            loss_pct: netem.loss_pct,
+            net,
+        })
+    }
+
+    /// Packets this loss fault has dropped so far, where that is known (namespaces; netem in
+    /// the lab does not count them).
+    pub fn dropped(&self) -> Option<u64> {
+        match self {
+            Fault::Netem {
+                host, net: Some(n), ..
+            } => n.dropped(u64::from(*host)).ok(),
+            _ => None,
+        }
     }
 
     /// Lifts the fault now, reporting an error (dropping lifts it too, ignoring errors).
     pub fn lift(mut self) -> anyhow::Result<()> {
         let r = self.undo();
         // Not undone twice (no Drop), but the namespaces it refers to are let go.
-        if let Fault::Block { net, .. } | Fault::Cable { net, .. } = &mut self {
-            drop(net.take());
-        }
+        let (Fault::Block { net, .. } | Fault::Cable { net, .. } | Fault::Netem { net, .. }) =
+            &mut self;
+        drop(net.take());
         std::mem::forget(self);
         r
     }
@@ -692,7 +718,14 @@ impl Fault {
             } => lab::guest::unblock_path(*from, *to)?,
             Fault::Cable { host, net: Some(n) } => n.cut_cable(u64::from(*host), false)?,
             Fault::Cable { host, net: None } => lab::guest::cut_cable(*host, false)?,
-            Fault::Netem { host } => lab::guest::clear_netem(*host)?,
+            Fault::Netem {
+                host,
+                loss_pct,
+                net: Some(n),
+            } => n.loss(u64::from(*host), *loss_pct, false)?,
+            Fault::Netem {
+                host, net: None, ..
+            } => lab::guest::clear_netem(*host)?,
         }
         Ok(())
     }

@@ -6,8 +6,10 @@
 //! holds this namespace's `10.<s>.1.254`, so the test reaches every node's driver port however
 //! the data network is broken. Faults: a one-way block (the sender's neighbour entry for the
 //! receiver points at a MAC nobody has, as in the lab) and a cable cut (the data veth's bridge
-//! end goes down). Packet loss needs `sch_netem`, which not every host kernel has
-//! ([`Netns::netem_available`]); the lab has it.
+//! end goes down), and packet loss: every receiver's netfilter drops a random share of what
+//! the sender's data address sends it (`iptables -m statistic`, Debian's iptables), so the
+//! sender's TCP meets loss on the wire, not a local send error. Added delay needs `sch_netem`,
+//! which not every host kernel has; the lab has it.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -186,14 +188,63 @@ impl Netns {
             .with_context(|| format!("no MAC address for node {i}'s eth0 in {text:?}"))
     }
 
-    /// Whether this kernel can apply netem (packet loss, delay) to a link.
-    pub fn netem_available() -> bool {
-        Command::new("modprobe")
-            .arg("-n")
-            .arg("sch_netem")
-            .output()
-            .is_ok_and(|o| o.status.success())
-            || std::path::Path::new("/sys/module/sch_netem").exists()
+    /// Drops `loss_pct` percent (0..=100) of the packets node `from` sends on the data
+    /// network, at every other node's input (`on`), or stops dropping them (`!on`, with the
+    /// same `loss_pct`). Needs Debian's iptables and the kernel's `xt_statistic`.
+    pub fn loss(&self, from: u64, loss_pct: f64, on: bool) -> anyhow::Result<()> {
+        if !(0.0..=100.0).contains(&loss_pct) {
+            bail!("packet loss must be 0..=100 %, not {loss_pct}");
+        }
+        let probability = format!("{:.6}", loss_pct / 100.0);
+        let source = self.data_ip(from).to_string();
+        let comment = format!("rdmalog-loss-from-{from}");
+        for to in (1..=u64::from(self.nodes)).filter(|&to| to != from) {
+            let ns = self.ns(to);
+            let mut args = vec!["netns", "exec", &ns, "iptables", "-w"];
+            args.push(if on { "-A" } else { "-D" });
+            args.extend([
+                "INPUT",
+                "-i",
+                "eth0",
+                "-s",
+                &source,
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                &probability,
+                "-m",
+                "comment",
+                "--comment",
+                &comment,
+                "-j",
+                "DROP",
+            ]);
+            ip(&args).context("dropping packets with iptables (`ops/install-deps` installs it)")?;
+        }
+        Ok(())
+    }
+
+    /// Packets of node `from` that [`Netns::loss`] has dropped so far, at every receiver.
+    pub fn dropped(&self, from: u64) -> anyhow::Result<u64> {
+        let comment = format!("rdmalog-loss-from-{from}");
+        let mut total = 0;
+        for to in (1..=u64::from(self.nodes)).filter(|&to| to != from) {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns(to), "iptables", "-w"])
+                .args(["-L", "INPUT", "-v", "-x", "-n"])
+                .output()
+                .context("reading iptables counters")?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            for line in text.lines().filter(|l| l.contains(&comment)) {
+                let pkts = line.split_whitespace().next().unwrap_or("0");
+                total += pkts
+                    .parse::<u64>()
+                    .with_context(|| format!("an iptables counter line: {line:?}"))?;
+            }
+        }
+        Ok(total)
     }
 }
 

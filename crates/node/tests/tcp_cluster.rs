@@ -3,8 +3,10 @@
 //! all three (fsync and memory durability), a machine crash of a follower under memory
 //! durability, a follower caught up by a snapshot, and a node with the wrong secret or cluster
 //! id. In network namespaces (`node::netns`, one per node on a bridge): a SIGSTOPped leader
-//! behind a one-way block that wakes deposed, and cable cuts of a follower and of the leader.
-//! Loss needs netem, which this host's kernel may lack; it runs in the lab. The same scenarios
+//! behind a one-way block that wakes deposed, cable cuts of a follower and of the leader,
+//! packet loss on the leader's sends, `Replicated` durability through kills, a stopped leader,
+//! loss, a cut and a kill of all three, and the chaos schedule. Every scenario of
+//! `lab_cluster.rs` thus runs here too. The same scenarios
 //! (`common/cluster_scenarios.rs`) run over RDMA and TCP in the lab (`lab_cluster.rs`); every
 //! acknowledged append is checked on every live node afterwards.
 //!
@@ -83,6 +85,27 @@ fn netns_deposed_leader_wakes_up_and_cannot_commit() {
 fn netns_partitions_heal_and_a_cut_off_leader_cannot_commit() {
     run_on(
         s::partitions_heal_and_a_cut_off_leader_cannot_commit,
+        &Setup::HOST_NETNS_TCP,
+    );
+}
+
+#[test]
+fn netns_lossy_link_keeps_the_log_correct() {
+    run_on(s::lossy_link_keeps_the_log_correct, &Setup::HOST_NETNS_TCP);
+}
+
+#[test]
+fn netns_replicated_durability_through_kills_a_stopped_leader_loss_a_cut_and_a_kill_of_all() {
+    run_on(
+        s::replicated_durability_through_kills_a_stopped_leader_loss_a_cut_and_a_kill_of_all,
+        &Setup::HOST_NETNS_TCP,
+    );
+}
+
+#[test]
+fn netns_after_a_chaos_schedule_is_lifted_the_cluster_elects_serves_and_reconnects() {
+    run_on(
+        s::after_a_chaos_schedule_is_lifted_the_cluster_elects_serves_and_reconnects,
         &Setup::HOST_NETNS_TCP,
     );
 }

@@ -451,6 +451,10 @@ pub fn lossy_link_keeps_the_log_correct(setup: &Setup) {
         let w = Workload::new(n, Sizes::Fixed(4096));
         let mut r = run_workload(&mut c, &w, |_, _| {}).unwrap();
         if let Some(f) = fault {
+            if let Some(d) = f.dropped() {
+                println!("  the fault dropped {d} packets");
+                assert!(d > 0, "a {loss}% loss fault dropped nothing");
+            }
             f.lift().unwrap();
         }
         println!("  {r}");
