@@ -35,6 +35,7 @@ pub mod rdma;
 mod shared;
 pub mod sim;
 pub mod tcp;
+pub mod tls;
 
 pub use endpoint::{Endpoint, Transport};
 pub use shared::WordMemory;

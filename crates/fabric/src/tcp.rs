@@ -49,6 +49,7 @@ use mio::{Interest, Poll, Token};
 use crate::admission::{Admission, ControlOutcome};
 use crate::dial;
 use crate::shared::{self, Events, Inbox, WordMemory};
+use crate::tls::PeerTls;
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
     MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, Waiter, WcOp, WcStatus, WriteRequest,
@@ -121,6 +122,10 @@ pub struct TcpConfig {
     /// How long an operation may stay unacknowledged before the peer counts as dead
     /// (`RetryExceeded`). Also the socket's `TCP_USER_TIMEOUT`.
     pub dead_peer_timeout: Duration,
+    /// TLS on every peer link (see [`crate::tls`] for what it protects); `None`: plain TCP.
+    /// Both ends of a link must agree: a plain peer is refused by a TLS one and the other way
+    /// round, with an error that says so.
+    pub tls: Option<PeerTls>,
 }
 
 impl TcpConfig {
@@ -150,6 +155,7 @@ impl TcpConfig {
             admission_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
             dead_peer_timeout: Duration::from_secs(1),
+            tls: None,
         }
     }
 }
@@ -267,17 +273,51 @@ struct Out {
 
 /// One TCP connection, shared by the owner (it sends frames) and the I/O thread (it reads,
 /// places writes, acknowledges, and flushes what the socket did not take at once).
-#[derive(Debug)]
 struct Link {
     id: u64,
     stream: TcpStream,
     out: Mutex<Out>,
+    /// The TLS session when the link is encrypted: both threads write through it, so it is
+    /// shared too. Locked after `out` when both are held, never before.
+    tls: Option<Mutex<rustls::Connection>>,
     /// Whether the peer may write into our registered memory over this connection. Held
     /// while a write is placed, so a revoke waits for a placement in progress.
     grant: Mutex<bool>,
     /// The peer's cumulative grant of receive slots to us.
     peer_grant: AtomicU64,
     pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("id", &self.id)
+            .field("stream", &self.stream)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a failed TLS session is reported: the handshake's failures usually mean the two ends
+/// are configured differently.
+fn tls_error(handshaking: bool, e: rustls::Error) -> io::Error {
+    let why = if handshaking || matches!(e, rustls::Error::AlertReceived(_)) {
+        format!(
+            "TLS handshake failed: {e} (do both ends have peer TLS, with certificates from the same CA?)"
+        )
+    } else {
+        format!("TLS: {e}")
+    };
+    io::Error::new(io::ErrorKind::InvalidData, why)
+}
+
+/// Whether `bytes` start like a TLS record (a handshake or an alert), which a plain peer link
+/// receives when the peer speaks TLS.
+fn looks_like_tls(bytes: &[u8]) -> bool {
+    bytes.len() >= 3
+        && matches!(bytes[0], 0x15 | 0x16)
+        && bytes[1] == 0x03
+        && (1..=4).contains(&bytes[2])
 }
 
 impl Link {
@@ -303,20 +343,16 @@ impl Link {
     }
 
     fn flush_locked(&self, out: &mut Out) -> io::Result<()> {
+        if let Some(tls) = &self.tls {
+            return self.flush_tls(out, &mut lock(tls));
+        }
         while let Some(front) = out.pending.front() {
             match (&self.stream).write(&front[out.head..]) {
                 Ok(0) => {
                     out.closed = true;
                     return Err(io::ErrorKind::WriteZero.into());
                 }
-                Ok(n) => {
-                    out.head += n;
-                    if out.head == front.len() {
-                        out.head = 0;
-                        let done = out.pending.pop_front().expect("front exists");
-                        self.pool.give(done);
-                    }
-                }
+                Ok(n) => self.taken(out, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -328,9 +364,91 @@ impl Link {
         Ok(())
     }
 
+    /// Moves pending frames into the TLS session and its records into the socket, until the
+    /// socket would block. Before the handshake completes the session buffers what it can
+    /// take; the rest waits for the read that completes it (see [`Link::read`]).
+    fn flush_tls(&self, out: &mut Out, tls: &mut rustls::Connection) -> io::Result<()> {
+        loop {
+            while tls.wants_write() {
+                match tls.write_tls(&mut &self.stream) {
+                    Ok(0) => {
+                        out.closed = true;
+                        return Err(io::ErrorKind::WriteZero.into());
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        out.closed = true;
+                        return Err(e);
+                    }
+                }
+            }
+            let Some(front) = out.pending.front() else {
+                return Ok(());
+            };
+            let n = tls.writer().write(&front[out.head..])?;
+            if n == 0 {
+                return Ok(()); // the session's buffer is full until the handshake completes
+            }
+            self.taken(out, n);
+        }
+    }
+
+    /// Accounts `n` more bytes of the front frame as written.
+    fn taken(&self, out: &mut Out, n: usize) {
+        out.head += n;
+        if out.head == out.pending.front().map_or(0, Vec::len) {
+            out.head = 0;
+            let done = out.pending.pop_front().expect("front exists");
+            self.pool.give(done);
+        }
+    }
+
+    /// Reads the peer's bytes (the plaintext, under TLS): `Ok(0)` when the peer closed.
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(tls) = &self.tls else {
+            return (&self.stream).read(buf);
+        };
+        let (got, reply) = {
+            let mut tls = lock(tls);
+            let got = loop {
+                match tls.reader().read(buf) {
+                    Ok(n) => break Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => break Err(e),
+                }
+                match tls.read_tls(&mut &self.stream) {
+                    Ok(0) => break Ok(0),
+                    Ok(_) => {
+                        let handshaking = tls.is_handshaking();
+                        if let Err(e) = tls.process_new_packets() {
+                            break Err(tls_error(handshaking, e));
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            // Handshake messages, buffered frames once it completes, or an alert.
+            (got, tls.wants_write())
+        };
+        if reply {
+            let flushed = self.flush();
+            if got.is_ok() {
+                flushed?;
+            }
+        }
+        got
+    }
+
     /// Closes both directions: the I/O thread sees the end and forgets the socket.
     fn close(&self) {
         lock(&self.out).closed = true;
+        if let Some(tls) = &self.tls {
+            let mut tls = lock(tls);
+            tls.send_close_notify();
+            let _ = tls.write_tls(&mut &self.stream);
+        }
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 }
@@ -1199,7 +1317,7 @@ impl Io {
         self.notify = true;
     }
 
-    fn new_link(&mut self, mut stream: TcpStream, phase: Phase) {
+    fn new_link(&mut self, mut stream: TcpStream, phase: Phase, tls: Option<rustls::Connection>) {
         let id = self.next_id;
         self.next_id += 1;
         let _ = stream.set_nodelay(true);
@@ -1223,6 +1341,7 @@ impl Io {
             id,
             stream,
             out: Mutex::new(Out::default()),
+            tls: tls.map(Mutex::new),
             grant: Mutex::new(false),
             peer_grant: AtomicU64::new(0),
             pool: self.shared.pool.clone(),
@@ -1243,7 +1362,14 @@ impl Io {
     fn accept(&mut self) {
         loop {
             match self.listener.accept() {
-                Ok((stream, _)) => {
+                Ok((stream, from)) => {
+                    let tls = match self.cfg.tls.as_ref().map(PeerTls::accept).transpose() {
+                        Ok(tls) => tls,
+                        Err(e) => {
+                            tracing::warn!(%from, error = %e, "cannot start a TLS session; dropping the connection");
+                            continue;
+                        }
+                    };
                     let deadline = Instant::now() + self.cfg.connect_timeout;
                     self.new_link(
                         stream,
@@ -1251,6 +1377,7 @@ impl Io {
                             peer: None,
                             deadline,
                         },
+                        tls,
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -1264,6 +1391,22 @@ impl Io {
     }
 
     fn dial(&mut self, peer: NodeId, addr: SocketAddr) {
+        let tls = match self
+            .cfg
+            .tls
+            .as_ref()
+            .map(|t| t.dial(peer, addr))
+            .transpose()
+        {
+            Ok(tls) => tls,
+            Err(e) => {
+                self.report(IoEvent::DialFailed {
+                    peer,
+                    why: format!("cannot start a TLS session for {addr}: {e}"),
+                });
+                return;
+            }
+        };
         let started = (|| -> io::Result<TcpStream> {
             let s = socket2::Socket::new(
                 socket2::Domain::for_address(addr),
@@ -1283,7 +1426,7 @@ impl Io {
         match started {
             Ok(stream) => {
                 let deadline = Instant::now() + self.cfg.connect_timeout;
-                self.new_link(stream, Phase::Dialing { peer, deadline });
+                self.new_link(stream, Phase::Dialing { peer, deadline }, tls);
             }
             Err(e) => self.report(IoEvent::DialFailed {
                 peer,
@@ -1449,7 +1592,7 @@ impl Io {
                 return;
             };
             let filled = c.filled;
-            let got = (&link.stream).read(&mut c.rbuf[filled..]);
+            let got = link.read(&mut c.rbuf[filled..]);
             match got {
                 Ok(0) => {
                     self.fail(
@@ -1499,6 +1642,21 @@ impl Io {
                 return;
             }
             let avail = c.filled - at;
+            if at == 0
+                && matches!(c.phase, Phase::Hello { .. })
+                && c.link.tls.is_none()
+                && looks_like_tls(&c.rbuf[..avail])
+            {
+                // A plain reject, which the peer's TLS session reports as a failed handshake.
+                let link = c.link.clone();
+                self.send_reject(&link, "this node's peer link is plain TCP, not TLS");
+                self.fail(
+                    id,
+                    "the peer speaks TLS on its peer link and this node does not: configure peer TLS on both ends or on neither".into(),
+                    DisconnectReason::Unreachable,
+                );
+                continue;
+            }
             if avail < HEADER {
                 break;
             }

@@ -6,7 +6,9 @@
 //! writes work again. Admission by the cluster secret; a wrong cluster id and an unready peer
 //! are refused with errors that say why; both sides dialling at once settle on one connection;
 //! a peer that closes or stops reading fails what is outstanding (`RetryExceeded`, then
-//! `Flushed`); a client that connects and says nothing is dropped.
+//! `Flushed`); a client that connects and says nothing is dropped. With peer TLS the same
+//! ordering, credits and fencing hold, and a peer without TLS, with a certificate from another
+//! CA or for another address is refused with an error that names the cause.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric::tcp::{TcpConfig, TcpEndpoint, WRITE_CHUNK_BYTES};
+use fabric::tls::PeerTls;
 use fabric::{
     ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion, Memory, NodeId,
     RemoteRegion, WcOp, WcStatus, WriteRequest, read_bytes, write_bytes,
@@ -134,8 +137,174 @@ fn wait_status(a: &mut Node, b: &mut Node, wr_id: u64) -> WcStatus {
 #[test]
 fn ordering_credits_and_fencing() {
     let port = 47100;
-    let mut a = node(A, B, port);
-    let mut b = node(B, A, port);
+    ordering_credits_and_fencing_between(node(A, B, port), node(B, A, port));
+}
+
+#[test]
+fn ordering_credits_and_fencing_over_tls() {
+    let port = 47900;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("rdmalog test cluster CA", dir.path());
+    let with = |id: NodeId, peer: NodeId| {
+        let mut cfg = config(id, &[peer], port);
+        cfg.tls = Some(pki.peer(&addr(port, id).ip().to_string()));
+        open(cfg, true)
+    };
+    ordering_credits_and_fencing_between(with(A, B), with(B, A));
+}
+
+/// A CA under `dir`, and peer TLS settings with certificates it signs.
+struct Pki {
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    dir: std::path::PathBuf,
+}
+
+impl Pki {
+    fn new(name: &str, dir: &std::path::Path) -> Pki {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pki = Pki {
+            ca: rcgen::CertifiedIssuer::self_signed(params, key).unwrap(),
+            dir: dir.join(name.replace(' ', "-")),
+        };
+        std::fs::create_dir_all(&pki.dir).unwrap();
+        std::fs::write(pki.dir.join("ca.crt"), pki.ca.pem()).unwrap();
+        pki
+    }
+
+    /// Peer TLS with a certificate for `name` (an IP address or a DNS name), read back from
+    /// PEM files as a deployment would.
+    fn peer(&self, name: &str) -> PeerTls {
+        self.peer_trusting(name, self)
+    }
+
+    /// Peer TLS with this CA's certificate for `name`, trusting `roots`'s CA.
+    fn peer_trusting(&self, name: &str, roots: &Pki) -> PeerTls {
+        let params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{name}.crt")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        PeerTls::from_pem(&c, &k, &roots.dir.join("ca.crt")).unwrap()
+    }
+}
+
+/// Dials `from` -> `to` and waits for the dialler's verdict: `Ok` when both sides are up,
+/// else the dialler's last connect error.
+fn dial(from: &mut Node, to: &mut Node) -> Result<(), String> {
+    let (f, t) = (from.ep.node(), to.ep.node());
+    from.ep.connect(t).unwrap();
+    until(&mut [from, to], "a verdict", |n| {
+        let up = n[0].ep.conn_state(t) == ConnState::Up && n[1].ep.conn_state(f) == ConnState::Up;
+        up || n[0]
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Disconnected { peer, .. } if *peer == t))
+    });
+    if from.ep.conn_state(t) == ConnState::Up {
+        return Ok(());
+    }
+    Err(from
+        .ep
+        .last_connect_error(t)
+        .unwrap_or_default()
+        .to_string())
+}
+
+#[test]
+fn tls_peers_need_tls_a_certificate_from_the_cluster_ca_and_the_right_name() {
+    let port = 48000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("cluster CA", dir.path());
+    let other = Pki::new("another CA", dir.path());
+    let ip = |id: NodeId| addr(port, id).ip().to_string();
+    let open_with = |id: NodeId, peers: &[NodeId], tls: Option<PeerTls>| {
+        let mut cfg = config(id, peers, port);
+        cfg.tls = tls;
+        open(cfg, true)
+    };
+    let mut a = open_with(
+        A,
+        &[B, C, NodeId(4), NodeId(5), NodeId(6)],
+        Some(pki.peer(&ip(A))),
+    );
+
+    // A certificate from the cluster CA for the address dialled: admitted, messages flow.
+    let mut b = open_with(B, &[A], Some(pki.peer(&ip(B))));
+    dial(&mut a, &mut b).unwrap();
+    a.ep.post_send(B, 1, b"over tls").unwrap();
+    until(&mut [&mut a, &mut b], "a message over TLS", |n| {
+        n[1].events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+    });
+
+    // Another CA's certificate: refused whichever side dials.
+    let mut c = open_with(C, &[A], Some(other.peer(&ip(C))));
+    let err = dial(&mut a, &mut c).unwrap_err();
+    println!("refused: {err}");
+    assert!(err.contains("TLS handshake failed"), "{err}");
+    let err = dial(&mut c, &mut a).unwrap_err();
+    println!("refused: {err}");
+    assert!(err.contains("TLS handshake failed"), "{err}");
+    assert_ne!(a.ep.conn_state(C), ConnState::Up);
+    // A dialler that trusts the cluster CA but holds another CA's certificate: the accepting
+    // side refuses its client certificate.
+    let mut f = open_with(
+        NodeId(6),
+        &[A],
+        Some(other.peer_trusting(&ip(NodeId(6)), &pki)),
+    );
+    let err = dial(&mut f, &mut a).unwrap_err();
+    println!("refused: {err}");
+    assert!(err.contains("TLS handshake failed"), "{err}");
+    assert!(
+        !a.events.iter().any(
+            |e| matches!(e, Event::Connected { peer, .. } if *peer == C || *peer == NodeId(6))
+        ),
+        "a peer without a cluster certificate was admitted: {:?}",
+        a.events
+    );
+
+    // A plain peer: refused both ways, and the plain side says the peer speaks TLS.
+    let mut d = open_with(NodeId(4), &[A], None);
+    let err = dial(&mut d, &mut a).unwrap_err();
+    println!("refused: {err}");
+    assert!(err.contains("speaks TLS"), "{err}");
+    let err = dial(&mut a, &mut d).unwrap_err();
+    println!("refused: {err}");
+    assert!(err.contains("TLS handshake failed"), "{err}");
+
+    // The cluster CA, but a certificate for another address: the dialler refuses it; with
+    // the peer's name configured, the same certificate is accepted.
+    let mut e = open_with(NodeId(5), &[A], Some(pki.peer("node-5.rdmalog.test")));
+    let err = dial(&mut a, &mut e).unwrap_err();
+    assert!(
+        err.contains("TLS handshake failed") && err.contains("Name"),
+        "{err}"
+    );
+    drop(a);
+    let mut tls = pki.peer(&ip(A));
+    tls.name_peer(NodeId(5), "node-5.rdmalog.test").unwrap();
+    let mut a = open_with(A, &[B, NodeId(5)], Some(tls));
+    e.events.clear();
+    dial(&mut a, &mut e).unwrap();
+    assert!(
+        pki.peer(&ip(A))
+            .name_peer(NodeId(5), "not a name!")
+            .is_err()
+    );
+}
+
+fn ordering_credits_and_fencing_between(mut a: Node, mut b: Node) {
     connect(&mut a, &mut b);
     b.ep.set_remote_write(A, true).unwrap();
 
