@@ -75,6 +75,9 @@ pub struct ServerFile {
     /// The other members.
     #[serde(default)]
     pub peers: Vec<PeerSection>,
+    /// TLS on the peer links (transport = "tcp" only); see `fabric::tls`.
+    #[serde(default)]
+    pub peer_tls: Option<PeerTlsSection>,
     /// Raft timing.
     #[serde(default)]
     pub raft: RaftSection,
@@ -124,6 +127,23 @@ pub struct PeerSection {
     pub rdma: SocketAddr,
     /// Its client address, as clients reach it (what redirects name).
     pub client: String,
+    /// Under `[peer_tls]`: the name its certificate carries (DNS name or IP address); by
+    /// default the IP address of `rdma`.
+    #[serde(default)]
+    pub tls_name: Option<String>,
+}
+
+/// `[peer_tls]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerTlsSection {
+    /// This node's certificate chain (PEM), presented on every peer link; it must name this
+    /// node's `rdma.listen` IP address (or the `tls_name` its peers configure for it).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The cluster CA bundle (PEM): every peer's certificate must chain to it.
+    pub ca: PathBuf,
 }
 
 /// `[raft]`
@@ -265,6 +285,8 @@ pub struct ServerConfig {
     pub durability: replica::Durability,
     /// The replication transport.
     pub transport: fabric::Transport,
+    /// TLS on the peer links, read from `[peer_tls]`.
+    pub peer_tls: Option<fabric::tls::PeerTls>,
     /// Tokens read from their files, and their roles.
     pub tokens: HashMap<String, Role>,
     /// Anonymous role.
@@ -349,6 +371,7 @@ impl ServerConfig {
                 "names an RDMA device, but transport = \"tcp\" uses none: remove it".into(),
             ));
         }
+        let peer_tls = Self::check_peer_tls(&file, transport, &bad)?;
         if let Some(t) = file.rdma.qp_timeout {
             if !(1..=31).contains(&t) {
                 return Err(bad("rdma.qp_timeout", format!("expected 1..=31, not {t}")));
@@ -470,9 +493,51 @@ impl ServerConfig {
             cluster_id,
             durability,
             transport,
+            peer_tls,
             tokens,
             anonymous_role,
         })
+    }
+
+    /// Reads `[peer_tls]` and the peers' `tls_name`s into the fabric's TLS settings.
+    fn check_peer_tls(
+        file: &ServerFile,
+        transport: fabric::Transport,
+        bad: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<Option<fabric::tls::PeerTls>, ConfigError> {
+        let Some(t) = &file.peer_tls else {
+            if let Some(k) = file.peers.iter().position(|p| p.tls_name.is_some()) {
+                return Err(bad(
+                    &format!("peers[{k}].tls_name"),
+                    "names a TLS certificate, but there is no [peer_tls] section".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        if transport != fabric::Transport::Tcp {
+            return Err(bad(
+                "peer_tls",
+                "TLS on peer links needs transport = \"tcp\"; RDMA peer links are not encrypted (keep them on a private network)".into(),
+            ));
+        }
+        for (key, p) in [
+            ("peer_tls.cert", &t.cert),
+            ("peer_tls.key", &t.key),
+            ("peer_tls.ca", &t.ca),
+        ] {
+            if !p.is_file() {
+                return Err(bad(key, format!("{} is not a readable file", p.display())));
+            }
+        }
+        let mut tls = fabric::tls::PeerTls::from_pem(&t.cert, &t.key, &t.ca)
+            .map_err(|e| bad("peer_tls", e.to_string()))?;
+        for (k, p) in file.peers.iter().enumerate() {
+            if let Some(name) = &p.tls_name {
+                tls.name_peer(fabric::NodeId(p.id), name)
+                    .map_err(|e| bad(&format!("peers[{k}].tls_name"), e))?;
+            }
+        }
+        Ok(Some(tls))
     }
 
     /// The client address this node advertises.
@@ -563,6 +628,33 @@ plaintext = true
                 GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"")
                     .replace("[rdma]", "[rdma]\ndevice = \"mlx5_0\""),
                 "`rdma.device`",
+            ),
+            (
+                GOOD.replace(
+                    "[client]",
+                    "[peer_tls]\ncert = \"/etc/hosts\"\nkey = \"/etc/hosts\"\nca = \"/etc/hosts\"\n\n[client]",
+                ),
+                "`peer_tls`: TLS on peer links needs transport = \"tcp\"",
+            ),
+            (
+                GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"")
+                    .replace(
+                        "[client]",
+                        "[peer_tls]\ncert = \"/nonexistent/n1.crt\"\nkey = \"/etc/hosts\"\nca = \"/etc/hosts\"\n\n[client]",
+                    ),
+                "`peer_tls.cert`: /nonexistent/n1.crt is not a readable file",
+            ),
+            (
+                GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"")
+                    .replace(
+                        "[client]",
+                        "[peer_tls]\ncert = \"/etc/hosts\"\nkey = \"/etc/hosts\"\nca = \"/etc/hosts\"\n\n[client]",
+                    ),
+                "`peer_tls`: TLS: /etc/hosts: holds no PEM certificate",
+            ),
+            (
+                GOOD.replace("client = \"192.0.2.12:7600\"", "client = \"192.0.2.12:7600\"\ntls_name = \"n2\""),
+                "`peers[0].tls_name`: names a TLS certificate, but there is no [peer_tls] section",
             ),
         ];
         for (text, want) in cases {

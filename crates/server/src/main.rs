@@ -134,6 +134,10 @@ fn run(cfg: ServerConfig) -> anyhow::Result<()> {
             // The same bound as RDMA's retry timer, so one setting means one thing.
             tc.dead_peer_timeout = TcpConfig::dead_peer_from_qp(qp_timeout, qp_retry);
             tc.secret = secret;
+            tc.tls = cfg.peer_tls.clone();
+            if tc.tls.is_none() {
+                tracing::warn!("peer links are plain TCP (no [peer_tls]): use a private network");
+            }
             TcpEndpoint::open(tc)
                 .with_context(|| format!("opening the TCP endpoint on {}", f.rdma.listen))?
                 .into()
@@ -200,9 +204,11 @@ fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let handle = server::start(so, log.clone())
         .with_context(|| format!("listening for clients on {}", c.listen))?;
     eprintln!(
-        "rdmalog-server {}: up (rdma {}, clients {}{}, data {})",
+        "rdmalog-server {}: up ({} {}{}, clients {}{}, data {})",
         f.node_id,
+        cfg.transport,
         f.rdma.listen,
+        if cfg.peer_tls.is_some() { " tls" } else { "" },
         handle.client_addr(),
         if f.tls.is_some() {
             " tls"

@@ -1,49 +1,18 @@
 //! TLS for the client port: rustls with the `ring` provider, certificate and key from PEM
 //! files, and optional client-certificate authentication against a CA bundle. (The client
-//! side is `client::tls`.)
+//! side is `client::tls`; the peer links' TLS is `fabric::tls`, whose PEM readers this uses.)
 
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
-/// Why TLS could not be set up; names the file.
-#[derive(Debug, thiserror::Error)]
-#[error("TLS: {file}: {reason}")]
-pub struct TlsError {
-    /// The file at fault (or the setting).
-    pub file: String,
-    /// What is wrong.
-    pub reason: String,
-}
+use fabric::tls::provider;
+pub use fabric::tls::{TlsError, load_certs, load_key, load_roots};
 
 fn err(file: &Path, reason: impl std::fmt::Display) -> TlsError {
     TlsError {
         file: file.display().to_string(),
         reason: reason.to_string(),
     }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Reads every certificate of a PEM file.
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| err(path, e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| err(path, e))?;
-    if certs.is_empty() {
-        return Err(err(path, "holds no PEM certificate"));
-    }
-    Ok(certs)
-}
-
-/// Reads the private key of a PEM file.
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| err(path, e))
 }
 
 /// The server side: `cert` and `key` (PEM), and with `client_ca` every client must present a
@@ -60,12 +29,8 @@ pub fn server_config(
         .map_err(|e| err(cert, e))?;
     let builder = match client_ca {
         Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for c in load_certs(ca)? {
-                roots.add(c).map_err(|e| err(ca, e))?;
-            }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
+                Arc::new(load_roots(ca)?),
                 provider(),
             )
             .build()

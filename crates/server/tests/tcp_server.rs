@@ -3,7 +3,7 @@
 //! append, tail -f, status, kill -9 of the leader with the CLI carrying on through the
 //! redirect, the old leader's restart and catch-up, `rdmalog bench`, SIGTERM of every server
 //! and `rdmalog check` of every data dir. The same scenario runs over RDMA and TCP in the lab
-//! (`lab_server.rs`).
+//! (`lab_server.rs`). With `[peer_tls]` the same scenario runs with TLS on every peer link.
 
 mod common;
 
@@ -12,4 +12,9 @@ use common::servers::{Place, three_servers_serve_the_cli_through_a_leader_crash 
 #[test]
 fn three_tcp_servers_serve_the_cli_through_a_leader_crash() {
     scenario(Place::HOST_TCP);
+}
+
+#[test]
+fn three_tcp_servers_with_peer_tls_serve_the_cli_through_a_leader_crash() {
+    scenario(Place::HOST_TCP_TLS);
 }

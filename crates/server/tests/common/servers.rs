@@ -18,6 +18,8 @@ pub struct Place {
     pub loopback: bool,
     /// Port base: replication at `base + i`, clients at `base + 100 + i`.
     pub base: u16,
+    /// TLS on the peer links (`[peer_tls]`, certificates from a CA made for the test).
+    pub peer_tls: bool,
 }
 
 impl Place {
@@ -26,18 +28,28 @@ impl Place {
         transport: "rdma",
         loopback: false,
         base: 9100,
+        peer_tls: false,
     };
     /// TCP across the lab's hosts.
     pub const LAB_TCP: Place = Place {
         transport: "tcp",
         loopback: false,
         base: 9400,
+        peer_tls: false,
     };
     /// TCP on this host's loopback.
     pub const HOST_TCP: Place = Place {
         transport: "tcp",
         loopback: true,
         base: 9700,
+        peer_tls: false,
+    };
+    /// TCP on this host's loopback, with TLS on the peer links.
+    pub const HOST_TCP_TLS: Place = Place {
+        transport: "tcp",
+        loopback: true,
+        base: 11700,
+        peer_tls: true,
     };
 }
 
@@ -105,7 +117,16 @@ impl Servers {
         std::fs::write(&secret, b"lab-server-test-secret-0123456789\n").unwrap();
         std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();
+        let tls = place().peer_tls.then(|| self.write_pki());
         for i in 1..=3u64 {
+            let peer_tls = tls.as_ref().map_or(String::new(), |(ca, certs)| {
+                format!(
+                    "[peer_tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\n",
+                    certs[i as usize - 1].0.display(),
+                    certs[i as usize - 1].1.display(),
+                    ca.display()
+                )
+            });
             let mut peers = String::new();
             for p in (1..=3u64).filter(|&p| p != i) {
                 peers += &format!(
@@ -115,7 +136,7 @@ impl Servers {
                 );
             }
             let text = format!(
-                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndata_dir = \"{}\"\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\nappend_timeout_ms = 20000\n\n[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
+                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndata_dir = \"{}\"\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peer_tls}{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\nappend_timeout_ms = 20000\n\n[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
                 place().transport,
                 self.data_dir(i).display(),
                 rdma_addr(i),
@@ -125,6 +146,35 @@ impl Servers {
             );
             std::fs::write(self.config(i), text).unwrap();
         }
+    }
+
+    /// A CA and a certificate for each node's replication address, as PEM files: the CA's
+    /// path and each node's (certificate, key).
+    fn write_pki(&self) -> (PathBuf, Vec<(PathBuf, PathBuf)>) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "rdmalog peer CA");
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        let ca_path = self.dir.join("peer-ca.crt");
+        std::fs::write(&ca_path, ca.pem()).unwrap();
+        let certs = (1..=3u64)
+            .map(|i| {
+                let params = rcgen::CertificateParams::new(vec![ip(i)]).unwrap();
+                let key = rcgen::KeyPair::generate().unwrap();
+                let cert = params.signed_by(&key, &ca).unwrap();
+                let (c, k) = (
+                    self.dir.join(format!("node{i}-peer.crt")),
+                    self.dir.join(format!("node{i}-peer.key")),
+                );
+                std::fs::write(&c, cert.pem()).unwrap();
+                std::fs::write(&k, key.serialize_pem()).unwrap();
+                (c, k)
+            })
+            .collect();
+        (ca_path, certs)
     }
 
     fn start(&mut self, i: u64) {
@@ -244,12 +294,18 @@ fn leader_of(v: &serde_json::Value) -> u64 {
 
 /// Three servers at `at`, driven by the CLI through a leader crash (see `lab_server.rs`).
 pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
+    // One place at a time: the helpers read it from `PLACE`.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     *PLACE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = at;
     println!(
-        "servers over {} ({})",
+        "servers over {}{} ({})",
         at.transport,
+        if at.peer_tls { " with peer TLS" } else { "" },
         if at.loopback { "loopback" } else { "lab hosts" }
     );
     let root = std::env::var_os("RDMALOG_LAB_DISK")
@@ -274,6 +330,19 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
     let st = status(3);
     let leader = leader_of(&st);
     println!("leader: node {leader}");
+    for i in 1..=3 {
+        let banner = format!(
+            "up ({} {}{}",
+            at.transport,
+            rdma_addr(i),
+            if at.peer_tls { " tls" } else { "" }
+        );
+        assert!(
+            s.tail_log(i).contains(&banner),
+            "node {i} did not start as `{banner}`:\n{}",
+            s.tail_log(i)
+        );
+    }
 
     assert!(cli(&["append", "one", "two", "three"]).status.success());
     // A follower of the log as a user would run it: tail -f, in the background.
