@@ -41,7 +41,7 @@ use verbs::{
 use crate::admission::{Admission, ControlOutcome};
 pub use crate::admission::{MIN_SECRET_BYTES, NONCE_BYTES, admission_proof, load_secret};
 use crate::dial;
-use crate::shared::{self, Events, Inbox, WordMemory};
+use crate::shared::{self, Events, Grant, Inbox, WordMemory};
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
     MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, Waiter, WcOp, WcStatus, WriteRequest,
@@ -152,8 +152,8 @@ struct Conn {
     send_words: Arc<WordBuffer>,
     free_send: Vec<usize>,
     credits: SendCredits,
-    /// Advertised receives last told to the peer.
-    told: u64,
+    /// How much of our advertised receives the peer was told.
+    told: Grant,
     /// Messages held in the inbox, not yet reposted by the owner.
     held: u64,
     inflight: VecDeque<Inflight>,
@@ -496,7 +496,7 @@ impl RdmaEndpoint {
         let credits = SendCredits::new(u64::from(remote.recv_credits));
         self.qpn.insert(conn.qp().qp_num(), peer);
         let c = Conn {
-            told: recv.posted_total(),
+            told: Grant::new(recv.posted_total()),
             conn,
             recv,
             send_buf,
@@ -649,7 +649,7 @@ impl RdmaEndpoint {
         {
             Ok(seq) => {
                 c.credits.take().expect("checked above");
-                c.told = adv;
+                c.told.told(adv);
                 c.inflight.push_back(Inflight {
                     seq,
                     wr_id,
@@ -674,8 +674,7 @@ impl RdmaEndpoint {
         let Some(c) = self.conns.get(&peer) else {
             return;
         };
-        let owed = c.advertised().saturating_sub(c.told);
-        if owed as usize >= (self.cfg.recv_slots / 2).max(1) {
+        if c.told.update_due(c.advertised(), self.cfg.recv_slots) {
             let _ = self.send_frame(peer, u64::MAX, &[], true);
         }
     }

@@ -1,6 +1,8 @@
 //! The owner-side bookkeeping every connection-oriented back-end needs, whatever moves the
 //! bytes: the event queue with its rule for announced connections, the inbox of received
-//! messages, and the word memory the back-ends allocate. `rdma` and `tcp` both use these.
+//! messages, the receive side of the credit scheme, and the word memory the back-ends
+//! allocate. `rdma` and `tcp` both use these (the send side of the credits is
+//! [`verbs::SendCredits`], which both use too).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -9,6 +11,33 @@ use std::sync::atomic::AtomicU64;
 use verbs::WordBuffer;
 
 use crate::{Event, FabricError, Memory, NodeId, RemoteRegion, WcOp};
+
+/// The receive side of the credit scheme: how much of our cumulative grant of inbox slots the
+/// peer has been told. Every frame that carries the grant tells it; a credit-only frame is due
+/// once half the window (at least one slot) is owed, so the peer never waits on credits while
+/// the update costs one frame per half window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    told: u64,
+}
+
+impl Grant {
+    /// The peer knows `initial` (the receive slots of the connect exchange).
+    pub(crate) fn new(initial: u64) -> Self {
+        Grant { told: initial }
+    }
+
+    /// Whether a credit-only frame should tell the peer `granted` now, for a window of
+    /// `window` receive slots.
+    pub(crate) fn update_due(&self, granted: u64, window: usize) -> bool {
+        granted.saturating_sub(self.told) >= (window as u64 / 2).max(1)
+    }
+
+    /// A frame carrying `granted` went out.
+    pub(crate) fn told(&mut self, granted: u64) {
+        self.told = self.told.max(granted);
+    }
+}
 
 /// Events waiting for the owner's [`crate::Fabric::poll`], and which peers' `Connected` is
 /// among them: until the owner has taken it, the connection is not its to use
@@ -233,5 +262,22 @@ mod tests {
         assert_eq!(i.message(0), None);
         i.clear();
         assert_eq!(i.message(1), None);
+    }
+
+    #[test]
+    fn a_credit_update_is_due_at_half_the_window_and_never_goes_back() {
+        let mut g = Grant::new(16);
+        assert!(!g.update_due(16, 16));
+        assert!(!g.update_due(23, 16), "7 owed of a 16-slot window");
+        assert!(g.update_due(24, 16), "8 owed: half the window");
+        g.told(24);
+        assert!(!g.update_due(24, 16));
+        g.told(20); // a frame built before a later one: the peer keeps the larger total
+        assert!(!g.update_due(31, 16));
+        assert!(g.update_due(32, 16));
+        // A one-slot window updates at every repost; a stale grant is never due.
+        let g = Grant::new(1);
+        assert!(g.update_due(2, 1));
+        assert!(!g.update_due(0, 1));
     }
 }

@@ -46,9 +46,11 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Poll, Token};
 
+use verbs::SendCredits;
+
 use crate::admission::{Admission, ControlOutcome};
 use crate::dial;
-use crate::shared::{self, Events, Inbox, WordMemory};
+use crate::shared::{self, Events, Grant, Inbox, WordMemory};
 use crate::tls::PeerTls;
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
@@ -556,12 +558,13 @@ struct Conn {
     inflight: VecDeque<Inflight>,
     /// Frames counted by the peer (writes and sends) sent so far.
     next_seq: u64,
-    /// Messages sent (credits used).
-    sent_msgs: u64,
+    /// The peer's receive slots: its cumulative grant (from [`Link::peer_grant`]) and our
+    /// sends.
+    credits: SendCredits,
     /// Our cumulative grant of receive slots: the slots plus every repost.
     granted: u64,
-    /// The grant last told to the peer.
-    told: u64,
+    /// How much of it the peer was told.
+    told: Grant,
     outgoing: bool,
     admission: Admission,
     region: Option<RemoteRegion>,
@@ -761,9 +764,9 @@ impl TcpEndpoint {
             link: link.clone(),
             inflight: VecDeque::new(),
             next_seq: 0,
-            sent_msgs: 0,
+            credits: SendCredits::new(u64::from(hello.recv_credits)),
             granted: slots,
-            told: slots,
+            told: Grant::new(slots),
             outgoing,
             admission: Admission::new(secret.as_deref().map(Vec::as_slice)),
             region: hello.region,
@@ -812,7 +815,7 @@ impl TcpEndpoint {
             K_SEND | K_CREDIT => {
                 frame_header(&mut f, kind, SEND_HEAD + msg.len());
                 f.extend_from_slice(&c.granted.to_le_bytes());
-                c.told = c.granted;
+                c.told.told(c.granted);
             }
             _ => frame_header(&mut f, kind, msg.len()),
         }
@@ -824,7 +827,7 @@ impl TcpEndpoint {
         let Some(c) = self.conns.get(&peer) else {
             return;
         };
-        if c.granted - c.told >= (self.cfg.recv_slots as u64 / 2).max(1) {
+        if c.told.update_due(c.granted, self.cfg.recv_slots) {
             let _ = self.send_frame(peer, K_CREDIT, &[]);
         }
     }
@@ -1077,7 +1080,7 @@ impl Fabric for TcpEndpoint {
             let at = f.len();
             f.resize(at + n as usize, 0);
             crate::read_bytes(mem.as_ref(), wr.local_offset + done, &mut f[at..]);
-            c.told = c.granted;
+            c.told.told(c.granted);
             c.next_seq += 1;
             // A send failure shows as the connection's end (the I/O thread reports it), which
             // fails this write with everything else outstanding.
@@ -1109,10 +1112,10 @@ impl Fabric for TcpEndpoint {
             });
         }
         let c = self.postable(peer)?;
-        if c.link.peer_grant.load(Ordering::Acquire) <= c.sent_msgs {
+        c.credits.update(c.link.peer_grant.load(Ordering::Acquire));
+        if c.credits.take().is_err() {
             return Err(FabricError::NoCredit { peer });
         }
-        c.sent_msgs += 1;
         c.next_seq += 1;
         let seq = c.next_seq;
         let _ = self.send_frame(peer, K_SEND, msg);
@@ -1137,11 +1140,9 @@ impl Fabric for TcpEndpoint {
         if c.inflight.len() >= self.cfg.queue_depth {
             return 0;
         }
-        c.link
-            .peer_grant
-            .load(Ordering::Acquire)
-            .saturating_sub(c.sent_msgs)
-            .min(u64::from(u32::MAX)) as u32
+        let mut credits = c.credits;
+        credits.update(c.link.peer_grant.load(Ordering::Acquire));
+        credits.available().min(u64::from(u32::MAX)) as u32
     }
 
     fn recv_message(&self, peer: NodeId, slot: u64) -> Result<&[u8], FabricError> {
