@@ -58,6 +58,7 @@ pub mod log;
 pub mod logging;
 mod mutation;
 pub mod node;
+pub mod reads;
 pub mod recovering;
 pub mod sim;
 pub mod storage;
@@ -65,11 +66,12 @@ pub mod wire;
 
 use std::path::PathBuf;
 
-pub use log::{AppendHandle, Log, LogOptions, PollMode, Subscription};
+pub use log::{AppendHandle, Log, LogOptions, PollMode, ReadHandle, Subscription};
 pub use node::{
     COMPLETION_STATUSES, Checkpoint, Committed, PeerStatus, Replica, ReplicaStats, Role, Status,
     Ticket,
 };
+pub use reads::ReadTicket;
 
 /// When a replica counts an entry as held, and so when a majority's count acknowledges an
 /// append. ARCHITECTURE.md's durability table says what each one survives, and which test
@@ -235,6 +237,9 @@ pub enum Mutation {
     /// term showed that the follower granted it: a write on a grant the follower gave for an
     /// earlier term counts as its acknowledgement in this one.
     NicAckBeforeGrant,
+    /// A leader answers a linearizable read (ReadIndex) from its own commit index at once,
+    /// without a majority confirming that it still leads: a deposed leader serves stale reads.
+    ReadWithoutQuorum,
     /// Under `Durability::Replicated`, a follower never takes the records its leader placed
     /// in its ring without a descriptor: it may vote without entries the leader counted.
     NoPlacedTake,
@@ -429,6 +434,15 @@ pub enum ReplicaError {
     Timeout {
         /// The index it had.
         index: u64,
+    },
+    /// A linearizable read was not confirmed by a majority in time: nothing was read (a
+    /// majority may be unreachable); it is safe to retry.
+    #[error(
+        "no majority confirmed this leader within {waited_ms} ms, so a linearizable read cannot be served; nothing was read: retry"
+    )]
+    ReadTimeout {
+        /// How long it waited.
+        waited_ms: u64,
     },
     /// The log was closed.
     #[error("the log is closed")]

@@ -39,6 +39,7 @@ use fabric::{Fabric, Waiter};
 use wal::fs::FileSystem;
 
 use crate::node::{Committed, Replica, Status, Ticket};
+use crate::reads::ReadTicket;
 use crate::{ReplicaConfig, ReplicaError};
 
 /// How the driver thread waits for work.
@@ -103,6 +104,8 @@ struct Shared<F: Fabric> {
     caller_driving: AtomicBool,
     /// The highest commit index a pass reached, so that waiters are woken once per move.
     commit: AtomicU64,
+    /// Linearizable reads confirmed so far, so that their waiters are woken once per move.
+    reads: AtomicU64,
 }
 
 impl<F: Fabric> Shared<F> {
@@ -169,6 +172,20 @@ impl<F: Fabric> Shared<F> {
         }
     }
 
+    /// Records how many linearizable reads are confirmed, and wakes every waiter when that
+    /// moved.
+    fn publish_reads(&self, confirmed: u64) {
+        if confirmed > self.reads.fetch_max(confirmed, Ordering::AcqRel) {
+            // Taken so a waiter between its check and its wait cannot miss the wake-up.
+            drop(
+                self.progress_lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            self.wake_all();
+        }
+    }
+
     /// A pass of the replica's loop made on a caller's thread (`Busy`): a failure or a panic
     /// fail-stops the log exactly as it would on the driver thread, and the caller gets the
     /// cause.
@@ -177,6 +194,7 @@ impl<F: Fabric> Shared<F> {
         let why = match result {
             Ok(Ok(())) => {
                 self.publish_commit(r.commit_index());
+                self.publish_reads(r.reads_confirmed());
                 return Ok(());
             }
             Ok(Err(e)) => e.to_string(),
@@ -275,6 +293,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
             poll: options.poll,
             caller_driving: AtomicBool::new(false),
             commit: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
         });
         let s = shared.clone();
         let driver = std::thread::Builder::new()
@@ -319,6 +338,48 @@ impl<F: Fabric + Send + 'static> Log<F> {
                 ticket,
             })
             .collect())
+    }
+
+    /// Starts a linearizable read: on the leader, the handle resolves to a *read index* once a
+    /// majority confirmed this node still leads (raft's ReadIndex, see [`crate::reads`]); from
+    /// then on [`Log::read`] and [`Log::subscribe`] here see every entry the cluster had
+    /// committed when this was called. `NotLeader` (with the leader it knows) on any other
+    /// node, or if this one stops leading first.
+    pub fn read_index(&self) -> Result<ReadHandle<F>, ReplicaError> {
+        self.shared.check()?;
+        let mut r = self.shared.lock();
+        let ticket = r.read_index()?;
+        self.shared.after_propose(r)?;
+        Ok(ReadHandle {
+            shared: self.shared.clone(),
+            ticket,
+            spent: false,
+        })
+    }
+
+    /// This replica's commit index.
+    pub fn commit_index(&self) -> u64 {
+        self.shared.lock().commit_index()
+    }
+
+    /// Waits until this replica has committed `index` (on any replica: "read your writes" with
+    /// the index an append returned, then [`Log::read`] here sees it). `Timeout` if it has not
+    /// within `timeout`.
+    pub fn wait_for_commit(&self, index: u64, timeout: Duration) -> Result<(), ReplicaError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.shared.check()?;
+            if self.shared.commit.load(Ordering::Acquire) >= index
+                || self.shared.lock().commit_index() >= index
+            {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReplicaError::Timeout { index });
+            }
+            self.shared.wait_progress(left);
+        }
     }
 
     /// The application payload at committed `index`; `None` if not committed, held, or not an
@@ -532,13 +593,18 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
             }
             let before = r.work_counter();
             let result = r.process();
-            (result, r.commit_index(), r.work_counter() != before)
+            (
+                result,
+                (r.commit_index(), r.reads_confirmed()),
+                r.work_counter() != before,
+            )
         };
         if let Err(e) = result {
             s.fail(e.to_string());
             return;
         }
-        s.publish_commit(commit);
+        s.publish_commit(commit.0);
+        s.publish_reads(commit.1);
         if busy {
             idle_since = None;
             backoff.reset();
@@ -601,6 +667,64 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
                 }
                 *kicked = false;
             }
+        }
+    }
+}
+
+/// A linearizable read in flight ([`Log::read_index`]).
+pub struct ReadHandle<F: Fabric + Send + 'static> {
+    shared: Arc<Shared<F>>,
+    ticket: ReadTicket,
+    /// Resolved: the replica has forgotten it.
+    spent: bool,
+}
+
+impl<F: Fabric + Send + 'static> std::fmt::Debug for ReadHandle<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadHandle")
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
+
+impl<F: Fabric + Send + 'static> ReadHandle<F> {
+    /// The read index once it is confirmed and committed here, `Err(NotLeader)` if this node
+    /// stopped leading first, `None` while pending. Never blocks.
+    pub fn try_result(&mut self) -> Option<Result<u64, ReplicaError>> {
+        if self.spent {
+            return Some(Err(ReplicaError::Closed));
+        }
+        if let Err(e) = self.shared.check() {
+            return Some(Err(e));
+        }
+        let r = self.shared.lock().read_status(self.ticket);
+        self.spent = r.is_some();
+        r
+    }
+
+    /// Waits at most `timeout` for the read to resolve; `Timeout` if it has not (a majority
+    /// may be unreachable: nothing was read).
+    pub fn wait(mut self, timeout: Duration) -> Result<u64, ReplicaError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.try_result() {
+                return r;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReplicaError::ReadTimeout {
+                    waited_ms: timeout.as_millis() as u64,
+                });
+            }
+            self.shared.wait_progress(left);
+        }
+    }
+}
+
+impl<F: Fabric + Send + 'static> Drop for ReadHandle<F> {
+    fn drop(&mut self) {
+        if !self.spent {
+            self.shared.lock().forget_read(self.ticket);
         }
     }
 }

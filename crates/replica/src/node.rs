@@ -19,6 +19,7 @@ use raft::{RawNode, SnapshotStatus, StateRole};
 use wal::fs::FileSystem;
 use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term, Wal, WalConfig};
 
+use crate::reads::{ReadTicket, Reads};
 use crate::recovering::Recovering;
 use crate::storage::{
     ConfHistory, Guard, SnapshotFile, StateFile, StoredState, TAG_NORMAL, WalStorage, payload_of,
@@ -351,6 +352,8 @@ pub struct Replica<F: Fabric> {
     outboxes_queued: bool,
     encode_buf: Vec<u8>,
     scratch: Vec<u8>,
+    /// Linearizable reads in flight (raft's ReadIndex).
+    reads: Reads,
 }
 
 impl<F: Fabric> std::fmt::Debug for Replica<F> {
@@ -560,6 +563,7 @@ impl<F: Fabric> Replica<F> {
             outboxes_queued: false,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             scratch: Vec::new(),
+            reads: Reads::default(),
         };
         r.maintain_connections();
         Ok(r)
@@ -1115,6 +1119,78 @@ impl<F: Fabric> Replica<F> {
         }
     }
 
+    /// Starts a linearizable read on the leader (raft's ReadIndex, see [`crate::reads`]): the
+    /// ticket resolves through [`Replica::read_status`] to an index at or above every entry
+    /// the cluster had committed when this was called. `NotLeader` on any other node.
+    pub fn read_index(&mut self) -> Result<ReadTicket, ReplicaError> {
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(ReplicaError::NotLeader {
+                leader_hint: self.leader(),
+            });
+        }
+        let (t, ctx) = self.reads.start(self.raw.raft.term);
+        if self.cfg.mutation == crate::Mutation::ReadWithoutQuorum {
+            // Test-only: answer from this node's own commit index, as if it surely led.
+            self.reads
+                .confirm_at(t.ctx, self.raw.raft.raft_log.committed);
+        } else if self.committed_in_own_term() {
+            self.raw.read_index(ctx);
+        } else {
+            self.reads.wait(t);
+        }
+        Ok(t)
+    }
+
+    /// `None` while read `t` is unconfirmed, or confirmed above this node's commit index;
+    /// `Some(Ok(index))` once a read of the committed log here is linearizable for it (then
+    /// the ticket is spent); `Some(Err(NotLeader))` if this node stopped leading `t`'s term
+    /// before a majority confirmed it.
+    pub fn read_status(&mut self, t: ReadTicket) -> Option<Result<u64, ReplicaError>> {
+        if let Some(index) = self.reads.index_of(t) {
+            if self.commit_index() < index {
+                return None;
+            }
+            self.reads.forget(t);
+            return Some(Ok(index));
+        }
+        if self.raw.raft.state != StateRole::Leader || self.raw.raft.term != t.term {
+            self.reads.forget(t);
+            return Some(Err(ReplicaError::NotLeader {
+                leader_hint: self.leader(),
+            }));
+        }
+        None
+    }
+
+    /// Forgets read `t` (its caller gave up on it).
+    pub fn forget_read(&mut self, t: ReadTicket) {
+        self.reads.forget(t);
+    }
+
+    /// Linearizable reads confirmed so far: a waiter's cue to look again.
+    pub fn reads_confirmed(&self) -> u64 {
+        self.reads.confirmed()
+    }
+
+    /// Whether this leader has committed an entry of its own term (raft-rs drops ReadIndex
+    /// requests until it has).
+    fn committed_in_own_term(&self) -> bool {
+        let log = &self.raw.raft.raft_log;
+        log.term(log.committed).ok() == Some(self.raw.raft.term)
+    }
+
+    /// Hands waiting reads to raft once this leader committed in its term; drops them when it
+    /// no longer leads (their tickets then resolve `NotLeader`).
+    fn issue_waiting_reads(&mut self) {
+        if self.raw.raft.state != StateRole::Leader {
+            self.reads.drop_waiting();
+        } else if self.committed_in_own_term() {
+            for ctx in self.reads.take_waiting() {
+                self.raw.read_index(ctx);
+            }
+        }
+    }
+
     /// Asks raft to hand leadership to `to`.
     pub fn transfer_leader(&mut self, to: u64) {
         let _ = self.fail_stop_on_read_error(|r| {
@@ -1515,6 +1591,7 @@ impl<F: Fabric> Replica<F> {
                 // The Ready may have changed the role, the leader or the durable term. Without
                 // one nothing the grant depends on has changed since the call above.
                 self.update_fencing();
+                self.issue_waiting_reads();
             }
             self.flush_outboxes();
             if n == 0 && !ready {
@@ -1813,6 +1890,7 @@ impl<F: Fabric> Replica<F> {
 
     fn handle_ready(&mut self) -> Result<(), ReplicaError> {
         let mut rd = self.raw.ready();
+        self.reads.confirm(rd.take_read_states());
         if !rd.snapshot().is_empty() {
             let snap = rd.snapshot().clone();
             self.install_snapshot(&snap)?;
