@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use client::{Client, ClientConfig, ClientError, Entry, TlsConfig};
+use client::{Client, ClientConfig, ClientError, Entry, ReadConsistency, TlsConfig};
 
 /// Payload bytes in one `read` request of `tail`.
 const READ_BYTES: u32 = 1 << 20;
@@ -135,6 +135,14 @@ struct TailArgs {
     /// Print payloads as hex instead of UTF-8 (invalid UTF-8 shows as U+FFFD)
     #[arg(long)]
     hex: bool,
+    /// Linearizable: include every entry committed before the command started (the leader
+    /// answers, after a majority confirms it still leads)
+    #[arg(long, conflicts_with_all = ["follow", "after"])]
+    linearizable: bool,
+    /// Read your writes: first wait until the node answering has committed INDEX (the last
+    /// index an append printed)
+    #[arg(long, conflicts_with = "follow", value_name = "INDEX")]
+    after: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -489,7 +497,16 @@ fn print_entry(out: &mut impl Write, e: &Entry, as_hex: bool) -> io::Result<()> 
 fn tail(mut client: Client, a: &TailArgs, out: &mut impl Write) -> anyhow::Result<()> {
     if !a.follow {
         // Up to the commit index as of the first answer.
-        let (mut entries, target) = client.read(a.from, READ_BYTES).context("read")?;
+        let consistency = match (a.linearizable, a.after) {
+            (true, _) => ReadConsistency::Linearizable,
+            (false, Some(index)) => ReadConsistency::AtLeast(index),
+            (false, None) => ReadConsistency::Local,
+        };
+        let (mut entries, target) = match consistency {
+            ReadConsistency::Local => client.read(a.from, READ_BYTES),
+            c => client.read_with(a.from, READ_BYTES, c),
+        }
+        .context("read")?;
         while let Some(last) = entries.last().map(|e| e.index) {
             for e in entries.iter().filter(|e| e.index <= target) {
                 print_entry(out, e, a.hex)?;

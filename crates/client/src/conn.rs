@@ -130,7 +130,8 @@ pub(crate) fn set_id(req: &mut Request, new: u64) {
         | Request::Read { id, .. }
         | Request::Tail { id, .. }
         | Request::Status { id }
-        | Request::Members { id, .. } => *id = new,
+        | Request::Members { id, .. }
+        | Request::ReadWith { id, .. } => *id = new,
     }
 }
 

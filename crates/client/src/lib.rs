@@ -75,7 +75,7 @@ use conn::{Conn, Failure, Step, give_up, set_id};
 
 pub use error::ClientError;
 pub use pending::PendingAppend;
-pub use proto::Entry;
+pub use proto::{Entry, ReadConsistency};
 pub use tail::Tail;
 
 /// First backoff delay.
@@ -481,6 +481,34 @@ impl Client {
                     commit, entries, ..
                 } => Ok((entries, commit)),
                 other => Err(unexpected(conn, "Read", &other)),
+            }
+        })
+    }
+
+    /// As [`Client::read`], with a stated consistency ([`ReadConsistency`]; docs/PROTOCOL.md
+    /// §6.2): `Linearizable` is answered by the leader only (the client follows the redirect)
+    /// and holds every entry committed before the call; `AtLeast(i)` waits until the node
+    /// answering has committed `i` (read your writes with the `last` an append returned).
+    /// Needs servers of protocol version 3.
+    pub fn read_with(
+        &mut self,
+        from: u64,
+        max_bytes: u32,
+        consistency: ReadConsistency,
+    ) -> Result<(Vec<Entry>, u64), ClientError> {
+        let mut req = Request::ReadWith {
+            id: 0,
+            from,
+            max_bytes,
+            consistency,
+        };
+        self.run(|conn, id, deadline| {
+            set_id(&mut req, id);
+            match conn.call(&req, id, deadline)? {
+                Response::Entries {
+                    commit, entries, ..
+                } => Ok((entries, commit)),
+                other => Err(unexpected(conn, "ReadWith", &other)),
             }
         })
     }

@@ -433,3 +433,35 @@ fn tls_with_a_ca_and_a_client_certificate() {
         "{e:?}"
     );
 }
+
+/// `read_with`: a linearizable read from a client connected to a follower follows the
+/// redirect to the leader and holds what was appended; an `AtLeast` read on a follower holds
+/// the index it waited for.
+#[test]
+fn reads_with_a_stated_consistency_follow_the_leader_or_wait_on_a_follower() {
+    use client::ReadConsistency;
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let f = other_than(&[l]);
+    let mut writer = Client::connect(c.config(&[l])).unwrap();
+    let (_, last) = writer.append(&[b"written"]).unwrap();
+
+    let mut reader = Client::connect(c.config(&[f])).unwrap();
+    let (entries, commit) = reader
+        .read_with(last, 1 << 20, ReadConsistency::AtLeast(last))
+        .unwrap();
+    assert!(commit >= last);
+    assert_eq!(payloads(&entries), [&b"written"[..]]);
+    assert_eq!(
+        reader.connected_to().map(|(n, _, _)| n),
+        Some(f),
+        "AtLeast stays put"
+    );
+
+    let (entries, _) = reader
+        .read_with(last, 1 << 20, ReadConsistency::Linearizable)
+        .unwrap();
+    assert_eq!(payloads(&entries), [&b"written"[..]]);
+    let (node, _, _) = reader.connected_to().unwrap();
+    assert!(node == l || c.leader() != l, "read from {node}, leader {l}");
+}

@@ -38,13 +38,14 @@ use bincode::{Decode, Encode};
 
 /// The protocol version this build speaks. Version 2 added [`Response::PartlyAppended`]; a
 /// server answers a version-1 client's partly committed batch with a `Timeout` error instead,
-/// which that client does not resend.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// which that client does not resend. Version 3 added [`Request::ReadWith`], a read with a
+/// stated consistency; clients of versions 1 and 2 never send it.
+pub const PROTOCOL_VERSION: u16 = 3;
 
-/// The oldest protocol version a server of this build still accepts at the hello. Version 1
-/// differs from 2 only in a response that version 1 never receives, so a version-1 client
-/// keeps working against this server; a client of this build needs a server of version 2 or
-/// later (upgrade servers before clients).
+/// The oldest protocol version a server of this build still accepts at the hello. Each
+/// version only added a message that older clients never send or receive, so a client of
+/// version 1 or 2 keeps working against this server; a client of this build needs a server of
+/// version 3 or later to send [`Request::ReadWith`] (upgrade servers before clients).
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 
 /// Default largest frame body: 16 MiB, a round power of two. It holds an `Append` of 255
@@ -179,6 +180,34 @@ pub enum Request {
         /// The node.
         node: u64,
     },
+    /// [`Request::Read`] with a stated consistency (protocol version 3; last, so that the
+    /// earlier variants keep their encoding).
+    ReadWith {
+        /// Echoed in the response.
+        id: u64,
+        /// First index.
+        from: u64,
+        /// Payload budget, as for `Read`.
+        max_bytes: u32,
+        /// How fresh the answer must be.
+        consistency: ReadConsistency,
+    },
+}
+
+/// How fresh a read's answer must be ([`Request::ReadWith`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum ReadConsistency {
+    /// What this node has committed when the read arrives: any node answers, a follower may
+    /// lag behind the leader. What a plain [`Request::Read`] gets.
+    Local,
+    /// Linearizable: the answer holds every entry committed anywhere before the read arrived.
+    /// Only the leader answers (after a majority confirmed it still leads, raft's ReadIndex);
+    /// any other node answers [`Response::Redirect`].
+    Linearizable,
+    /// Once this node has committed at least this index (read your writes: the `last` of an
+    /// `Appended`), then as `Local`. Any node answers; `Timeout` if it has not within the
+    /// server's append timeout (nothing was read: retry, or ask another node).
+    AtLeast(u64),
 }
 
 /// Why a request failed.

@@ -40,6 +40,23 @@ fn request() -> impl Strategy<Value = Request> {
             add,
             node
         }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<u8>(),
+            any::<u64>()
+        )
+            .prop_map(|(id, from, max_bytes, mode, index)| Request::ReadWith {
+                id,
+                from,
+                max_bytes,
+                consistency: match mode % 3 {
+                    0 => proto::ReadConsistency::Local,
+                    1 => proto::ReadConsistency::Linearizable,
+                    _ => proto::ReadConsistency::AtLeast(index),
+                },
+            }),
     ]
 }
 

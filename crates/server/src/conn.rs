@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use fabric::Fabric;
 use proto::{
-    Entry, ErrorCode, FrameError, MIN_PROTOCOL_VERSION, NodeStatus, PROTOCOL_VERSION, Request,
-    Response, Role,
+    Entry, ErrorCode, FrameError, MIN_PROTOCOL_VERSION, NodeStatus, PROTOCOL_VERSION,
+    ReadConsistency, Request, Response, Role,
 };
-use replica::{AppendHandle, ReplicaError, Subscription};
+use replica::{AppendHandle, ReadHandle, ReplicaError, Subscription};
 
 use crate::Shared;
 
@@ -119,6 +119,22 @@ enum Pending<F: Fabric + Send + 'static> {
         handle: AppendHandle<F>,
         start: Instant,
     },
+    /// A read waiting for its consistency: a majority's confirmation, or an index.
+    Read {
+        id: u64,
+        from: u64,
+        max_bytes: usize,
+        wait: ReadWait<F>,
+        start: Instant,
+    },
+}
+
+/// What a [`Pending::Read`] waits for.
+enum ReadWait<F: Fabric + Send + 'static> {
+    /// The leader's ReadIndex.
+    Linearizable(ReadHandle<F>),
+    /// This node's commit index reaching the index.
+    AtLeast(u64),
 }
 
 struct Conn<'a, F: Fabric + Send + 'static, S: Stream> {
@@ -407,6 +423,17 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     Pending::Members { handle, .. } => {
                         handle.wait_for(Duration::from_millis(1));
                     }
+                    Pending::Read { wait, .. } => {
+                        let index = match wait {
+                            ReadWait::AtLeast(index) => *index,
+                            // Confirmations wake commit waiters too.
+                            ReadWait::Linearizable(_) => u64::MAX,
+                        };
+                        let _ = self
+                            .shared
+                            .log
+                            .wait_for_commit(index, Duration::from_millis(1));
+                    }
                     Pending::Ready(_) => {}
                 }
             } else if self.tail.is_none()
@@ -441,6 +468,16 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             let id = match p {
                 Pending::Ready(r) => {
                     let _ = self.send(&r);
+                    continue;
+                }
+                Pending::Read { id, .. } => {
+                    let _ = self.send(&Response::Error {
+                        id: Some(id),
+                        code: ErrorCode::ShuttingDown,
+                        message:
+                            "the server is shutting down; nothing was read: retry on another node"
+                                .into(),
+                    });
                     continue;
                 }
                 Pending::Append { id, .. } | Pending::Members { id, .. } => id,
@@ -529,6 +566,10 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     }),
                     None => break,
                 },
+                Pending::Read { .. } => match self.read_outcome() {
+                    Some(r) => Some(r),
+                    None => break,
+                },
             };
             let r = match (answer, self.pending.pop_front()) {
                 (Some(a), _) => a,
@@ -538,6 +579,50 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             self.send(&r)?;
         }
         Ok(())
+    }
+
+    /// The answer to the front [`Pending::Read`] once its consistency is met (or cannot be
+    /// in time); `None` while it waits.
+    fn read_outcome(&mut self) -> Option<Response> {
+        let timeout = self.shared.opts.append_timeout;
+        let log = &self.shared.log;
+        let Some(Pending::Read {
+            id,
+            from,
+            max_bytes,
+            wait,
+            start,
+        }) = self.pending.front_mut()
+        else {
+            return None;
+        };
+        let (id, from, max_bytes, late) = (*id, *from, *max_bytes, start.elapsed() > timeout);
+        let ready = match wait {
+            ReadWait::Linearizable(h) => match h.try_result() {
+                Some(Ok(_)) => Ok(()),
+                Some(Err(e)) => Err(self.error(id, &e)),
+                None if late => Err(self.error(
+                    id,
+                    &ReplicaError::ReadTimeout {
+                        waited_ms: timeout.as_millis() as u64,
+                    },
+                )),
+                None => return None,
+            },
+            ReadWait::AtLeast(index) if log.commit_index() >= *index => Ok(()),
+            ReadWait::AtLeast(index) if late => Err(Response::Error {
+                id: Some(id),
+                code: ErrorCode::Timeout,
+                message: format!(
+                    "this node has not committed index {index} within {timeout:?}; nothing was read: retry, or read from the leader"
+                ),
+            }),
+            ReadWait::AtLeast(_) => return None,
+        };
+        Some(match ready {
+            Ok(()) => self.read(id, from, max_bytes),
+            Err(r) => r,
+        })
     }
 
     fn error(&self, id: u64, e: &ReplicaError) -> Response {
@@ -612,6 +697,34 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             } => {
                 let r = self.read(id, from, max_bytes as usize);
                 self.pending.push_back(Pending::Ready(r));
+            }
+            Request::ReadWith {
+                id,
+                from,
+                max_bytes,
+                consistency,
+            } => {
+                let max_bytes = max_bytes as usize;
+                let wait = match consistency {
+                    ReadConsistency::Local => None,
+                    ReadConsistency::AtLeast(index) if log.commit_index() >= index => None,
+                    ReadConsistency::AtLeast(index) => Some(Ok(ReadWait::AtLeast(index))),
+                    ReadConsistency::Linearizable => {
+                        Some(log.read_index().map(ReadWait::Linearizable))
+                    }
+                };
+                let p = match wait {
+                    None => Pending::Ready(self.read(id, from, max_bytes)),
+                    Some(Ok(wait)) => Pending::Read {
+                        id,
+                        from,
+                        max_bytes,
+                        wait,
+                        start: Instant::now(),
+                    },
+                    Some(Err(e)) => Pending::Ready(self.error(id, &e)),
+                };
+                self.pending.push_back(p);
             }
             Request::Tail { id, from } => {
                 if self.tail.is_some() {
@@ -804,6 +917,8 @@ fn error_code(e: &ReplicaError) -> ErrorCode {
         ReplicaError::TooLarge { .. } => ErrorCode::EntryTooLarge,
         // Both may be in the log: the client must not resend blindly.
         ReplicaError::Timeout { .. } | ReplicaError::OutcomeUnknown { .. } => ErrorCode::Timeout,
+        // Nothing was read: retrying is safe.
+        ReplicaError::ReadTimeout { .. } => ErrorCode::Timeout,
         ReplicaError::Compacted { .. } => ErrorCode::Compacted,
         ReplicaError::Superseded { .. } | ReplicaError::Dropped(_) => ErrorCode::NotCommitted,
         ReplicaError::Closed => ErrorCode::ShuttingDown,

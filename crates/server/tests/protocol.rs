@@ -758,5 +758,110 @@ fn a_version_1_client_is_still_served() {
     .unwrap();
     let (code, message) = refused(s);
     assert_eq!(code, ErrorCode::WrongVersion);
-    assert!(message.contains("versions 1 to 2"), "{message}");
+    assert!(
+        message.contains(&format!("versions 1 to {PROTOCOL_VERSION}")),
+        "{message}"
+    );
+}
+
+/// `ReadWith` (protocol version 3): `AtLeast` on a follower waits for the index and then holds
+/// it; `Linearizable` is redirected by a follower and answered by the leader with everything
+/// appended; an index the node never reaches times out with nothing read; and a leader cut off
+/// from the others, while they elect a new leader and commit more, never answers a
+/// linearizable read from its stale log (it redirects or times out).
+#[test]
+fn reads_with_a_stated_consistency() {
+    use proto::ReadConsistency;
+    let c = cluster(|o| o.append_timeout = Duration::from_secs(3));
+    let l = c.leader();
+    let mut lc = connect(c.server(l).client_addr(), None);
+    let r = lc.call(|id| Request::Append {
+        id,
+        entries: vec![b"r1".to_vec(), b"r2".to_vec(), b"r3".to_vec()],
+    });
+    let Response::Appended { last, .. } = r else {
+        panic!("{r:?}")
+    };
+    let read = |cl: &mut Client<TcpStream>, consistency| {
+        cl.call(|id| Request::ReadWith {
+            id,
+            from: 1,
+            max_bytes: 1 << 20,
+            consistency,
+        })
+    };
+    let holds = |r: &Response, index: u64| match r {
+        Response::Entries { entries, .. } => entries.iter().any(|e| e.index == index),
+        _ => false,
+    };
+
+    let f = (1..=3).find(|&i| i != l).unwrap();
+    let mut fc = connect(c.server(f).client_addr(), None);
+    let r = read(&mut fc, ReadConsistency::AtLeast(last));
+    assert!(holds(&r, last), "a follower's AtLeast({last}) read: {r:?}");
+    let r = read(&mut fc, ReadConsistency::Linearizable);
+    assert!(
+        matches!(&r, Response::Redirect { leader: Some(n), .. } if n.id == l),
+        "a follower's linearizable read: {r:?}"
+    );
+    let r = read(&mut lc, ReadConsistency::Linearizable);
+    assert!(holds(&r, last), "the leader's linearizable read: {r:?}");
+    let r = read(&mut lc, ReadConsistency::Local);
+    assert!(holds(&r, last), "{r:?}");
+    let t = Instant::now();
+    let r = read(&mut fc, ReadConsistency::AtLeast(last + 1000));
+    assert!(
+        matches!(
+            &r,
+            Response::Error {
+                code: ErrorCode::Timeout,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert!(t.elapsed() >= Duration::from_secs(3));
+    assert!(matches!(
+        read(&mut fc, ReadConsistency::Local),
+        Response::Entries { .. }
+    ));
+
+    // Cut the leader off; the others elect a new one and commit more.
+    for o in (1..=3).filter(|&o| o != l) {
+        c.net.set_link(fabric::NodeId(l), fabric::NodeId(o), false);
+        c.net.set_link(fabric::NodeId(o), fabric::NodeId(l), false);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let new = loop {
+        let r = fc.call(|id| Request::Status { id });
+        if let Response::Status {
+            leader: Some(n), ..
+        } = &r
+            && n.id != l
+        {
+            break n.id;
+        }
+        assert!(Instant::now() < deadline, "no new leader: {r:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut nc = connect(c.server(new).client_addr(), None);
+    let r = append(&mut nc, b"after the cut");
+    let Response::Appended { last: after, .. } = r else {
+        panic!("{r:?}")
+    };
+    let r = read(&mut lc, ReadConsistency::Linearizable);
+    match &r {
+        Response::Redirect { .. }
+        | Response::Error {
+            code: ErrorCode::Timeout,
+            ..
+        } => {}
+        Response::Entries { .. } => assert!(
+            holds(&r, after),
+            "the cut-off leader answered a linearizable read without index {after}: {r:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let r = read(&mut nc, ReadConsistency::Linearizable);
+    assert!(holds(&r, after), "the new leader's read: {r:?}");
 }
