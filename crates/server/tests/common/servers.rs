@@ -94,12 +94,75 @@ fn cli_bin() -> PathBuf {
     bin
 }
 
-struct Servers {
+/// Three servers at one place, their files in a temporary directory. Holds the one-place-at-a-
+/// time lock: the helpers read the place from `PLACE`.
+pub struct Servers {
     dir: PathBuf,
     procs: Vec<Option<Child>>,
+    _files: tempfile::TempDir,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+/// Starts three servers at `at` and waits until they have a leader. One place at a time.
+pub fn start_three(at: Place) -> Servers {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *PLACE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = at;
+    println!(
+        "servers over {}{} ({})",
+        at.transport,
+        if at.peer_tls { " with peer TLS" } else { "" },
+        if at.loopback { "loopback" } else { "lab hosts" }
+    );
+    let root = std::env::var_os("RDMALOG_LAB_DISK")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let t = tempfile::Builder::new()
+        .prefix("servers")
+        .tempdir_in(root)
+        .unwrap();
+    let mut s = Servers {
+        dir: t.path().to_path_buf(),
+        procs: vec![None, None, None],
+        _files: t,
+        _one: one,
+    };
+    s.write_configs();
+    if at.transport == "rdma" {
+        // A Soft-RoCE artifact left by an earlier lab test (a dead QP1) would fail this one.
+        lab::guest::repair_dead_rdma_cm().unwrap();
+    }
+    for i in 1..=3 {
+        s.start(i);
+    }
+    s
 }
 
 impl Servers {
+    /// The three client addresses, comma-separated.
+    pub fn client_addrs(&self) -> String {
+        servers_arg()
+    }
+
+    /// The cluster id the servers are configured with.
+    pub fn cluster_id(&self) -> &'static str {
+        CLUSTER
+    }
+
+    /// Waits for a leader that `want_members` members see, and returns it.
+    pub fn leader(&self, want_members: usize) -> u64 {
+        leader_of(&status(want_members))
+    }
+
+    /// A scratch directory beside the servers' files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn config(&self, i: u64) -> PathBuf {
         self.dir.join(format!("node{i}.toml"))
     }
@@ -177,7 +240,8 @@ impl Servers {
         (ca_path, certs)
     }
 
-    fn start(&mut self, i: u64) {
+    /// Starts server `i`.
+    pub fn start(&mut self, i: u64) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -194,7 +258,8 @@ impl Servers {
         self.procs[i as usize - 1] = Some(child);
     }
 
-    fn kill(&mut self, i: u64) {
+    /// kill -9 of server `i`.
+    pub fn kill(&mut self, i: u64) {
         if let Some(mut c) = self.procs[i as usize - 1].take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -202,7 +267,8 @@ impl Servers {
     }
 
     /// SIGTERM, then waits for a clean exit.
-    fn stop(&mut self, i: u64) -> std::process::ExitStatus {
+    /// SIGTERM to server `i`, then waits for its exit.
+    pub fn stop(&mut self, i: u64) -> std::process::ExitStatus {
         let mut c = self.procs[i as usize - 1].take().expect("running");
         let pid = c.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
@@ -219,7 +285,8 @@ impl Servers {
         }
     }
 
-    fn tail_log(&self, i: u64) -> String {
+    /// The last lines of server `i`'s log.
+    pub fn tail_log(&self, i: u64) -> String {
         let text = std::fs::read_to_string(self.log(i)).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
@@ -294,39 +361,7 @@ fn leader_of(v: &serde_json::Value) -> u64 {
 
 /// Three servers at `at`, driven by the CLI through a leader crash (see `lab_server.rs`).
 pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
-    // One place at a time: the helpers read it from `PLACE`.
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    *PLACE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = at;
-    println!(
-        "servers over {}{} ({})",
-        at.transport,
-        if at.peer_tls { " with peer TLS" } else { "" },
-        if at.loopback { "loopback" } else { "lab hosts" }
-    );
-    let root = std::env::var_os("RDMALOG_LAB_DISK")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let t = tempfile::Builder::new()
-        .prefix("servers")
-        .tempdir_in(root)
-        .unwrap();
-    let mut s = Servers {
-        dir: t.path().to_path_buf(),
-        procs: vec![None, None, None],
-    };
-    s.write_configs();
-    if at.transport == "rdma" {
-        // A Soft-RoCE artifact left by an earlier lab test (a dead QP1) would fail this one.
-        lab::guest::repair_dead_rdma_cm().unwrap();
-    }
-    for i in 1..=3 {
-        s.start(i);
-    }
+    let mut s = start_three(at);
     let st = status(3);
     let leader = leader_of(&st);
     println!("leader: node {leader}");
@@ -375,6 +410,26 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
         "appended through the new leader {:.2} s after the crash",
         t0.elapsed().as_secs_f64()
     );
+    // The index it committed at, from "committed FIRST..=LAST (...)".
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let last: u64 = stdout
+        .split_whitespace()
+        .find_map(|w| w.split_once("..=").and_then(|(_, l)| l.parse().ok()))
+        .unwrap_or_else(|| panic!("no committed range in {stdout:?}"));
+    // Reads with a stated consistency: a linearizable read (the CLI follows the redirect to
+    // the leader) and a read-your-writes read on whichever member answers hold it.
+    let last_arg = last.to_string();
+    for mode in [vec!["--linearizable"], vec!["--after", last_arg.as_str()]] {
+        let mut args = vec!["tail", "--from", "1"];
+        args.extend(mode);
+        let out = cli(&args);
+        assert!(out.status.success(), "rdmalog {args:?} failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.lines().any(|l| l == format!("{last}\tsix")),
+            "rdmalog {args:?} lacks entry {last}: {text}"
+        );
+    }
 
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -454,5 +509,4 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
         );
     }
     let _ = std::io::stdout().flush();
-    let _: &Path = t.path();
 }

@@ -1,0 +1,501 @@
+"""Check rdmalog_client's codec against docs/protocol-vectors.json (PROTOCOL.md section 9),
+and Client.read's consistencies against loopback fake nodes (no cluster needed).
+
+    python3 -m unittest discover -s clients/python -p 'test_vectors.py' -v
+
+The vectors file is ../../docs/protocol-vectors.json relative to this file,
+or the path in the environment variable RDMALOG_VECTORS.
+"""
+
+import io
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rdmalog_client as rc  # noqa: E402
+
+VECTORS_PATH = os.environ.get("RDMALOG_VECTORS") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "protocol-vectors.json")
+
+
+def load_vectors():
+    with open(VECTORS_PATH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class CountingStream:
+    """A stream that records how many bytes were read from it."""
+
+    def __init__(self, data: bytes):
+        self.inner = io.BytesIO(data)
+        self.consumed = 0
+
+    def read(self, n):
+        out = self.inner.read(n)
+        self.consumed += len(out)
+        return out
+
+
+class VectorTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.vectors = load_vectors()
+
+    def test_file_shape(self):
+        self.assertIsInstance(self.vectors, list)
+        self.assertGreater(len(self.vectors), 0)
+        # PROTOCOL.md section 9: every name is unique.
+        names = [v["name"] for v in self.vectors]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        self.assertEqual(dups, [], "vector names must be unique")
+        kinds = {v["kind"] for v in self.vectors}
+        self.assertLessEqual(kinds, {"request", "response"})
+        self.assertIn("request", kinds)
+        self.assertIn("response", kinds)
+
+    def test_every_variant_covered(self):
+        seen = {(v["kind"], v["value"]["variant"]) for v in self.vectors}
+        for kind, table in (("request", rc.REQUEST_VARIANTS), ("response", rc.RESPONSE_VARIANTS)):
+            for name, _ in table:
+                self.assertIn((kind, name), seen, f"no vector for {kind} {name}")
+        consistencies = {v["value"]["consistency"]["variant"] for v in self.vectors
+                         if v["value"]["variant"] == "ReadWith"}
+        for name, _ in rc.READ_CONSISTENCIES:
+            self.assertIn(name, consistencies, f"no vector for ReadConsistency {name}")
+
+    def test_decode_frame_gives_value(self):
+        for v in self.vectors:
+            with self.subTest(v["name"]):
+                frame = bytes.fromhex(v["frame"])
+                msg = rc.decode_frame(frame, v["kind"])
+                self.assertEqual(rc.to_json_form(msg, v["kind"]), v["value"])
+                self.assertEqual(msg, rc.from_json_form(v["value"], v["kind"]))
+                # and through the stream reader
+                stream = CountingStream(frame)
+                body = rc.read_frame(stream)
+                self.assertEqual(stream.consumed, len(frame))
+                self.assertEqual(rc.decode_message(body, v["kind"]), msg)
+
+    def test_encode_value_gives_frame(self):
+        for v in self.vectors:
+            with self.subTest(v["name"]):
+                msg = rc.from_json_form(v["value"], v["kind"])
+                frame = rc.encode_frame(msg, v["kind"])
+                self.assertEqual(frame.hex(), v["frame"])
+                # kind inference of the JSON converters agrees
+                self.assertEqual(rc.from_json_form(v["value"]), msg)
+                self.assertEqual(rc.to_json_form(msg), v["value"])
+
+    def test_read_consistency_json_form(self):
+        # Section 9: an enum with fields in some variant is an object like a message.
+        for c in ({"variant": "Local"}, {"variant": "Linearizable"},
+                  {"variant": "AtLeast", "0": 70000}):
+            msg = {"variant": "ReadWith", "id": 1, "from": 2, "max_bytes": 3, "consistency": c}
+            self.assertEqual(rc.to_json_form(msg), msg)
+            self.assertEqual(rc.from_json_form(msg), msg)
+            self.assertEqual(rc.decode_request(rc.encode_request(msg)), msg)
+
+    def test_json_form_uses_hex_for_bytes(self):
+        msg = {"variant": "Append", "id": 7, "entries": [b"hello", b""]}
+        self.assertEqual(rc.to_json_form(msg),
+                         {"variant": "Append", "id": 7, "entries": ["68656c6c6f", ""]})
+
+    # ---- negative tests --------------------------------------------------
+
+    def test_truncated_frames_rejected(self):
+        for v in self.vectors:
+            frame = bytes.fromhex(v["frame"])
+            with self.subTest(v["name"]):
+                # frame cut short (prefix still says the full length)
+                for cut in sorted({1, 3, 4, 5, len(frame) - 1}):
+                    if cut >= len(frame):
+                        continue
+                    with self.assertRaises(rc.ProtocolError):
+                        rc.decode_frame(frame[:cut], v["kind"])
+                    with self.assertRaises(rc.RdmalogError):
+                        rc.read_frame(io.BytesIO(frame[:cut]))
+                # body cut short with a matching prefix: a truncated body
+                body = frame[4:]
+                for cut in range(0, len(body)):
+                    short = struct.pack("<I", cut) + body[:cut]
+                    with self.assertRaises(rc.ProtocolError, msg=f"cut at {cut}"):
+                        rc.decode_frame(short, v["kind"])
+
+    def test_trailing_byte_rejected(self):
+        for v in self.vectors:
+            frame = bytes.fromhex(v["frame"])
+            body = frame[4:] + b"\x00"
+            with self.subTest(v["name"]):
+                with self.assertRaises(rc.ProtocolError):
+                    rc.decode_message(body, v["kind"])
+                with self.assertRaises(rc.ProtocolError):
+                    rc.decode_frame(struct.pack("<I", len(body)) + body, v["kind"])
+                with self.assertRaises(rc.ProtocolError):  # bytes after the frame
+                    rc.decode_frame(frame + b"\x00", v["kind"])
+
+    def test_empty_body_rejected(self):
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_frame(b"\x00\x00\x00\x00", "request")
+        with self.assertRaises(rc.ProtocolError):
+            rc.read_frame(io.BytesIO(b"\x00\x00\x00\x00\x04\x07"))
+
+    def test_non_shortest_varint_rejected(self):
+        # Status { id: 5 } with id as FB 05 00 instead of 05
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("04fb0500"))
+        # Tail { id: 1, from: 300 } with from as FC 2C 01 00 00
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("0301fc2c010000"))
+        # Read { id: 1, from: 70000 as FD ..., max_bytes: 0 }
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("0201fd7011010000000000" + "00"))
+        # variant index as FB 01 00
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("fb010007"))
+        # string length non-shortest: Error { None, Malformed, "x" } with FB 01 00
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_response(bytes.fromhex("060000fb010078"))
+        # the shortest forms of the same values decode
+        self.assertEqual(rc.decode_request(bytes.fromhex("0405")), {"variant": "Status", "id": 5})
+        self.assertEqual(rc.decode_request(bytes.fromhex("0301fb2c01")),
+                         {"variant": "Tail", "id": 1, "from": 300})
+
+    def test_varint_marker_wider_than_field_rejected(self):
+        # Hello version (u16) given with marker FC
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("00fc0000010000" + "0100"))
+        # Read max_bytes (u32) given with marker FD
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("020101fd0000000001000000"))
+        # u64 with marker FE, and FF anywhere
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("04fe" + "00" * 16))
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("04ff"))
+
+    def test_varint_encoding_table(self):
+        cases = [(0, "00"), (250, "fa"), (251, "fbfb00"), (427, "fbab01"), (65535, "fbffff"),
+                 (65536, "fc00000100"), (1048576, "fc00001000"),
+                 (2 ** 32, "fd0000000001000000"), (2 ** 64 - 1, "fdffffffffffffffff")]
+        for value, hexs in cases:
+            with self.subTest(value):
+                self.assertEqual(rc.encode_varint(value).hex(), hexs)
+                self.assertEqual(rc.decode_varint(bytes.fromhex(hexs)), (value, len(hexs) // 2))
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_varint(2 ** 64)
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_varint(-1)
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_varint(65536, bits=16)
+
+    def test_unknown_variant_rejected(self):
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("0701"))      # Request index 7
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_response(bytes.fromhex("0801"))     # Response index 8
+        with self.assertRaises(rc.ProtocolError):          # ErrorCode index 12
+            rc.decode_response(bytes.fromhex("06000c0178"))
+        with self.assertRaises(rc.ProtocolError):          # Role index 3
+            rc.decode_response(bytes.fromhex("00010003"))
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "Goodbye", "id": 1})
+        # ReadConsistency index 3 (ReadWith { id 1, from 1, max_bytes 0, ? })
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("0601010003"))
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "ReadWith", "id": 1, "from": 1, "max_bytes": 0,
+                               "consistency": {"variant": "Eventually"}})
+
+    def test_read_with_rejects_bad_consistency(self):
+        base = {"variant": "ReadWith", "id": 1, "from": 1, "max_bytes": 0}
+        for bad in ("Local", {"variant": "AtLeast"}, {"variant": "Local", "0": 1},
+                    {"variant": "AtLeast", "0": -1}, {"variant": "AtLeast", "0": 2 ** 64},
+                    {"0": 5}, None):
+            with self.subTest(bad=bad):
+                with self.assertRaises(rc.ProtocolError):
+                    rc.encode_request({**base, "consistency": bad})
+        # AtLeast's index is a u64: marker FE refused, a non-shortest form refused
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("06010100" + "02fe" + "00" * 16))
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("06010100" + "02fb0500"))
+        # a missing consistency is a truncated body
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("06010100"))
+        self.assertEqual(rc.decode_request(bytes.fromhex("06010100" + "02fd0000000001000000")),
+                         {**base, "consistency": {"variant": "AtLeast", "0": 2 ** 32}})
+
+    def test_read_consistency_argument(self):
+        # Client.read(consistency=...) accepts these spellings (see read_consistency).
+        local, lin = {"variant": "Local"}, {"variant": "Linearizable"}
+        cases = [(None, local), ("local", local), ("Local", local),
+                 ("linearizable", lin), ("Linearizable", lin),
+                 (("at_least", 7), {"variant": "AtLeast", "0": 7}),
+                 (0, {"variant": "AtLeast", "0": 0}),
+                 (2 ** 64 - 1, {"variant": "AtLeast", "0": 2 ** 64 - 1}),
+                 ({"variant": "AtLeast", "0": 9}, {"variant": "AtLeast", "0": 9}),
+                 (lin, lin)]
+        for arg, want in cases:
+            with self.subTest(arg=arg):
+                self.assertEqual(rc.read_consistency(arg), want)
+        for bad in ("eventual", True, -1, 2 ** 64, ("at_least", "7"), ("at_most", 7),
+                    {"variant": "AtLeast"}, 1.5):
+            with self.subTest(bad=bad):
+                with self.assertRaises(ValueError):
+                    rc.read_consistency(bad)
+
+    def test_invalid_tags_rejected(self):
+        with self.assertRaises(rc.ProtocolError):  # Option tag 2 (Hello token)
+            rc.decode_request(bytes.fromhex("000201" + "02"))
+        with self.assertRaises(rc.ProtocolError):  # bool byte 2 (Members add)
+            rc.decode_request(bytes.fromhex("05050204"))
+
+    def test_invalid_utf8_rejected(self):
+        # Error { None, Malformed, <ff fe> }
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_response(bytes.fromhex("06000002fffe"))
+        # Hello token with a lone continuation byte
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("00020101" + "0180"))
+
+    def test_count_beyond_body_rejected(self):
+        # Append { id: 1, entries: count 2^32 } with a 3-byte rest: refused, not allocated
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("0101fd0000000001000000" + "000000"))
+
+    def test_oversized_length_refused_before_body(self):
+        limit = 1024
+        body = b"\x04\x07" + b"\x00" * limit  # garbage: must never be read
+        stream = CountingStream(struct.pack("<I", limit + 1) + body)
+        with self.assertRaises(rc.ProtocolError):
+            rc.read_frame(stream, max_frame_bytes=limit)
+        self.assertEqual(stream.consumed, 4, "only the length prefix may be read")
+        # the default limit: 16 MiB + 1 refused, without a body present at all
+        stream = CountingStream(struct.pack("<I", rc.DEFAULT_MAX_FRAME_BYTES + 1))
+        with self.assertRaises(rc.ProtocolError):
+            rc.read_frame(stream)
+        self.assertEqual(stream.consumed, 4)
+        # exactly at the limit is accepted by the length check
+        msg = {"variant": "Append", "id": 1, "entries": [b"\x00" * (limit - 6)]}
+        frame = rc.encode_frame(msg, "request", max_frame_bytes=limit)
+        self.assertEqual(len(frame), 4 + limit)
+        self.assertEqual(rc.decode_request(rc.read_frame(io.BytesIO(frame), limit)), msg)
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_frame(struct.pack("<I", limit + 1) + b"\x00" * (limit + 1), "request", limit)
+
+    def test_encoder_refuses_oversized_frame(self):
+        msg = {"variant": "Append", "id": 1, "entries": [b"\x00" * 2000]}
+        with self.assertRaises(rc.ClientError) as cm:
+            rc.encode_frame(msg, "request", max_frame_bytes=1024)
+        self.assertEqual(cm.exception.code, "TooLarge")
+        # 256 entries of 65536 bytes: a 16778501-byte body (PROTOCOL.md section 2)
+        self.assertEqual(len(rc.encode_request(
+            {"variant": "Append", "id": 7, "entries": [bytes(65536)] * 256})), 16778501)
+
+    def test_tls_record_detected(self):
+        with self.assertRaises(rc.ProtocolError):
+            rc.read_frame(io.BytesIO(bytes.fromhex("150303000202")), sniff_tls=True)
+
+    def test_encoder_validates_fields(self):
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "Status"})                        # missing id
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "Status", "id": 1, "x": 2})       # unknown field
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "Read", "id": 1, "from": 1, "max_bytes": 2 ** 32})
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "Hello", "version": 65536, "cluster_id": 1, "token": None})
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "Members", "id": 1, "add": 1, "node": 2})
+
+    def test_doc_examples(self):
+        # PROTOCOL.md section 8
+        examples = [
+            ("request", {"variant": "Hello", "version": 2, "cluster_id": 0x1AB, "token": None},
+             "06000000 00 02 FBAB01 00"),
+            ("request", {"variant": "Append", "id": 7, "entries": [b"hello", b"world"]},
+             "0F000000 01 07 02 05 68656C6C6F 05 776F726C64"),
+            ("response", {"variant": "Appended", "id": 7, "first": 1, "last": 2}, "04000000 01070102"),
+            ("response", {"variant": "Welcome", "node_id": 1,
+                          "leader": {"id": 2, "client_addr": "10.0.0.2:7600"}, "role": "ReadOnly"},
+             "13000000 00 01 01 02 0D 31302E302E302E323A37363030 00"),
+            ("request", {"variant": "Read", "id": 8, "from": 1, "max_bytes": 1048576},
+             "08000000 02 08 01 FC00001000"),
+            ("response", {"variant": "Entries", "id": 8, "commit": 2,
+                          "entries": [{"index": 1, "data": b"hello"}, {"index": 2, "data": b"world"}]},
+             "12000000 02 08 02 02 01 05 68656C6C6F 02 05 776F726C64"),
+            ("request", {"variant": "Tail", "id": 9, "from": 3}, "03000000 03 09 03"),
+            ("request", {"variant": "Status", "id": 7}, "02000000 04 07"),
+            ("request", {"variant": "Members", "id": 5, "add": True, "node": 4}, "04000000 05050104"),
+            ("response", {"variant": "Redirect", "id": 7, "leader": None}, "03000000 05 07 00"),
+            ("response", {"variant": "Error", "id": None, "code": "WrongCluster", "message": "x"},
+             "05000000 06 00 03 01 78"),
+            ("response", {"variant": "Error", "id": 7, "code": "NotCommitted", "message": "retry"},
+             "0A000000 06 01 07 0B 05 7265747279"),
+            ("response", {"variant": "PartlyAppended", "id": 7, "first": 1, "last": 1},
+             "04000000 07070101"),
+            ("request", {"variant": "Append", "id": 3, "entries": [b"\x09"]}, "05000000 0103010109"),
+            # 4.4: AtLeast(70000) encodes as 02 FC 70 11 01 00
+            ("request", {"variant": "ReadWith", "id": 1, "from": 1, "max_bytes": 0,
+                         "consistency": {"variant": "AtLeast", "0": 70000}},
+             "0A000000 06 01 01 00 02FC70110100"),
+        ]
+        for kind, msg, hexs in examples:
+            with self.subTest(msg["variant"]):
+                frame = bytes.fromhex(hexs)
+                self.assertEqual(rc.encode_frame(msg, kind), frame)
+                self.assertEqual(rc.decode_frame(frame, kind), msg)
+
+
+class FakeNode:
+    """A loopback server speaking the protocol from a script: ``answer(req, node)``
+    returns the response dict for each request after the hello (Welcome is
+    automatic). Records every request it decoded in ``self.requests``."""
+
+    def __init__(self, node_id: int, answer, leader=None):
+        self.node_id = node_id
+        self.answer = answer
+        self.leader = leader          # a FakeNode, or None (this one leads)
+        self.requests = []
+        self.lock = threading.Lock()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def info(self):
+        return {"id": self.node_id, "client_addr": self.addr}
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        stream = conn.makefile("rb")
+        try:
+            while True:
+                try:
+                    req = rc.decode_request(rc.read_frame(stream))
+                except (rc.RdmalogError, OSError):
+                    return
+                with self.lock:
+                    self.requests.append(req)
+                if req["variant"] == "Hello":
+                    leader = (self.leader or self).info()
+                    resp = {"variant": "Welcome", "node_id": self.node_id, "leader": leader,
+                            "role": "ReadOnly"}
+                else:
+                    resp = self.answer(req, self)
+                conn.sendall(rc.encode_frame(resp, "response"))
+        finally:
+            stream.close()
+            conn.close()
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+def entries_for(req, commit=5):
+    first = max(req["from"], 1)
+    return {"variant": "Entries", "id": req["id"], "commit": commit,
+            "entries": [{"index": i, "data": b"e%d" % i} for i in range(first, commit + 1)]}
+
+
+class ClientReadTests(unittest.TestCase):
+    """Client.read with each consistency, against loopback fake nodes."""
+
+    def setUp(self):
+        self.nodes = []
+
+    def tearDown(self):
+        for n in self.nodes:
+            n.close()
+
+    def node(self, node_id, answer, leader=None):
+        n = FakeNode(node_id, answer, leader)
+        self.nodes.append(n)
+        return n
+
+    def test_hello_is_version_3_and_local_read_is_plain_read(self):
+        n = self.node(1, lambda req, node: entries_for(req))
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.read(4), [(4, b"e4"), (5, b"e5")])
+            self.assertEqual(c.read(5, consistency="local"), [(5, b"e5")])
+        self.assertEqual(n.requests[0], {"variant": "Hello", "version": 3, "cluster_id": 7,
+                                         "token": None})
+        self.assertEqual([r["variant"] for r in n.requests[1:]], ["Read", "Read"])
+
+    def test_linearizable_read_follows_redirect(self):
+        leader = self.node(2, lambda req, node: entries_for(req))
+
+        def follower_answer(req, node):
+            if req["variant"] == "ReadWith" and req["consistency"]["variant"] == "Linearizable":
+                return {"variant": "Redirect", "id": req["id"], "leader": leader.info()}
+            return entries_for(req, commit=3)
+        follower = self.node(1, follower_answer, leader=leader)
+        with rc.Client([follower.addr], 7, timeout=5) as c:
+            got = c.read(1, consistency="linearizable")
+            self.assertEqual([i for i, _ in got], [1, 2, 3, 4, 5])
+            self.assertEqual(c.redirects_followed, 1)
+            self.assertEqual(c.node_id, 2)
+            self.assertEqual(c.last_commit, 5)
+        self.assertEqual(leader.requests[1]["variant"], "ReadWith")
+        self.assertEqual(leader.requests[1]["consistency"], {"variant": "Linearizable"})
+
+    def test_at_least_read_is_sent_and_never_redirected(self):
+        seen = []
+
+        def answer(req, node):
+            seen.append(req)
+            if len(seen) == 1:
+                return entries_for(req)
+            return {"variant": "Redirect", "id": req["id"], "leader": None}
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.read(5, 100, consistency=("at_least", 5)), [(5, b"e5")])
+            # a Redirect is no answer to an AtLeast read: a protocol violation
+            with self.assertRaises(rc.ProtocolError):
+                c.read(5, consistency=5)
+        self.assertEqual(seen[0], {"variant": "ReadWith", "id": seen[0]["id"], "from": 5,
+                                   "max_bytes": 100,
+                                   "consistency": {"variant": "AtLeast", "0": 5}})
+
+    def test_read_timeout_is_retried_then_reported(self):
+        calls = []
+
+        def answer(req, node):
+            calls.append(req)
+            if len(calls) == 1:
+                return {"variant": "Error", "id": req["id"], "code": "Timeout",
+                        "message": "Timeout: not met"}
+            return entries_for(req)
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.read(5, consistency=("at_least", 5)), [(5, b"e5")])
+        self.assertEqual(len(calls), 2)
+        self.assertNotEqual(calls[0]["id"], calls[1]["id"], "a retry uses a new id")
+
+        def always_timeout(req, node):
+            return {"variant": "Error", "id": req["id"], "code": "Timeout",
+                    "message": "Timeout: not met"}
+        m = self.node(2, always_timeout)
+        with rc.Client([m.addr], 7, timeout=0.5) as c:
+            with self.assertRaises(rc.ServerError) as cm:
+                c.read(1, consistency="linearizable")
+        self.assertEqual(cm.exception.code, "Timeout")
+        self.assertGreater(len(m.requests), 2, "retried within the deadline")
+
+
+if __name__ == "__main__":
+    unittest.main()
