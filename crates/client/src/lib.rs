@@ -469,18 +469,25 @@ impl Client {
     /// with that node's commit index. An empty answer means nothing is committed from `from`
     /// on (on that node).
     pub fn read(&mut self, from: u64, max_bytes: u32) -> Result<(Vec<Entry>, u64), ClientError> {
-        let mut req = Request::Read {
-            id: 0,
-            from,
-            max_bytes,
-        };
+        self.entries(
+            Request::Read {
+                id: 0,
+                from,
+                max_bytes,
+            },
+            "Read",
+        )
+    }
+
+    /// Sends a read request (`Read` or `ReadWith`) and returns its entries and commit index.
+    fn entries(&mut self, mut req: Request, what: &str) -> Result<(Vec<Entry>, u64), ClientError> {
         self.run(|conn, id, deadline| {
             set_id(&mut req, id);
             match conn.call(&req, id, deadline)? {
                 Response::Entries {
                     commit, entries, ..
                 } => Ok((entries, commit)),
-                other => Err(unexpected(conn, "Read", &other)),
+                other => Err(unexpected(conn, what, &other)),
             }
         })
     }
@@ -496,21 +503,15 @@ impl Client {
         max_bytes: u32,
         consistency: ReadConsistency,
     ) -> Result<(Vec<Entry>, u64), ClientError> {
-        let mut req = Request::ReadWith {
-            id: 0,
-            from,
-            max_bytes,
-            consistency,
-        };
-        self.run(|conn, id, deadline| {
-            set_id(&mut req, id);
-            match conn.call(&req, id, deadline)? {
-                Response::Entries {
-                    commit, entries, ..
-                } => Ok((entries, commit)),
-                other => Err(unexpected(conn, "ReadWith", &other)),
-            }
-        })
+        self.entries(
+            Request::ReadWith {
+                id: 0,
+                from,
+                max_bytes,
+                consistency,
+            },
+            "ReadWith",
+        )
     }
 
     /// Streams committed entries from `from` on, as they commit; see [`Tail`].

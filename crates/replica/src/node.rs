@@ -1182,6 +1182,9 @@ impl<F: Fabric> Replica<F> {
     /// Hands waiting reads to raft once this leader committed in its term; drops them when it
     /// no longer leads (their tickets then resolve `NotLeader`).
     fn issue_waiting_reads(&mut self) {
+        if !self.reads.any_waiting() {
+            return; // the common case, on every Ready: no term look-up
+        }
         if self.raw.raft.state != StateRole::Leader {
             self.reads.drop_waiting();
         } else if self.committed_in_own_term() {

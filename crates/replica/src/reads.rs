@@ -55,6 +55,11 @@ impl Reads {
         self.waiting.push(t.ctx);
     }
 
+    /// Whether reads wait for the leader's first commit in its term.
+    pub(crate) fn any_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     /// The waiting reads' contexts, to hand to raft now.
     pub(crate) fn take_waiting(&mut self) -> Vec<Vec<u8>> {
         self.waiting
