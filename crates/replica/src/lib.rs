@@ -237,6 +237,10 @@ pub enum Mutation {
     /// term showed that the follower granted it: a write on a grant the follower gave for an
     /// earlier term counts as its acknowledgement in this one.
     NicAckBeforeGrant,
+    /// A conditional append checks its expected end against the commit index instead of the
+    /// log's last index, forgetting entries ordered but not committed yet: it can commit
+    /// somewhere other than right after the end it expected.
+    ConditionOnCommit,
     /// A leader answers a linearizable read (ReadIndex) from its own commit index at once,
     /// without a majority confirming that it still leads: a deposed leader serves stale reads.
     ReadWithoutQuorum,
@@ -434,6 +438,17 @@ pub enum ReplicaError {
     Timeout {
         /// The index it had.
         index: u64,
+    },
+    /// A conditional append found the log ending elsewhere than expected: nothing was
+    /// proposed.
+    #[error(
+        "the log ends at index {last}, not at {expected}: the conditional append was not proposed"
+    )]
+    ConditionFailed {
+        /// Where the append expected the log to end.
+        expected: u64,
+        /// Where it ended.
+        last: u64,
     },
     /// A linearizable read was not confirmed by a majority in time: nothing was read (a
     /// majority may be unreachable); it is safe to retry.

@@ -327,9 +327,18 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// own: a change of leader may keep a prefix of the batch and replace the rest. Under
     /// [`PollMode::Busy`] their writes and messages are posted before this returns.
     pub fn append_batch(&self, items: &[&[u8]]) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
+        self.propose_with(|r| r.propose_batch(items))
+    }
+
+    /// Proposes what `propose` proposes on the locked replica, then hands out a handle per
+    /// ticket.
+    fn propose_with(
+        &self,
+        propose: impl FnOnce(&mut Replica<F>) -> Result<Vec<Ticket>, ReplicaError>,
+    ) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
         self.shared.check()?;
         let mut r = self.shared.lock();
-        let tickets = r.propose_batch(items)?;
+        let tickets = propose(&mut r)?;
         self.shared.after_propose(r)?;
         Ok(tickets
             .into_iter()
@@ -380,6 +389,19 @@ impl<F: Fabric + Send + 'static> Log<F> {
             }
             self.shared.wait_progress(left);
         }
+    }
+
+    /// [`Log::append_batch`] on a condition: only if the log ends at `expected_last` (its last
+    /// index, committed or not) when the batch is ordered on the leader, so that if it
+    /// commits, its first entry is at `expected_last + 1` (optimistic concurrency: read to the
+    /// end, then append only if nobody appended since). Otherwise
+    /// [`ReplicaError::ConditionFailed`] names where the log ends.
+    pub fn append_batch_if(
+        &self,
+        items: &[&[u8]],
+        expected_last: u64,
+    ) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
+        self.propose_with(|r| r.propose_batch_if(items, expected_last))
     }
 
     /// The application payload at committed `index`; `None` if not committed, held, or not an

@@ -947,10 +947,31 @@ impl<F: Fabric> Replica<F> {
     /// is in the log and the error says why (an entry over the size limit, not the leader,
     /// raft's uncommitted limit). Returns one ticket per item, in order.
     pub fn propose_batch(&mut self, items: &[&[u8]]) -> Result<Vec<Ticket>, ReplicaError> {
-        self.fail_stop_on_read_error(|r| r.propose_batch_inner(items))
+        self.fail_stop_on_read_error(|r| r.propose_batch_inner(items, None))
     }
 
-    fn propose_batch_inner(&mut self, items: &[&[u8]]) -> Result<Vec<Ticket>, ReplicaError> {
+    /// [`Replica::propose_batch`] on a condition: only if this leader's log ends at
+    /// `expected_last` (its last index, committed or not, raft's own entries included) at the
+    /// moment the batch is ordered, so that the batch, if it commits, commits right after it.
+    /// Otherwise nothing is proposed and [`ReplicaError::ConditionFailed`] names the actual end.
+    pub fn propose_batch_if(
+        &mut self,
+        items: &[&[u8]],
+        expected_last: u64,
+    ) -> Result<Vec<Ticket>, ReplicaError> {
+        self.fail_stop_on_read_error(|r| r.propose_batch_inner(items, Some(expected_last)))
+    }
+
+    /// Where this node's log ends now: its last index, committed or not.
+    pub fn last_index(&self) -> u64 {
+        self.raw.raft.raft_log.last_index()
+    }
+
+    fn propose_batch_inner(
+        &mut self,
+        items: &[&[u8]],
+        expected_last: Option<u64>,
+    ) -> Result<Vec<Ticket>, ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -964,6 +985,17 @@ impl<F: Fabric> Replica<F> {
             return Err(ReplicaError::NotLeader {
                 leader_hint: self.leader(),
             });
+        }
+        if let Some(expected) = expected_last {
+            let last = if self.cfg.mutation == crate::Mutation::ConditionOnCommit {
+                // Test-only: forgets the entries ordered but not yet committed.
+                self.raw.raft.raft_log.committed
+            } else {
+                self.raw.raft.raft_log.last_index()
+            };
+            if last != expected {
+                return Err(ReplicaError::ConditionFailed { expected, last });
+            }
         }
         if items.is_empty() {
             return Ok(Vec::new());

@@ -40,6 +40,9 @@ pub struct Attempt {
     pub invoked_ns: u64,
     /// How it ended, if it did.
     pub outcome: Outcome,
+    /// A conditional append's expected end of the log: if it is in the log at all, it must be
+    /// right after that index.
+    pub expected_last: Option<u64>,
 }
 
 /// How a client attempt ended.
@@ -388,6 +391,17 @@ impl Checker {
                         "linearizability: an append acknowledged at index {index} is at {:?} \
                          in the committed log",
                         position.get(&k)
+                    ));
+                }
+                _ if a
+                    .expected_last
+                    .is_some_and(|e| position.get(&k).is_some_and(|&p| p != e + 1)) =>
+                {
+                    return Err(format!(
+                        "linearizability: an append conditional on the log ending at {} is \
+                         committed at index {}",
+                        a.expected_last.unwrap_or(0),
+                        position[&k]
                     ));
                 }
                 Outcome::Failed if position.contains_key(&k) => {

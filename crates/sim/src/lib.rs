@@ -71,6 +71,10 @@ pub struct Options {
     pub mutation: Mutation,
     /// Force the durability mode; `None` draws it from the seed (half the seeds each).
     pub durability: Option<Durability>,
+    /// Make a third of single appends conditional (`propose_batch_if`, expecting the log to
+    /// end where the proposing node's log ends, or one entry earlier), for the seed family of
+    /// `tests/conditional.rs`. Off by default, so the CI seeds' runs stay as they were.
+    pub conditional: bool,
 }
 
 impl Default for Options {
@@ -82,6 +86,7 @@ impl Default for Options {
             rates: None,
             mutation: Mutation::None,
             durability: None,
+            conditional: false,
         }
     }
 }
@@ -1102,7 +1107,16 @@ impl Run {
     fn attempt_batch(&mut self, ops: &[usize], node: u64) {
         let payloads: Vec<Vec<u8>> = ops.iter().map(|&op| self.payload_for(op)).collect();
         let now = self.now();
+        let condition = (self.options.conditional && ops.len() == 1 && self.rng.below(3) == 0)
+            .then(|| self.rng.below(4) == 0);
+        let mut expected_last = None;
         let result = match self.c.nodes.get_mut(&node).and_then(Option::as_mut) {
+            Some(r) if condition.is_some() => {
+                let behind = u64::from(condition == Some(true));
+                let e = r.last_index().saturating_sub(behind);
+                expected_last = Some(e);
+                r.propose_batch_if(&[&payloads[0]], e)
+            }
             Some(r) if ops.len() == 1 => r.propose(&payloads[0]).map(|t| vec![t]),
             Some(r) => {
                 let refs: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
@@ -1124,6 +1138,7 @@ impl Run {
                 ticket,
                 invoked_ns: now,
                 outcome,
+                expected_last,
             });
             self.ops[op].attempts.push(k);
             self.summary.attempts += 1;

@@ -42,13 +42,18 @@ struct Args {
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
     /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early,
-    /// trust-log-after-lost-ring or use-connection-before-announced.
+    /// trust-log-after-lost-ring, use-connection-before-announced or condition-on-commit (with
+    /// --conditional).
     #[arg(long)]
     mutation: Option<String>,
     /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
     /// one it draws.
     #[arg(long)]
     durability: Option<replica::Durability>,
+    /// Make a third of single appends conditional on where the log ends (the seed family of
+    /// tests/conditional.rs).
+    #[arg(long)]
+    conditional: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -71,6 +76,7 @@ fn main() -> anyhow::Result<()> {
         Some("reopen-fast-path-early") => replica::Mutation::ReopenFastPathEarly,
         Some("trust-log-after-lost-ring") => replica::Mutation::TrustLogAfterLostRing,
         Some("use-connection-before-announced") => replica::Mutation::UseConnectionBeforeAnnounced,
+        Some("condition-on-commit") => replica::Mutation::ConditionOnCommit,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {
@@ -78,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         max_appends: args.appends,
         mutation,
         durability: args.durability,
+        conditional: args.conditional,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {

@@ -20,7 +20,9 @@ use replica::{Durability, Mutation};
 /// starting below the records it had accepted; issue 13, defect 7). `trust-log-after-lost-ring`
 /// is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
 /// has, so `replica/tests/stale_branch_after_a_failed_cut.rs` proves it with the marker taken
-/// away. `read-without-quorum` is not here either: the simulator's clients do not read
+/// away. `condition-on-commit` is caught by the conditional-append seed family
+/// (`tests/conditional.rs`), which the default options do not draw. `read-without-quorum` is
+/// not here either: the simulator's clients do not read
 /// through raft's ReadIndex; `replica/tests/linearizable_reads.rs` catches it deterministically
 /// (a deposed leader answers below the new commit index). use-connection-before-announced (a rule of the in-process fabric's) is caught at 928
 /// (ring integrity), within the CI budget but past `WITHIN`.
