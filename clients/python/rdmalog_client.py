@@ -22,6 +22,8 @@ Two layers:
   following Redirect, retrying with backoff, an overall deadline per call).
   ``Client.read(from_index, max_bytes, consistency=...)`` reads with one of the
   consistencies of section 6.2 (``"local"``, ``"linearizable"``, at least an index).
+  ``Client.append_if(entries, expected_last)`` appends only if the log ends at
+  ``expected_last`` (section 6.1), else raises ``ConditionFailed``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ __all__ = [
     "MIN_FRAME_LIMIT", "MAX_FRAME_LIMIT", "MAX_BATCH_ENTRIES", "DEFAULT_MAX_ENTRY_BYTES",
     "ROLES", "ERROR_CODES", "READ_CONSISTENCIES", "REQUEST_VARIANTS", "RESPONSE_VARIANTS",
     "RdmalogError", "ProtocolError", "ServerError", "ClientError", "DeadlineExceeded",
-    "TailTimeout",
+    "TailTimeout", "ConditionFailed",
     "encode_varint", "decode_varint", "encode_request", "decode_request",
     "encode_response", "decode_response", "encode_message", "decode_message",
     "encode_frame", "decode_frame", "read_frame", "write_frame",
@@ -117,6 +119,36 @@ class DeadlineExceeded(ClientError):
 
 class TailTimeout(ClientError):
     """``tail(..., wait_timeout=t)``: no entry arrived within ``t`` seconds."""
+
+
+class ConditionFailed(RdmalogError):
+    """``append_if``: the server answered ``ConditionFailed { id, last }``: the
+    leader's log did not end at ``expected`` when it ordered the batch, so
+    nothing of that request was appended (PROTOCOL.md 6.1).
+
+    ``expected``: the end that request expected (the caller's ``expected_last``,
+    or, after a ``PartlyAppended``, the last index of the committed prefix: see
+    ``committed``). ``last``: the log's actual end, as the leader reported it
+    (raft's own entries included). ``id``: the request id of the answer.
+    ``committed``: indexes of a prefix of the batch committed before (a
+    ``PartlyAppended``), else empty. ``maybe_committed``: True when the request
+    had been sent before with an unknown outcome (broken connection, no answer,
+    ``ShuttingDown``) and then resent: the failed condition may then be the
+    first send's own entries, so the batch may be in the log after all; read
+    from ``expected + 1`` to see. False: that request appended nothing.
+    """
+
+    def __init__(self, expected: int, last: int, *, id: Optional[int] = None,
+                 maybe_committed: bool = False):
+        self.expected = expected
+        self.last = last
+        self.id = id
+        self.maybe_committed = maybe_committed
+        self.committed: list[int] = []
+        msg = f"condition failed: expected the log to end at {expected}, it ends at {last}"
+        if maybe_committed:
+            msg += " (after a resend: the first send may have committed)"
+        super().__init__(msg)
 
 
 # --------------------------------------------------------------------------
@@ -262,6 +294,7 @@ REQUEST_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
     ("Members", [("id", "u64"), ("add", "bool"), ("node", "u64")]),
     ("ReadWith", [("id", "u64"), ("from", "u64"), ("max_bytes", "u32"),
                   ("consistency", ("fenum", "ReadConsistency"))]),
+    ("AppendIf", [("id", "u64"), ("expected_last", "u64"), ("entries", _vec("bytes"))]),
 ]
 
 RESPONSE_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
@@ -274,6 +307,7 @@ RESPONSE_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
     ("Redirect", [("id", "u64"), ("leader", _opt(_NODE_INFO))]),
     ("Error", [("id", _opt("u64")), ("code", ("enum", "ErrorCode")), ("message", "str")]),
     ("PartlyAppended", [("id", "u64"), ("first", "u64"), ("last", "u64")]),
+    ("ConditionFailed", [("id", "u64"), ("last", "u64")]),
 ]
 
 _VARIANTS = {"request": REQUEST_VARIANTS, "response": RESPONSE_VARIANTS}
@@ -679,6 +713,8 @@ _MAX_REDIRECTS = 4  # 7.3: at most 4 redirects in a row; the fifth counts as "no
 # Which responses may answer which request (section 5.2), Error aside.
 _ANSWERS = {
     "Append": {"Appended", "PartlyAppended", "Redirect"},
+    # 5.2/6.1: every answer an Append gets answers an AppendIf the same way.
+    "AppendIf": {"Appended", "PartlyAppended", "Redirect", "ConditionFailed"},
     "Read": {"Entries"},
     "ReadWith": {"Entries"},   # and Redirect, for Linearizable only (see Client.read)
     "Status": {"Status"},
@@ -725,6 +761,19 @@ def read_consistency(consistency: Any = None) -> dict:
         return dict(consistency)
     raise ValueError(f"unknown read consistency {consistency!r} "
                      "(expected 'local', 'linearizable', ('at_least', index) or an index)")
+
+
+class _Sends:
+    """What ``Client._call`` tells its caller about the sends of one request:
+    ``sent`` counts the frames sent (resends included); ``unknown`` counts the
+    sends whose outcome is unknown (the connection broke or no answer came,
+    ``ShuttingDown``), after which the request was resent or given up."""
+
+    __slots__ = ("sent", "unknown")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.unknown = 0
 
 
 class _Retry(Exception):
@@ -1011,14 +1060,18 @@ class Client:
     # ---- one call -------------------------------------------------------
 
     def _call(self, variant: str, fields: dict, deadline: float,
-              answers: Optional[set] = None, retry_timeout: bool = False) -> dict:
+              answers: Optional[set] = None, retry_timeout: bool = False,
+              sends: Optional[_Sends] = None) -> dict:
         """Send one request until it gets a final answer (not Redirect, not a
         retryable error) or the deadline passes; returns that answer.
 
         ``answers``: the response variants allowed (default ``_ANSWERS[variant]``).
         ``retry_timeout``: an ``Error { Timeout }`` means nothing happened (a
         ReadWith, 6.2): retry it like ``Busy`` while the deadline allows, and
-        raise that ServerError itself if the deadline passes after it."""
+        raise that ServerError itself if the deadline passes after it.
+        ``sends``: filled in with what became of the sends (see _Sends)."""
+        if sends is None:
+            sends = _Sends()
         allowed = _ANSWERS[variant] if answers is None else answers
         backoff = _Backoff()
         failure: list = []   # [last failure]
@@ -1043,11 +1096,17 @@ class Client:
             req = {"variant": variant, "id": rid, **fields}
             try:
                 wait = min(self.request_timeout, deadline - time.monotonic())
-                conn.send(req, wait)  # a TooLarge ClientError propagates (local refusal)
+                sends.sent += 1
+                try:
+                    conn.send(req, wait)  # a TooLarge ClientError propagates (local refusal)
+                except ClientError:
+                    sends.sent -= 1
+                    raise
                 resp = conn.recv(min(self.request_timeout, deadline - time.monotonic()))
             except (OSError, ConnectionClosed) as e:
                 # Broken connection or no answer in time: unknown outcome; the
                 # Rust client resends (an Append may then apply twice).
+                sends.unknown += 1
                 self._drop()
                 failure[:] = [e]
                 redirects = 0
@@ -1059,6 +1118,9 @@ class Client:
             if resp["variant"] == "Error":
                 code = resp["code"]
                 err = ServerError(code, resp["message"], resp["id"])
+                if code == "ShuttingDown":
+                    # 4.3: pending appends "may or may not have committed".
+                    sends.unknown += 1
                 if resp["id"] is None:
                     # Connection-level: the server closes the connection.
                     self._drop()
@@ -1156,6 +1218,89 @@ class Client:
         Consecutive unless a PartlyAppended split the batch (see append_indexed)."""
         idx = self.append_indexed(entries)
         return idx[0], idx[-1]
+
+    def append_if(self, entries: list[bytes], expected_last: int) -> tuple[int, int]:
+        """Append ``entries`` only if the log ends at ``expected_last``
+        (``AppendIf``, protocol version 3, PROTOCOL.md 6.1); returns (index of
+        the first, index of the last), always ``expected_last + 1`` and
+        ``expected_last + len(entries)``: nothing came between the end the
+        caller saw and the batch.
+
+        The condition is the leader's last index, committed or not, raft's own
+        entries (leader no-ops, membership changes) included, checked when the
+        leader orders the batch. The end to expect is the ``commit`` of a read
+        (``read(..., consistency="linearizable")`` sets ``self.last_commit``)
+        while nothing else is in flight. A leader change adds the new leader's
+        own entry, which fails the condition once.
+
+        Raises ``ConditionFailed`` (``.expected``, ``.last``: the log's actual
+        end) when the log did not end there: nothing of that request was
+        appended; read from ``expected_last + 1``, decide again.
+
+        Every other answer is handled as by ``append``: a ``Redirect`` is
+        followed, ``NotCommitted`` (and ``Busy``, ``ShuttingDown``, a broken
+        connection, no answer) resends the same request (same
+        ``expected_last``) with backoff; ``Error { Timeout }`` is raised as a
+        ``ServerError`` and not resent (the batch may still commit).
+        ``PartlyAppended`` (the first ``k`` entries committed right after
+        ``expected_last``, a new leader replaced the rest): the rest is resent
+        as a new ``AppendIf`` expecting the log to end at the prefix's last
+        index, so that the batch stays contiguous. The new leader's own entry
+        usually fails that condition: then ``ConditionFailed`` is raised with
+        ``.expected`` the prefix's last index and ``.committed`` the prefix's
+        indexes (any exception after a committed prefix carries ``.committed``).
+
+        **A ConditionFailed after a resend.** A resent ``AppendIf`` cannot
+        append twice (the condition fails the second time), so after a send
+        whose outcome was unknown (the connection broke, no answer within the
+        request timeout, ``ShuttingDown``) a ``ConditionFailed`` may mean the
+        first send committed: the exception's ``maybe_committed`` is then True,
+        and only a read from ``.expected + 1`` tells (look for the batch
+        there). After a ``Redirect`` or ``NotCommitted`` nothing was appended,
+        so those resends leave ``maybe_committed`` False.
+        """
+        batch = [bytes(e) for e in entries]
+        if not batch or len(batch) > MAX_BATCH_ENTRIES:
+            raise ClientError(f"an AppendIf holds 1..={MAX_BATCH_ENTRIES} entries, not {len(batch)}",
+                              code="EntryTooLarge")
+        if isinstance(expected_last, bool) or not isinstance(expected_last, int) \
+                or not 0 <= expected_last < (1 << 64):
+            raise ValueError(f"expected_last must be a u64, not {expected_last!r}")
+        deadline = self._deadline()
+        indexes: list[int] = []
+        rest = batch
+        expected = expected_last
+        try:
+            while rest:
+                sends = _Sends()
+                resp = self._call("AppendIf", {"expected_last": expected, "entries": rest},
+                                  deadline, sends=sends)
+                if resp["variant"] == "ConditionFailed":
+                    raise ConditionFailed(expected, resp["last"], id=resp["id"],
+                                          maybe_committed=sends.unknown > 0)
+                first, last = resp["first"], resp["last"]
+                k = last - first + 1
+                if first != expected + 1:
+                    raise ProtocolError(
+                        f"{resp['variant']} {first}..={last} for an AppendIf expecting "
+                        f"the log to end at {expected}")
+                if resp["variant"] == "Appended":
+                    if k != len(rest):
+                        raise ProtocolError(
+                            f"Appended {first}..={last} for a batch of {len(rest)} entries")
+                    indexes.extend(range(first, last + 1))
+                    rest = []
+                else:  # PartlyAppended: entries[:k] committed; resend entries[k:] after them
+                    if not 0 <= k < len(rest):
+                        raise ProtocolError(
+                            f"PartlyAppended {first}..={last} for a batch of {len(rest)} entries")
+                    indexes.extend(range(first, last + 1))
+                    rest = rest[k:]
+                    expected = last
+        except RdmalogError as e:
+            e.committed = list(indexes)  # type: ignore[attr-defined]
+            raise
+        return indexes[0], indexes[-1]
 
     def read(self, from_index: int, max_bytes: int = 1 << 20, *,
              consistency: Any = None) -> list[tuple[int, bytes]]:
@@ -1294,7 +1439,7 @@ class Client:
 
 
 def _main(argv: list[str]) -> int:  # pragma: no cover - a small manual tool
-    """python3 rdmalog_client.py ADDR[,ADDR...] CLUSTER_ID status|append TEXT...|read FROM [local|linearizable|INDEX]"""
+    """python3 rdmalog_client.py ADDR[,ADDR...] CLUSTER_ID status|append TEXT...|append-if EXPECTED_LAST TEXT...|read FROM [local|linearizable|INDEX]"""
     if len(argv) < 3:
         print(_main.__doc__)
         return 2
@@ -1303,6 +1448,12 @@ def _main(argv: list[str]) -> int:  # pragma: no cover - a small manual tool
             print(json.dumps(c.status(), indent=1, default=list))
         elif argv[2] == "append":
             print(c.append([a.encode() for a in argv[3:]]))
+        elif argv[2] == "append-if":
+            try:
+                print(c.append_if([a.encode() for a in argv[4:]], int(argv[3], 0)))
+            except ConditionFailed as e:
+                print(e)
+                return 1
         elif argv[2] == "read":
             mode = argv[4] if len(argv) > 4 else None
             if mode is not None and mode.isdigit():

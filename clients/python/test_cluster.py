@@ -128,6 +128,23 @@ def read_now(client: rc.Client, first: int, last: int, consistency) -> dict[int,
     return out
 
 
+def read_to_end(client: rc.Client, first: int, consistency) -> dict[int, bytes]:
+    """Every application entry from ``first`` to the end the answering node has
+    committed (until a read comes back empty)."""
+    out: dict[int, bytes] = {}
+    idx = first
+    while True:
+        got = client.read(idx, consistency=consistency)
+        if not got:
+            return out
+        prev = idx - 1
+        for i, data in got:
+            assert i > prev, f"read from {idx}: indexes not increasing ({prev}, {i})"
+            prev = i
+            out[i] = data
+        idx = got[-1][0] + 1
+
+
 def roles(addrs: list[str]) -> dict[str, tuple[int, str]]:
     """addr -> (node id, role) as each node's own Status says."""
     out = {}
@@ -274,16 +291,69 @@ class ClusterTest(unittest.TestCase):
         if member_ids:
             self.assertIn(st["leader"]["id"], member_ids)
 
+        # 7. Conditional append (PROTOCOL.md 6.1). With nothing else in flight,
+        # the commit of a linearizable read is the log's end E; append_if(.., E)
+        # lands at E+1..; the same E again fails with the end after the first
+        # batch, and the second batch is nowhere in the log.
+        cond = [f"python before {nonce} conditional {j}".encode() for j in range(3)]
+        refused = [f"python before {nonce} refused {j}".encode() for j in range(2)]
+        cond_retries = 0   # conditions failed by raft's own entries only (a leader change)
+        with new_client(self.addrs) as c:
+            while True:
+                c.read(last, consistency="linearizable")
+                end = c.last_commit
+                self.assertGreaterEqual(end, last)
+                try:
+                    cfirst, clast = c.append_if(cond, end)
+                    break
+                except rc.ConditionFailed as e:
+                    # Only acceptable when no application entry follows E: the
+                    # document's "a leader change adds the new leader's own
+                    # entry, which fails the condition once".
+                    after_end = read_to_end(c, end + 1, "linearizable")
+                    if e.maybe_committed and [after_end.get(end + 1 + j)
+                                              for j in range(len(cond))] == cond:
+                        cfirst, clast = end + 1, end + len(cond)  # the first send committed
+                        break
+                    self.assertEqual(after_end, {},
+                                     f"append_if({end}) failed ({e}) though only this test "
+                                     f"appends: entries after {end}: {sorted(after_end)}")
+                    cond_retries += 1
+                    self.assertLessEqual(cond_retries, 2, f"append_if keeps failing: {e}")
+            self.assertEqual((cfirst, clast), (end + 1, end + len(cond)),
+                             f"append_if(expected_last={end}) landed at {cfirst}..={clast}")
+            with self.assertRaises(rc.ConditionFailed) as cm:
+                c.append_if(refused, end)
+            failed = cm.exception
+            self.assertEqual(failed.expected, end)
+            self.assertEqual(failed.last, clast,
+                             f"ConditionFailed names the end {failed.last}, not {clast} "
+                             f"(the end after the first conditional append)")
+            self.assertEqual(failed.committed, [])
+            after_end = read_to_end(c, end + 1, "linearizable")
+        check_pairs(self, after_end, list(zip(range(cfirst, clast + 1), cond)))
+        self.assertEqual(sorted(after_end), list(range(cfirst, clast + 1)),
+                         f"application entries after {end}: only the conditional batch")
+        for data in refused:
+            self.assertNotIn(data, after_end.values(), "a refused conditional entry is in the log")
+        cond_pairs = list(zip(range(cfirst, clast + 1), cond))
+        pairs += cond_pairs
+
         with open(state_path(), "w", encoding="utf-8") as f:
             json.dump({"cluster_id": cid, "leader": st["leader"],
-                       "pairs": [[i, d.hex()] for i, d in pairs]}, f)
+                       "pairs": [[i, d.hex()] for i, d in pairs],
+                       "conditional": [[i, d.hex()] for i, d in cond_pairs],
+                       "refused": [d.hex() for d in refused]}, f)
         print(f"\npython client: phase before: {appends} appends ({len(pairs)} entries) verified; "
               f"{began_at_follower} of 3 runs began at a follower, {followed} followed a redirect; "
               f"read back and tailed {first}..={last}; at-least({last}) read on "
               f"{len(at_least_nodes)} nodes; linearizable read from follower "
               f"{node_roles[follower][0]} answered by node {lin_node} after "
               f"{lin_redirects} redirect(s); leader {st['leader']['id']} "
-              f"at {st['leader']['client_addr']} (first seen {leader['id']})")
+              f"at {st['leader']['client_addr']} (first seen {leader['id']}); "
+              f"append_if at end {end} landed at {cfirst}..={clast}"
+              f"{f' after {cond_retries} failed condition(s)' if cond_retries else ''}, "
+              f"a second append_if({end}) failed with end {failed.last} and is not in the log")
 
     # ------------------------------------------------------------------- after
 
@@ -294,6 +364,12 @@ class ClusterTest(unittest.TestCase):
             state = json.load(f)
         old = [(int(i), bytes.fromhex(h)) for i, h in state["pairs"]]
         self.assertTrue(old, "the state file holds no entries")
+        # The conditional entries are among "pairs" (checked like the others);
+        # the refused batch must still be absent.
+        conditional = [(int(i), bytes.fromhex(h)) for i, h in state.get("conditional", [])]
+        refused = [bytes.fromhex(h) for h in state.get("refused", [])]
+        self.assertLessEqual(set(conditional), set(old),
+                             "the conditional entries are missing from the state's pairs")
         nonce = os.urandom(4).hex()
 
         with new_client(self.addrs) as c:
@@ -306,6 +382,9 @@ class ClusterTest(unittest.TestCase):
             st = c.status()
         check_pairs(self, have, old)   # nothing acknowledged lost or changed
         check_pairs(self, have, new)
+        values = set(have.values())
+        for data in refused:
+            self.assertNotIn(data, values, "a refused conditional entry appeared in the log")
 
         # A linearizable read through the new leader finds every entry of the state file.
         with new_client(self.addrs) as c:
@@ -323,7 +402,9 @@ class ClusterTest(unittest.TestCase):
         print(f"\npython client: phase after: 1 append ({len(new)} entries) through leader "
               f"{leader['id']} (old leader {old_leader.get('id', '?')}); {len(old)} acknowledged "
               f"entries from phase before intact; read 1..={last} ({len(have)} entries) verified; "
-              f"linearizable read {lo}..={hi} through leader {lin_node} found all {len(old)}")
+              f"linearizable read {lo}..={hi} through leader {lin_node} found all {len(old)}"
+              f" ({len(conditional)} conditional among them; {len(refused)} refused "
+              f"conditional entries absent)")
 
 
 if __name__ == "__main__":

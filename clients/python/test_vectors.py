@@ -1,5 +1,6 @@
 """Check rdmalog_client's codec against docs/protocol-vectors.json (PROTOCOL.md section 9),
-and Client.read's consistencies against loopback fake nodes (no cluster needed).
+and Client.read's consistencies and Client.append_if against loopback fake nodes (no
+cluster needed).
 
     python3 -m unittest discover -s clients/python -p 'test_vectors.py' -v
 
@@ -105,6 +106,45 @@ class VectorTests(unittest.TestCase):
         msg = {"variant": "Append", "id": 7, "entries": [b"hello", b""]}
         self.assertEqual(rc.to_json_form(msg),
                          {"variant": "Append", "id": 7, "entries": ["68656c6c6f", ""]})
+        msg = {"variant": "AppendIf", "id": 7, "expected_last": 2 ** 64 - 1,
+               "entries": [b"\x00\xff", b""]}
+        js = {"variant": "AppendIf", "id": 7, "expected_last": 2 ** 64 - 1,
+              "entries": ["00ff", ""]}
+        self.assertEqual(rc.to_json_form(msg), js)
+        self.assertEqual(rc.from_json_form(js), msg)
+
+    def test_conditional_append_by_hand(self):
+        # 5.1: AppendIf is Request 7: id, expected_last, entries (Vec<Vec<u8>>)
+        msg = {"variant": "AppendIf", "id": 3, "expected_last": 0, "entries": [b"\x09"]}
+        self.assertEqual(rc.encode_request(msg).hex(), "0703000101" + "09")
+        msg = {"variant": "AppendIf", "id": 1, "expected_last": 70000, "entries": [b"", b"ab"]}
+        body = bytes.fromhex("0701" + "fc70110100" + "02" + "00" + "026162")
+        self.assertEqual(rc.encode_request(msg), body)
+        self.assertEqual(rc.decode_request(body), msg)
+        # 5.2: ConditionFailed is Response 8: id, last
+        resp = {"variant": "ConditionFailed", "id": 2 ** 32, "last": 251}
+        body = bytes.fromhex("08" + "fd0000000001000000" + "fbfb00")
+        self.assertEqual(rc.encode_response(resp), body)
+        self.assertEqual(rc.decode_response(body), resp)
+        # the same indexes do not exist in the other direction
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_response(msg)
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request(resp)
+        # expected_last is a u64: FE refused, non-shortest refused, missing entries truncated
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("0701fe" + "00" * 16 + "00"))
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("0701fb0500" + "00"))
+        with self.assertRaises(rc.ProtocolError):
+            rc.decode_request(bytes.fromhex("070105"))
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "AppendIf", "id": 1, "expected_last": -1,
+                               "entries": [b"x"]})
+        with self.assertRaises(rc.ProtocolError):
+            rc.encode_request({"variant": "AppendIf", "id": 1, "entries": [b"x"]})
+        with self.assertRaises(rc.ProtocolError):  # ConditionFailed without its last
+            rc.decode_response(bytes.fromhex("0801"))
 
     # ---- negative tests --------------------------------------------------
 
@@ -196,9 +236,13 @@ class VectorTests(unittest.TestCase):
 
     def test_unknown_variant_rejected(self):
         with self.assertRaises(rc.ProtocolError):
-            rc.decode_request(bytes.fromhex("0701"))      # Request index 7
+            rc.decode_request(bytes.fromhex("080100"))    # Request index 8
         with self.assertRaises(rc.ProtocolError):
-            rc.decode_response(bytes.fromhex("0801"))     # Response index 8
+            rc.decode_response(bytes.fromhex("090101"))   # Response index 9
+        # (indexes 7 and 8 are AppendIf and ConditionFailed since version 3)
+        self.assertEqual(rc.decode_request(bytes.fromhex("0701000100"))["variant"], "AppendIf")
+        self.assertEqual(rc.decode_response(bytes.fromhex("080101"))["variant"],
+                         "ConditionFailed")
         with self.assertRaises(rc.ProtocolError):          # ErrorCode index 12
             rc.decode_response(bytes.fromhex("06000c0178"))
         with self.assertRaises(rc.ProtocolError):          # Role index 3
@@ -396,6 +440,8 @@ class FakeNode:
                             "role": "ReadOnly"}
                 else:
                     resp = self.answer(req, self)
+                if resp is None:
+                    return  # the script breaks the connection without an answer
                 conn.sendall(rc.encode_frame(resp, "response"))
         finally:
             stream.close()
@@ -495,6 +541,192 @@ class ClientReadTests(unittest.TestCase):
                 c.read(1, consistency="linearizable")
         self.assertEqual(cm.exception.code, "Timeout")
         self.assertGreater(len(m.requests), 2, "retried within the deadline")
+
+
+class FakeLog:
+    """The leader's log for append_if tests: ``end`` is its last index."""
+
+    def __init__(self, end):
+        self.end = end
+        self.batches = []   # (first, entries) of every batch appended
+
+    def append_if(self, req):
+        if req["expected_last"] != self.end:
+            return {"variant": "ConditionFailed", "id": req["id"], "last": self.end}
+        first = self.end + 1
+        self.end += len(req["entries"])
+        self.batches.append((first, list(req["entries"])))
+        return {"variant": "Appended", "id": req["id"], "first": first, "last": self.end}
+
+
+class ClientAppendIfTests(unittest.TestCase):
+    """Client.append_if against loopback fake nodes."""
+
+    def setUp(self):
+        self.nodes = []
+
+    def tearDown(self):
+        for n in self.nodes:
+            n.close()
+
+    def node(self, node_id, answer, leader=None):
+        n = FakeNode(node_id, answer, leader)
+        self.nodes.append(n)
+        return n
+
+    def appends(self, node):
+        return [r for r in node.requests if r["variant"] == "AppendIf"]
+
+    def test_appended_then_condition_failed(self):
+        log = FakeLog(41)
+        n = self.node(1, lambda req, node: log.append_if(req))
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append_if([b"a", b"b", b"c"], 41), (42, 44))
+            with self.assertRaises(rc.ConditionFailed) as cm:
+                c.append_if([b"d"], 41)
+        e = cm.exception
+        self.assertIsInstance(e, rc.RdmalogError)
+        self.assertEqual((e.expected, e.last, e.maybe_committed, e.committed), (41, 44, False, []))
+        self.assertEqual(log.batches, [(42, [b"a", b"b", b"c"])])
+        sent = self.appends(n)
+        self.assertEqual(len(sent), 2, "a ConditionFailed is not resent")
+        self.assertEqual(sent[0], {"variant": "AppendIf", "id": sent[0]["id"],
+                                   "expected_last": 41, "entries": [b"a", b"b", b"c"]})
+        self.assertEqual(e.id, sent[1]["id"])
+
+    def test_redirect_followed(self):
+        log = FakeLog(0)
+        leader = self.node(2, lambda req, node: log.append_if(req))
+        follower = self.node(1, lambda req, node: {"variant": "Redirect", "id": req["id"],
+                                                   "leader": leader.info()}, leader=leader)
+        with rc.Client([follower.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append_if([b"x"], 0), (1, 1))
+            self.assertEqual(c.redirects_followed, 1)
+        self.assertEqual(len(self.appends(follower)), 1)
+        self.assertEqual(self.appends(leader)[0]["expected_last"], 0)
+
+    def test_not_committed_resent_then_condition_failed_is_certain(self):
+        # NotCommitted: nothing is in the log; the new leader's own entry then
+        # fails the resent condition, and that failure is certain.
+        log = FakeLog(10)
+        calls = []
+
+        def answer(req, node):
+            calls.append(req)
+            if len(calls) == 1:
+                log.end += 1  # a new leader's no-op replaced the batch
+                return {"variant": "Error", "id": req["id"], "code": "NotCommitted",
+                        "message": "retry"}
+            return log.append_if(req)
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ConditionFailed) as cm:
+                c.append_if([b"x", b"y"], 10)
+        e = cm.exception
+        self.assertEqual((e.expected, e.last, e.maybe_committed), (10, 11, False))
+        self.assertEqual([r["expected_last"] for r in calls], [10, 10])
+        self.assertEqual(calls[1]["entries"], [b"x", b"y"], "the whole batch is resent")
+        self.assertNotEqual(calls[0]["id"], calls[1]["id"])
+
+    def test_condition_failed_after_unknown_outcome_may_mean_committed(self):
+        # The first send commits but its answer is lost (the connection breaks):
+        # the resend's condition fails on the batch's own entries.
+        log = FakeLog(5)
+        calls = []
+
+        def answer(req, node):
+            calls.append(req)
+            resp = log.append_if(req)
+            return None if len(calls) == 1 else resp
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ConditionFailed) as cm:
+                c.append_if([b"x", b"y"], 5)
+        e = cm.exception
+        self.assertEqual((e.expected, e.last, e.maybe_committed), (5, 7, True))
+        self.assertIn("may have committed", str(e))
+        self.assertEqual(log.batches, [(6, [b"x", b"y"])], "appended once, not twice")
+
+        # ShuttingDown with an id: outcome unknown too.
+        log2 = FakeLog(5)
+        calls2 = []
+
+        def answer2(req, node):
+            calls2.append(req)
+            resp = log2.append_if(req)
+            if len(calls2) == 1:
+                return {"variant": "Error", "id": req["id"], "code": "ShuttingDown",
+                        "message": "stopping"}
+            return resp
+        m = self.node(2, answer2)
+        with rc.Client([m.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ConditionFailed) as cm:
+                c.append_if([b"z"], 5)
+        self.assertTrue(cm.exception.maybe_committed)
+        self.assertEqual(cm.exception.last, 6)
+
+    def test_partly_appended_rest_resent_on_the_prefix(self):
+        log = FakeLog(20)
+        calls = []
+
+        def answer(req, node):
+            calls.append(req)
+            if len(calls) == 1:  # two of three committed at 21..22
+                log.end = 22
+                return {"variant": "PartlyAppended", "id": req["id"], "first": 21, "last": 22}
+            return log.append_if(req)
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append_if([b"a", b"b", b"c"], 20), (21, 23))
+        self.assertEqual([(r["expected_last"], r["entries"]) for r in calls],
+                         [(20, [b"a", b"b", b"c"]), (22, [b"c"])])
+
+        # The usual case: a new leader's own entry follows the prefix, so the
+        # rest fails its condition; the prefix is reported in .committed.
+        log2 = FakeLog(20)
+        calls2 = []
+
+        def answer2(req, node):
+            calls2.append(req)
+            if len(calls2) == 1:
+                log2.end = 23  # prefix 21..22, then the new leader's no-op
+                return {"variant": "PartlyAppended", "id": req["id"], "first": 21, "last": 22}
+            return log2.append_if(req)
+        m = self.node(2, answer2)
+        with rc.Client([m.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ConditionFailed) as cm:
+                c.append_if([b"a", b"b", b"c"], 20)
+        e = cm.exception
+        self.assertEqual((e.expected, e.last, e.committed, e.maybe_committed),
+                         (22, 23, [21, 22], False))
+
+    def test_other_answers(self):
+        def timeout(req, node):
+            return {"variant": "Error", "id": req["id"], "code": "Timeout", "message": "slow"}
+        n = self.node(1, timeout)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ServerError) as cm:
+                c.append_if([b"x"], 3)
+        self.assertEqual(cm.exception.code, "Timeout")
+        self.assertEqual(len(self.appends(n)), 1, "a Timeout is not resent")
+
+        def misplaced(req, node):  # the condition ignored: a protocol violation
+            return {"variant": "Appended", "id": req["id"], "first": 9, "last": 9}
+        m = self.node(2, misplaced)
+        with rc.Client([m.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ProtocolError):
+                c.append_if([b"x"], 3)
+
+        def condition_failed(req, node):  # not an answer to a plain Append
+            return {"variant": "ConditionFailed", "id": req["id"], "last": 1}
+        k = self.node(3, condition_failed)
+        with rc.Client([k.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ProtocolError):
+                c.append([b"x"])
+            with self.assertRaises(ValueError):
+                c.append_if([b"x"], -1)
+            with self.assertRaises(rc.ClientError):
+                c.append_if([], 0)
 
 
 if __name__ == "__main__":

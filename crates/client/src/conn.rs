@@ -117,7 +117,8 @@ fn response_id(r: &Response) -> Option<u64> {
         | Response::Entries { id, .. }
         | Response::Status { id, .. }
         | Response::MembershipChanged { id, .. }
-        | Response::Redirect { id, .. } => Some(*id),
+        | Response::Redirect { id, .. }
+        | Response::ConditionFailed { id, .. } => Some(*id),
         Response::Error { id, .. } => *id,
     }
 }
@@ -127,6 +128,7 @@ pub(crate) fn set_id(req: &mut Request, new: u64) {
     match req {
         Request::Hello { .. } => {}
         Request::Append { id, .. }
+        | Request::AppendIf { id, .. }
         | Request::Read { id, .. }
         | Request::Tail { id, .. }
         | Request::Status { id }

@@ -50,6 +50,15 @@ pub enum ClientError {
         /// How many entries the batch had.
         sent: usize,
     },
+    /// A conditional append ([`crate::Client::append_if`]) found the log ending at `last`, not
+    /// at `expected`: nothing was appended. Read on from `expected + 1` and decide again.
+    #[error("the log ends at index {last}, not at {expected}: nothing was appended")]
+    ConditionFailed {
+        /// Where the call expected the log to end.
+        expected: u64,
+        /// Where it ends.
+        last: u64,
+    },
     /// The call did not complete in time: the deadline passed while the servers were busy or
     /// shutting down or while waiting for an answer, or the server reported that an append
     /// did not commit within its own timeout or that whether it is in the log cannot be told

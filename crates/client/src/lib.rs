@@ -425,6 +425,30 @@ impl Client {
     /// If a change of leader kept only a prefix of the batch, nothing is resent and the call
     /// returns [`ClientError::PartlyCommitted`]: append the entries after that prefix again.
     pub fn append(&mut self, entries: &[&[u8]]) -> Result<(u64, u64), ClientError> {
+        self.append_batch(entries, None)
+    }
+
+    /// [`Client::append`] on a condition: the batch is appended only if the log ends at
+    /// `expected_last` (its last index, raft's own entries included: the `commit` a read
+    /// returned once nothing is in flight) when the leader orders it, so that it lands at
+    /// `expected_last + 1 ..`. Otherwise nothing is appended and the call returns
+    /// [`ClientError::ConditionFailed`] with the actual end. Resending after a broken
+    /// connection cannot append twice: the condition fails the second time, so a
+    /// `ConditionFailed` may also mean that an earlier send of this call committed: read from
+    /// `expected_last + 1` to see. Needs servers of protocol version 3.
+    pub fn append_if(
+        &mut self,
+        entries: &[&[u8]],
+        expected_last: u64,
+    ) -> Result<(u64, u64), ClientError> {
+        self.append_batch(entries, Some(expected_last))
+    }
+
+    fn append_batch(
+        &mut self,
+        entries: &[&[u8]],
+        expected_last: Option<u64>,
+    ) -> Result<(u64, u64), ClientError> {
         if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
             return Err(ClientError::Refused {
                 code: ErrorCode::EntryTooLarge,
@@ -435,9 +459,17 @@ impl Client {
                 ),
             });
         }
-        let mut req = Request::Append {
-            id: 0,
-            entries: entries.iter().map(|e| e.to_vec()).collect(),
+        let batch = entries.iter().map(|e| e.to_vec()).collect();
+        let mut req = match expected_last {
+            None => Request::Append {
+                id: 0,
+                entries: batch,
+            },
+            Some(expected_last) => Request::AppendIf {
+                id: 0,
+                expected_last,
+                entries: batch,
+            },
         };
         let mut frame = Vec::new();
         proto::encode_frame(&req, &mut frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -458,6 +490,15 @@ impl Client {
                 Response::Appended { first, last, .. } => Ok((first, last)),
                 Response::PartlyAppended { first, last, .. } => {
                     Err(partly_committed(conn, first, last, entries.len()))
+                }
+                Response::ConditionFailed { last, .. } if expected_last.is_some() => {
+                    Err(Step::Fatal {
+                        err: ClientError::ConditionFailed {
+                            expected: expected_last.unwrap_or_default(),
+                            last,
+                        },
+                        keep_conn: true,
+                    })
                 }
                 other => Err(unexpected(conn, "Append", &other)),
             }

@@ -465,3 +465,25 @@ fn reads_with_a_stated_consistency_follow_the_leader_or_wait_on_a_follower() {
     let (node, _, _) = reader.connected_to().unwrap();
     assert!(node == l || c.leader() != l, "read from {node}, leader {l}");
 }
+
+/// `append_if`: lands right after the end it was told, or fails with the actual end.
+#[test]
+fn append_if_appends_only_where_the_log_ends() {
+    use client::ReadConsistency;
+    let c = cluster(|_| {});
+    let mut client = Client::connect(c.config(&[1, 2, 3])).unwrap();
+    client.append(&[b"first"]).unwrap();
+    let (_, end) = client
+        .read_with(1, 1 << 20, ReadConsistency::Linearizable)
+        .unwrap();
+    let (first, last) = client.append_if(&[b"a", b"b"], end).unwrap();
+    assert_eq!((first, last), (end + 1, end + 2));
+    match client.append_if(&[b"late"], end) {
+        Err(ClientError::ConditionFailed { expected, last }) => {
+            assert_eq!((expected, last), (end, end + 2));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The connection stays usable.
+    client.append_if(&[b"next"], end + 2).unwrap();
+}

@@ -39,7 +39,9 @@ use bincode::{Decode, Encode};
 /// The protocol version this build speaks. Version 2 added [`Response::PartlyAppended`]; a
 /// server answers a version-1 client's partly committed batch with a `Timeout` error instead,
 /// which that client does not resend. Version 3 added [`Request::ReadWith`], a read with a
-/// stated consistency; clients of versions 1 and 2 never send it.
+/// stated consistency, and [`Request::AppendIf`], a conditional append answered
+/// [`Response::ConditionFailed`] when its condition does not hold; clients of versions 1 and
+/// 2 never send them.
 pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The oldest protocol version a server of this build still accepts at the hello. Each
@@ -191,6 +193,19 @@ pub enum Request {
         max_bytes: u32,
         /// How fresh the answer must be.
         consistency: ReadConsistency,
+    },
+    /// [`Request::Append`] on a condition (protocol version 3): the batch is appended only if
+    /// the log ends at `expected_last` when the leader orders it, so that its first entry goes
+    /// to `expected_last + 1`; otherwise it is answered [`Response::ConditionFailed`] with the
+    /// actual end and nothing is appended.
+    AppendIf {
+        /// Echoed in the response.
+        id: u64,
+        /// Where the log must end: its last index, raft's own entries included (the `commit`
+        /// of an `Entries` answer once everything is committed).
+        expected_last: u64,
+        /// The entries, in order (at most [`MAX_BATCH_ENTRIES`]).
+        entries: Vec<Vec<u8>>,
     },
 }
 
@@ -355,6 +370,14 @@ pub enum Response {
         /// Index of the last entry that committed.
         last: u64,
     },
+    /// The log did not end where [`Request::AppendIf`] `id` expected: it ends at `last`, and
+    /// nothing was appended (protocol version 3).
+    ConditionFailed {
+        /// The request id.
+        id: u64,
+        /// Where the log ends (its last index on the leader when the request was ordered).
+        last: u64,
+    },
 }
 
 /// Why a frame could not be read.
@@ -437,13 +460,24 @@ mod sealed {
 /// `Request::Append`'s variant index: bincode numbers variants in declaration order.
 const APPEND_VARIANT: u32 = 1;
 
+/// `Request::AppendIf`'s variant index.
+const APPEND_IF_VARIANT: u32 = 7;
+
 impl Message for Request {
     fn check_body(body: &[u8]) -> Result<(), FrameError> {
-        // The variant, the id and the entry count lead an Append's encoding. The limit only
-        // has to cover three integers.
-        let head = bincode::decode_from_slice::<(u32, u64, u64), _>(body, config::<64>());
-        match head {
-            Ok(((APPEND_VARIANT, id, entries), _)) if entries > MAX_BATCH_ENTRIES as u64 => {
+        // The variant, the id and the entry count lead an Append's encoding (an AppendIf's
+        // has the expected end before the count). The limit only has to cover four integers.
+        let count = match bincode::decode_from_slice::<(u32, u64, u64), _>(body, config::<64>()) {
+            Ok(((APPEND_VARIANT, id, entries), _)) => Some((id, entries)),
+            Ok(((APPEND_IF_VARIANT, ..), _)) => {
+                bincode::decode_from_slice::<(u32, u64, u64, u64), _>(body, config::<64>())
+                    .ok()
+                    .map(|((_, id, _, entries), _)| (id, entries))
+            }
+            _ => None,
+        };
+        match count {
+            Some((id, entries)) if entries > MAX_BATCH_ENTRIES as u64 => {
                 Err(FrameError::BatchTooLong { id, entries })
             }
             _ => Ok(()),
@@ -590,5 +624,22 @@ mod tests {
             })
         ));
         assert!(Request::check_body(&[2, 3, 0xFB, 0x01, 0x10]).is_ok());
+        // An AppendIf's count comes after its expected end.
+        let head = [APPEND_IF_VARIANT as u8, 3, 9, 0xFB, 0x01, 0x10];
+        assert!(matches!(
+            Request::check_body(&head),
+            Err(FrameError::BatchTooLong {
+                id: 3,
+                entries: 4097
+            })
+        ));
+        let mut buf = Vec::new();
+        let req = Request::AppendIf {
+            id: 3,
+            expected_last: 9,
+            entries: vec![vec![9]],
+        };
+        encode_frame(&req, &mut buf).unwrap();
+        assert_eq!(buf[4..], [APPEND_IF_VARIANT as u8, 3, 9, 1, 1, 9]);
     }
 }

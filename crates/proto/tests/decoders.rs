@@ -43,6 +43,16 @@ fn request() -> impl Strategy<Value = Request> {
         (
             any::<u64>(),
             any::<u64>(),
+            proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..20)
+        )
+            .prop_map(|(id, expected_last, entries)| Request::AppendIf {
+                id,
+                expected_last,
+                entries
+            }),
+        (
+            any::<u64>(),
+            any::<u64>(),
             any::<u32>(),
             any::<u8>(),
             any::<u64>()

@@ -53,6 +53,14 @@ fn request_json(r: &Request) -> Value {
         Request::Members { id, add, node } => {
             json!({"variant": "Members", "id": id, "add": add, "node": node})
         }
+        Request::AppendIf {
+            id,
+            expected_last,
+            entries,
+        } => json!({
+            "variant": "AppendIf", "id": id, "expected_last": expected_last,
+            "entries": entries.iter().map(|e| hex(e)).collect::<Vec<_>>(),
+        }),
         Request::ReadWith {
             id,
             from,
@@ -119,6 +127,9 @@ fn response_json(r: &Response) -> Value {
         }),
         Response::PartlyAppended { id, first, last } => {
             json!({"variant": "PartlyAppended", "id": id, "first": first, "last": last})
+        }
+        Response::ConditionFailed { id, last } => {
+            json!({"variant": "ConditionFailed", "id": id, "last": last})
         }
     }
 }
@@ -250,6 +261,18 @@ fn vectors() -> Vec<(&'static str, Msg)> {
                 max_bytes: 1 << 20,
                 consistency: ReadConsistency::AtLeast(70_000),
             }),
+        ),
+        (
+            "conditional append",
+            Req(Request::AppendIf {
+                id: 15,
+                expected_last: 300,
+                entries: vec![b"if".to_vec(), b"still".to_vec()],
+            }),
+        ),
+        (
+            "condition failed",
+            Resp(Response::ConditionFailed { id: 15, last: 302 }),
         ),
         (
             "welcome",

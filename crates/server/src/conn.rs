@@ -581,6 +581,44 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         Ok(())
     }
 
+    /// An `Append` (`expected_last: None`) or an `AppendIf`: refused, or pending on its
+    /// entries' handles.
+    fn append(&mut self, id: u64, entries: Vec<Vec<u8>>, expected_last: Option<u64>) {
+        if self.role < Role::ReadWrite {
+            self.refuse(
+                id,
+                ErrorCode::Unauthorized,
+                "this connection is read-only: appends need a read-write token".into(),
+            );
+        } else if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
+            self.refuse(
+                id,
+                ErrorCode::EntryTooLarge,
+                format!(
+                    "a batch holds 1 to {} entries, not {}",
+                    proto::MAX_BATCH_ENTRIES,
+                    entries.len()
+                ),
+            );
+        } else {
+            let log = &self.shared.log;
+            let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+            let proposed = match expected_last {
+                None => log.append_batch(&refs),
+                Some(e) => log.append_batch_if(&refs, e),
+            };
+            let p = match proposed {
+                Ok(handles) => Pending::Append {
+                    id,
+                    handles,
+                    start: Instant::now(),
+                },
+                Err(e) => Pending::Ready(self.error(id, &e)),
+            };
+            self.pending.push_back(p);
+        }
+    }
+
     /// The answer to the front [`Pending::Read`] once its consistency is met (or cannot be
     /// in time); `None` while it waits.
     fn read_outcome(&mut self) -> Option<Response> {
@@ -626,6 +664,9 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
     }
 
     fn error(&self, id: u64, e: &ReplicaError) -> Response {
+        if let ReplicaError::ConditionFailed { last, .. } = e {
+            return Response::ConditionFailed { id, last: *last };
+        }
         if let ReplicaError::NotLeader { leader_hint } = e {
             self.shared
                 .metrics
@@ -660,36 +701,12 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     "a second Hello on one connection".into(),
                 ));
             }
-            Request::Append { id, entries } => {
-                if self.role < Role::ReadWrite {
-                    self.refuse(
-                        id,
-                        ErrorCode::Unauthorized,
-                        "this connection is read-only: appends need a read-write token".into(),
-                    );
-                } else if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
-                    self.refuse(
-                        id,
-                        ErrorCode::EntryTooLarge,
-                        format!(
-                            "a batch holds 1 to {} entries, not {}",
-                            proto::MAX_BATCH_ENTRIES,
-                            entries.len()
-                        ),
-                    );
-                } else {
-                    let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
-                    let p = match log.append_batch(&refs) {
-                        Ok(handles) => Pending::Append {
-                            id,
-                            handles,
-                            start: Instant::now(),
-                        },
-                        Err(e) => Pending::Ready(self.error(id, &e)),
-                    };
-                    self.pending.push_back(p);
-                }
-            }
+            Request::Append { id, entries } => self.append(id, entries, None),
+            Request::AppendIf {
+                id,
+                expected_last,
+                entries,
+            } => self.append(id, entries, Some(expected_last)),
             Request::Read {
                 id,
                 from,

@@ -865,3 +865,59 @@ fn reads_with_a_stated_consistency() {
     let r = read(&mut nc, ReadConsistency::Linearizable);
     assert!(holds(&r, after), "the new leader's read: {r:?}");
 }
+
+/// `AppendIf` (protocol version 3): appended right after the end it expected when the log ends
+/// there; `ConditionFailed` with the actual end, and nothing appended, when it does not; a
+/// follower redirects it like an `Append`.
+#[test]
+fn a_conditional_append_lands_right_after_the_end_it_expected_or_not_at_all() {
+    use proto::ReadConsistency;
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let mut lc = connect(c.server(l).client_addr(), None);
+    assert!(matches!(
+        append(&mut lc, b"before"),
+        Response::Appended { .. }
+    ));
+    let r = lc.call(|id| Request::ReadWith {
+        id,
+        from: 1,
+        max_bytes: 1 << 20,
+        consistency: ReadConsistency::Linearizable,
+    });
+    let Response::Entries { commit: end, .. } = r else {
+        panic!("{r:?}")
+    };
+    let append_if = |cl: &mut Client<TcpStream>, expected_last, data: &[&[u8]]| {
+        cl.call(|id| Request::AppendIf {
+            id,
+            expected_last,
+            entries: data.iter().map(|d| d.to_vec()).collect(),
+        })
+    };
+    let r = append_if(&mut lc, end, &[b"if-1", b"if-2"]);
+    assert!(
+        matches!(r, Response::Appended { first, last, .. } if first == end + 1 && last == end + 2),
+        "expected end {end}: {r:?}"
+    );
+    let r = append_if(&mut lc, end, &[b"stale"]);
+    assert!(
+        matches!(r, Response::ConditionFailed { last, .. } if last == end + 2),
+        "{r:?}"
+    );
+    let r = lc.call(|id| Request::Read {
+        id,
+        from: 1,
+        max_bytes: 1 << 20,
+    });
+    let Response::Entries { entries, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert!(entries.iter().all(|e| e.data != b"stale"), "{entries:?}");
+    let f = (1..=3).find(|&i| i != l).unwrap();
+    let mut fc = connect(c.server(f).client_addr(), None);
+    assert!(matches!(
+        append_if(&mut fc, end + 2, &[b"x"]),
+        Response::Redirect { .. }
+    ));
+}
