@@ -37,6 +37,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
@@ -313,6 +314,25 @@ fn tls_error(handshaking: bool, e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why)
 }
 
+/// What a write to the socket means for a flush: go on with the bytes it took (0 after an
+/// interrupted call), or stop: `Ok` when the socket is full, an error when the link is closed
+/// (`out` is marked so).
+fn socket_took(out: &mut Out, written: io::Result<usize>) -> ControlFlow<io::Result<()>, usize> {
+    match written {
+        Ok(0) => {
+            out.closed = true;
+            ControlFlow::Break(Err(io::ErrorKind::WriteZero.into()))
+        }
+        Ok(n) => ControlFlow::Continue(n),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => ControlFlow::Break(Ok(())),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => ControlFlow::Continue(0),
+        Err(e) => {
+            out.closed = true;
+            ControlFlow::Break(Err(e))
+        }
+    }
+}
+
 /// Whether `bytes` start like a TLS record (a handshake or an alert), which a plain peer link
 /// receives when the peer speaks TLS.
 fn looks_like_tls(bytes: &[u8]) -> bool {
@@ -349,18 +369,9 @@ impl Link {
             return self.flush_tls(out, &mut lock(tls));
         }
         while let Some(front) = out.pending.front() {
-            match (&self.stream).write(&front[out.head..]) {
-                Ok(0) => {
-                    out.closed = true;
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                Ok(n) => self.taken(out, n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    out.closed = true;
-                    return Err(e);
-                }
+            match socket_took(out, (&self.stream).write(&front[out.head..])) {
+                ControlFlow::Continue(n) => self.taken(out, n),
+                ControlFlow::Break(r) => return r,
             }
         }
         Ok(())
@@ -372,18 +383,8 @@ impl Link {
     fn flush_tls(&self, out: &mut Out, tls: &mut rustls::Connection) -> io::Result<()> {
         loop {
             while tls.wants_write() {
-                match tls.write_tls(&mut &self.stream) {
-                    Ok(0) => {
-                        out.closed = true;
-                        return Err(io::ErrorKind::WriteZero.into());
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        out.closed = true;
-                        return Err(e);
-                    }
+                if let ControlFlow::Break(r) = socket_took(out, tls.write_tls(&mut &self.stream)) {
+                    return r;
                 }
             }
             let Some(front) = out.pending.front() else {
@@ -399,6 +400,9 @@ impl Link {
 
     /// Accounts `n` more bytes of the front frame as written.
     fn taken(&self, out: &mut Out, n: usize) {
+        if n == 0 {
+            return;
+        }
         out.head += n;
         if out.head == out.pending.front().map_or(0, Vec::len) {
             out.head = 0;

@@ -221,6 +221,22 @@ impl<F: Fabric> Shared<F> {
         Ok(())
     }
 
+    /// Polls `ready` until it gives a value, sleeping on progress in between (see
+    /// [`Shared::wait_progress`]); `None` once `timeout` passed.
+    fn wait_until<T>(&self, timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = ready() {
+                return Some(v);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.wait_progress(left);
+        }
+    }
+
     /// Sleeps until the commit index moves (or the driver stops), at most `left`, and never
     /// longer than 10 ms so a waiter re-checks its own condition even if a wake-up is missed.
     fn wait_progress(&self, left: Duration) {
@@ -375,20 +391,20 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// the index an append returned, then [`Log::read`] here sees it). `Timeout` if it has not
     /// within `timeout`.
     pub fn wait_for_commit(&self, index: u64, timeout: Duration) -> Result<(), ReplicaError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.shared.check()?;
-            if self.shared.commit.load(Ordering::Acquire) >= index
-                || self.shared.lock().commit_index() >= index
-            {
-                return Ok(());
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ReplicaError::Timeout { index });
-            }
-            self.shared.wait_progress(left);
-        }
+        let s = &self.shared;
+        s.wait_until(timeout, || match s.check() {
+            Err(e) => Some(Err(e)),
+            Ok(()) if s.commit.load(Ordering::Acquire) >= index => Some(Ok(())),
+            Ok(()) => (s.lock().commit_index() >= index).then_some(Ok(())),
+        })
+        .unwrap_or(Err(ReplicaError::Timeout { index }))
+    }
+
+    /// Sleeps until the commit index moves or a linearizable read is confirmed (or the log
+    /// stops), at most `timeout`: for a caller polling [`ReadHandle::try_result`] among other
+    /// work.
+    pub fn wait_for_progress(&self, timeout: Duration) {
+        self.shared.wait_progress(timeout);
     }
 
     /// [`Log::append_batch`] on a condition: only if the log ends at `expected_last` (its last
@@ -588,7 +604,7 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
             std::hint::spin_loop();
             continue;
         }
-        let (result, commit, busy) = {
+        let (result, progress, busy) = {
             let asked = Instant::now();
             let mut r = s.lock();
             if s.panic_for_test.swap(false, Ordering::AcqRel) {
@@ -625,8 +641,9 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
             s.fail(e.to_string());
             return;
         }
-        s.publish_commit(commit.0);
-        s.publish_reads(commit.1);
+        let (commit, reads) = progress;
+        s.publish_commit(commit);
+        s.publish_reads(reads);
         if busy {
             idle_since = None;
             backoff.reset();
@@ -727,19 +744,12 @@ impl<F: Fabric + Send + 'static> ReadHandle<F> {
     /// Waits at most `timeout` for the read to resolve; `Timeout` if it has not (a majority
     /// may be unreachable: nothing was read).
     pub fn wait(mut self, timeout: Duration) -> Result<u64, ReplicaError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(r) = self.try_result() {
-                return r;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ReplicaError::ReadTimeout {
-                    waited_ms: timeout.as_millis() as u64,
-                });
-            }
-            self.shared.wait_progress(left);
-        }
+        let shared = self.shared.clone();
+        shared
+            .wait_until(timeout, || self.try_result())
+            .unwrap_or(Err(ReplicaError::ReadTimeout {
+                waited_ms: timeout.as_millis() as u64,
+            }))
     }
 }
 

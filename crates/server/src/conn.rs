@@ -423,16 +423,8 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     Pending::Members { handle, .. } => {
                         handle.wait_for(Duration::from_millis(1));
                     }
-                    Pending::Read { wait, .. } => {
-                        let index = match wait {
-                            ReadWait::AtLeast(index) => *index,
-                            // Confirmations wake commit waiters too.
-                            ReadWait::Linearizable(_) => u64::MAX,
-                        };
-                        let _ = self
-                            .shared
-                            .log
-                            .wait_for_commit(index, Duration::from_millis(1));
+                    Pending::Read { .. } => {
+                        self.shared.log.wait_for_progress(Duration::from_millis(1));
                     }
                     Pending::Ready(_) => {}
                 }
