@@ -60,6 +60,7 @@ mod mutation;
 pub mod node;
 pub mod reads;
 pub mod recovering;
+pub mod sessions;
 pub mod sim;
 pub mod storage;
 pub mod wire;
@@ -241,6 +242,9 @@ pub enum Mutation {
     /// log's last index, forgetting entries ordered but not committed yet: it can commit
     /// somewhere other than right after the end it expected.
     ConditionOnCommit,
+    /// A leader checks a session append against its applied entries only, forgetting those
+    /// in its log that are not applied yet: a client's retry is appended a second time.
+    DedupCommittedOnly,
     /// A leader answers a linearizable read (ReadIndex) from its own commit index at once,
     /// without a majority confirming that it still leads: a deposed leader serves stale reads.
     ReadWithoutQuorum,
@@ -351,10 +355,13 @@ impl ReplicaConfig {
                 ),
             );
         }
-        if self.max_snapshot_bytes + 8 > crate::storage::MAX_SNAPSHOT_FILE_BYTES {
+        if self.max_snapshot_bytes + crate::sessions::MAX_CHECKPOINT_OVERHEAD
+            > crate::storage::MAX_SNAPSHOT_FILE_BYTES
+        {
             return bad("max_snapshot_bytes", "must be below 1 GiB".into());
         }
-        let max = wal::format::max_payload(self.block_bytes).saturating_sub(1);
+        let max = wal::format::max_payload(self.block_bytes)
+            .saturating_sub(crate::storage::MAX_ENTRY_OVERHEAD);
         if self.max_entry_bytes == 0 || self.max_entry_bytes > max {
             return bad(
                 "max_entry_bytes",
@@ -420,6 +427,41 @@ pub enum ReplicaError {
     Superseded {
         /// The index it had.
         index: u64,
+    },
+    /// The session an append names does not exist: it expired (the cluster keeps the
+    /// [`sessions::SESSION_CAPACITY`] most recently used) or was never opened. Entries sent
+    /// with it before may be in the log; open a new session for new entries.
+    #[error(
+        "session {session} is unknown: it expired (the cluster keeps the {} most recently used) or was never opened; entries sent with it before may be in the log, open a new session for new ones",
+        sessions::SESSION_CAPACITY
+    )]
+    UnknownSession {
+        /// The session.
+        session: u64,
+    },
+    /// An append in a session skips numbers: `expected` is the session's next one. Nothing
+    /// was appended; send the missing entries first.
+    #[error(
+        "entry number {got} of session {session} skips ahead: its next number is {expected}; nothing was appended"
+    )]
+    SessionSequence {
+        /// The session.
+        session: u64,
+        /// Its next sequence number.
+        expected: u64,
+        /// The number the append started at.
+        got: u64,
+    },
+    /// A retried entry of a session is in the log, but so long ago that its index is no
+    /// longer remembered ([`sessions::SESSION_RUNS`] runs per session).
+    #[error(
+        "entry number {seq} of session {session} is already in the log, too far back to tell its index; it was not appended again"
+    )]
+    SessionTooOld {
+        /// The session.
+        session: u64,
+        /// The entry's number.
+        seq: u64,
     },
     /// The log failed durably (fsync error, corruption) and refuses further work.
     #[error("the replica is poisoned and refuses further work: {0}")]

@@ -346,6 +346,39 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.propose_with(|r| r.propose_batch(items))
     }
 
+    /// Opens a client session for exactly-once appends ([`crate::sessions`]): the handle
+    /// resolves to the session's id (the index of the entry that opened it) once committed.
+    pub fn open_session(&self) -> Result<AppendHandle<F>, ReplicaError> {
+        let mut h = self.propose_with(|r| r.open_session().map(|t| vec![t]))?;
+        Ok(h.remove(0))
+    }
+
+    /// Appends `data` as number `seq` of session `session` (numbers start at 1 and go up by
+    /// one per entry): the idempotency key of an application that retries after `Timeout` or a
+    /// crash of its own. Sent again with the same number, it is not appended a second time;
+    /// the handle resolves to the index the first copy got. `UnknownSession` once the session
+    /// expired, `SessionSequence` if `seq` skips ahead of the session's next number.
+    pub fn append_in_session(
+        &self,
+        session: u64,
+        seq: u64,
+        data: &[u8],
+    ) -> Result<AppendHandle<F>, ReplicaError> {
+        let mut h = self.append_batch_in_session(session, seq, &[data])?;
+        Ok(h.remove(0))
+    }
+
+    /// [`Log::append_in_session`] for several entries, numbered `first_seq` on: those the log
+    /// already holds resolve to their copies, the rest are proposed as one raft proposal.
+    pub fn append_batch_in_session(
+        &self,
+        session: u64,
+        first_seq: u64,
+        items: &[&[u8]],
+    ) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
+        self.propose_with(|r| r.propose_in_session(session, first_seq, items))
+    }
+
     /// Proposes what `propose` proposes on the locked replica, then hands out a handle per
     /// ticket.
     fn propose_with(

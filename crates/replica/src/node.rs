@@ -21,8 +21,10 @@ use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term
 
 use crate::reads::{ReadTicket, Reads};
 use crate::recovering::Recovering;
+use crate::sessions::{Applied, Pending, Sessions};
 use crate::storage::{
-    ConfHistory, Guard, SnapshotFile, StateFile, StoredState, TAG_NORMAL, WalStorage, payload_of,
+    CheckpointData, ConfHistory, Guard, PayloadKind, SnapshotFile, StateFile, StoredState,
+    TAG_NORMAL, TAG_SESSION_OPEN, WalStorage, payload_kind, payload_of, session_payload,
     snapshot_lsn,
 };
 use crate::wire::{self, Body, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
@@ -188,6 +190,13 @@ pub struct ReplicaStats {
     /// Follower, `Durability::Replicated`: entries taken from the ring as the leader placed
     /// them, before (or without) their descriptor.
     pub placed_taken: u64,
+    /// Leader: session appends answered with the ticket of the copy already in the log
+    /// (a client's retry), instead of being appended again.
+    pub session_duplicates_refused: u64,
+    /// Committed session entries whose sequence number was already applied: the log holds an
+    /// entry twice. The leader's check makes this impossible; the simulator fails a seed
+    /// that shows one.
+    pub session_duplicates_applied: u64,
 }
 
 /// The labels of [`ReplicaStats::completions`], in order.
@@ -339,6 +348,10 @@ pub struct Replica<F: Fabric> {
     granted: Option<u64>,
     ticks: u64,
     applied: u64,
+    /// The client sessions as of `applied` ([`crate::sessions`]).
+    sessions: Sessions,
+    /// Leader: the sessions' entries in its log past `applied`.
+    pending_sessions: Pending,
     stats: ReplicaStats,
     poisoned: Option<String>,
     events: Vec<Event>,
@@ -519,6 +532,15 @@ impl<F: Fabric> Replica<F> {
         };
         hs.commit = hs.commit.clamp(applied, trusted_end);
         let mut storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, prefix_term));
+        // The sessions as of the checkpoint; the entries after it are applied again below.
+        let sessions = match &snapshot {
+            Some(snap) => CheckpointData::decode(&snap.data)
+                .and_then(|d| d.session_table())
+                .map_err(|e| {
+                    ReplicaError::Poisoned(format!("the snapshot's session table: {e}"))
+                })?,
+            None => Sessions::default(),
+        };
         if let Some(snap) = snapshot {
             storage.set_snapshot(snap);
         }
@@ -551,6 +573,8 @@ impl<F: Fabric> Replica<F> {
             granted: None,
             ticks: 0,
             applied,
+            sessions,
+            pending_sessions: Pending::default(),
             stats: ReplicaStats {
                 recovered_from_ring: recovered,
                 ..ReplicaStats::default()
@@ -910,20 +934,7 @@ impl<F: Fabric> Replica<F> {
     }
 
     fn propose_inner(&mut self, data: &[u8]) -> Result<Ticket, ReplicaError> {
-        if let Some(p) = &self.poisoned {
-            return Err(ReplicaError::Poisoned(p.clone()));
-        }
-        if data.len() > self.cfg.max_entry_bytes {
-            return Err(ReplicaError::TooLarge {
-                len: data.len(),
-                max: self.cfg.max_entry_bytes,
-            });
-        }
-        if self.raw.raft.state != StateRole::Leader {
-            return Err(ReplicaError::NotLeader {
-                leader_hint: self.leader(),
-            });
-        }
+        self.check_proposal(&[data])?;
         let before = self.raw.raft.raft_log.last_index();
         let mut v = Vec::with_capacity(data.len() + 1);
         v.push(TAG_NORMAL);
@@ -967,11 +978,9 @@ impl<F: Fabric> Replica<F> {
         self.raw.raft.raft_log.last_index()
     }
 
-    fn propose_batch_inner(
-        &mut self,
-        items: &[&[u8]],
-        expected_last: Option<u64>,
-    ) -> Result<Vec<Ticket>, ReplicaError> {
+    /// Refuses a proposal of `items` that cannot be made here: poisoned, an item over the
+    /// size limit, not the leader.
+    fn check_proposal(&self, items: &[&[u8]]) -> Result<(), ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -986,6 +995,15 @@ impl<F: Fabric> Replica<F> {
                 leader_hint: self.leader(),
             });
         }
+        Ok(())
+    }
+
+    fn propose_batch_inner(
+        &mut self,
+        items: &[&[u8]],
+        expected_last: Option<u64>,
+    ) -> Result<Vec<Ticket>, ReplicaError> {
+        self.check_proposal(items)?;
         if let Some(expected) = expected_last {
             let last = if self.cfg.mutation == crate::Mutation::ConditionOnCommit {
                 // Test-only: forgets the entries ordered but not yet committed.
@@ -997,15 +1015,28 @@ impl<F: Fabric> Replica<F> {
                 return Err(ReplicaError::ConditionFailed { expected, last });
             }
         }
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        let entries: Vec<Entry> = items
+        let payloads = items
             .iter()
             .map(|data| {
                 let mut v = Vec::with_capacity(data.len() + 1);
                 v.push(TAG_NORMAL);
                 v.extend_from_slice(data);
+                v
+            })
+            .collect();
+        self.propose_payloads(payloads)
+    }
+
+    /// Steps stored payloads into raft as one proposal: consecutive indexes for all, or none
+    /// in the log and an error.
+    fn propose_payloads(&mut self, payloads: Vec<Vec<u8>>) -> Result<Vec<Ticket>, ReplicaError> {
+        if payloads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = payloads.len() as u64;
+        let entries: Vec<Entry> = payloads
+            .into_iter()
+            .map(|v| {
                 let mut e = Entry::default();
                 e.data = v.into();
                 e
@@ -1023,7 +1054,6 @@ impl<F: Fabric> Replica<F> {
             .step(m)
             .map_err(|e| ReplicaError::Dropped(e.to_string()))?;
         let after = self.raw.raft.raft_log.last_index();
-        let n = items.len() as u64;
         assert!(
             after == before || after == before + n,
             "raft appended part of a proposal: {before} -> {after} for {n} entries"
@@ -1037,6 +1067,151 @@ impl<F: Fabric> Replica<F> {
         Ok((before + 1..=after)
             .map(|index| Ticket { index, term })
             .collect())
+    }
+
+    /// Proposes the opening of a client session (see [`crate::sessions`]); once the ticket
+    /// resolves, its index is the session's id, known to every replica.
+    pub fn open_session(&mut self) -> Result<Ticket, ReplicaError> {
+        self.fail_stop_on_read_error(|r| {
+            r.check_proposal(&[])?;
+            r.refresh_pending_sessions()?;
+            let t = r.propose_payloads(vec![vec![TAG_SESSION_OPEN]])?[0];
+            r.pending_sessions.opened.insert(t.index);
+            Ok(t)
+        })
+    }
+
+    /// Proposes `items` as numbers `first_seq`, `first_seq + 1`, ... of session `session`,
+    /// exactly once (see [`crate::sessions`]): a number the log already holds (committed or
+    /// not) is not proposed again, and its ticket is the copy's; the rest are proposed as one
+    /// raft proposal. One ticket per item, in order. Refused with `UnknownSession` (expired or
+    /// never opened), `SessionSequence` (a number past the session's next one: send the
+    /// missing ones first) or `SessionTooOld` (a number so old its index is forgotten).
+    pub fn propose_in_session(
+        &mut self,
+        session: u64,
+        first_seq: u64,
+        items: &[&[u8]],
+    ) -> Result<Vec<Ticket>, ReplicaError> {
+        self.fail_stop_on_read_error(|r| r.propose_in_session_inner(session, first_seq, items))
+    }
+
+    fn propose_in_session_inner(
+        &mut self,
+        session: u64,
+        first_seq: u64,
+        items: &[&[u8]],
+    ) -> Result<Vec<Ticket>, ReplicaError> {
+        self.check_proposal(items)?;
+        if first_seq == 0 {
+            return Err(ReplicaError::SessionSequence {
+                session,
+                expected: 1,
+                got: 0,
+            });
+        }
+        self.refresh_pending_sessions()?;
+        let committed_only = self.cfg.mutation == crate::Mutation::DedupCommittedOnly;
+        let applied = self.sessions.get(session);
+        let pending = if committed_only {
+            None
+        } else {
+            self.pending_sessions.entries.get(&session)
+        };
+        let known = applied.is_some()
+            || (!committed_only && self.pending_sessions.opened.contains(&session));
+        if !known {
+            return Err(ReplicaError::UnknownSession { session });
+        }
+        let last_seq = pending
+            .and_then(|q| q.back().map(|&(seq, _, _)| seq))
+            .unwrap_or(0)
+            .max(applied.map_or(0, |s| s.last_seq));
+        let mut tickets = Vec::with_capacity(items.len());
+        let mut fresh = Vec::new();
+        for (j, data) in items.iter().enumerate() {
+            let seq = first_seq + j as u64;
+            if seq <= last_seq {
+                let held = pending
+                    .and_then(|q| q.iter().find(|&&(s, _, _)| s == seq))
+                    .map(|&(_, index, term)| Ticket { index, term });
+                let ticket = match held {
+                    Some(t) => t,
+                    None => match applied.and_then(|s| s.index_of(seq)) {
+                        Some(index) => self.committed_ticket(index),
+                        None => return Err(ReplicaError::SessionTooOld { session, seq }),
+                    },
+                };
+                tickets.push(ticket);
+            } else if seq == last_seq + 1 + fresh.len() as u64 {
+                fresh.push(session_payload(session, seq, data));
+            } else {
+                return Err(ReplicaError::SessionSequence {
+                    session,
+                    expected: last_seq + 1,
+                    got: seq,
+                });
+            }
+        }
+        self.stats.session_duplicates_refused += tickets.len() as u64;
+        let first_fresh = last_seq + 1;
+        let proposed = self.propose_payloads(fresh)?;
+        let q = self.pending_sessions.entries.entry(session).or_default();
+        for (k, t) in proposed.iter().enumerate() {
+            q.push_back((first_fresh + k as u64, t.index, t.term));
+        }
+        tickets.extend(proposed);
+        Ok(tickets)
+    }
+
+    /// The ticket of committed entry `index`, which resolves to it.
+    fn committed_ticket(&self, index: u64) -> Ticket {
+        let term = match self.raw.raft.raft_log.term(index) {
+            Ok(t) if t > 0 => t,
+            // Compacted: `ticket_status` decides by the term of the last compacted entry.
+            _ => self.raw.store().prefix().1,
+        };
+        Ticket { index, term }
+    }
+
+    /// Rebuilds the view of the sessions' entries past `applied` when this leader's term
+    /// began since it was built: a new leader's log may hold entries of earlier terms that it
+    /// has not applied, and they count as much as its own.
+    fn refresh_pending_sessions(&mut self) -> Result<(), ReplicaError> {
+        let term = self.raw.raft.term;
+        if self.pending_sessions.term == term {
+            return Ok(());
+        }
+        let mut p = Pending {
+            term,
+            ..Pending::default()
+        };
+        let last = self.raw.raft.raft_log.last_index();
+        if last > self.applied {
+            let entries = self.raw.raft.raft_log.entries(
+                self.applied + 1,
+                None,
+                raft::GetEntriesContext::empty(false),
+            )?;
+            for e in entries {
+                match payload_kind(&e.data) {
+                    PayloadKind::SessionOpen => {
+                        p.opened.insert(e.index);
+                    }
+                    PayloadKind::Application {
+                        session: Some((id, seq)),
+                        ..
+                    } => p
+                        .entries
+                        .entry(id)
+                        .or_default()
+                        .push_back((seq, e.index, e.term)),
+                    _ => {}
+                }
+            }
+        }
+        self.pending_sessions = p;
+        Ok(())
     }
 
     /// `None` while pending; `Some(Ok(index))` once committed; `Some(Err(..))` if another
@@ -1092,12 +1267,15 @@ impl<F: Fabric> Replica<F> {
         }
         out.clear();
         let e = self.wal.read(Index(index), out)?;
-        if out.first() == Some(&TAG_NORMAL) {
-            out.remove(0);
-            Ok(Some(Committed::Application { term: e.term.0 }))
-        } else {
-            out.clear();
-            Ok(Some(Committed::Internal { term: e.term.0 }))
+        match payload_kind(out) {
+            PayloadKind::Application { skip, .. } => {
+                out.drain(..skip);
+                Ok(Some(Committed::Application { term: e.term.0 }))
+            }
+            PayloadKind::SessionOpen | PayloadKind::Internal => {
+                out.clear();
+                Ok(Some(Committed::Internal { term: e.term.0 }))
+            }
         }
     }
 
@@ -1344,15 +1522,23 @@ impl<F: Fabric> Replica<F> {
                 self.wal.first_index().0
             ));
         };
+        let mut sessions = Vec::new();
+        let table = self.sessions_at(index, latest)?;
+        if !table.is_empty() {
+            table.encode(&mut sessions);
+        }
         let mut snap = Snapshot::default();
         let meta = snap.mut_metadata();
         meta.index = index;
         meta.term = pos.last_term.0;
         *meta.mut_conf_state() = conf;
-        let mut data = Vec::with_capacity(8 + state.len());
-        data.extend_from_slice(&pos.lsn.0.to_le_bytes());
-        data.extend_from_slice(state);
-        snap.data = data.into();
+        snap.data = CheckpointData {
+            lsn: pos.lsn.0,
+            sessions: &sessions,
+            state,
+        }
+        .encode()
+        .into();
         self.snapshot_file
             .store(&snap)
             .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot store the checkpoint", e)))?;
@@ -1368,6 +1554,40 @@ impl<F: Fabric> Replica<F> {
         Ok(first.0)
     }
 
+    /// The session table as of applied entry `index`: the latest checkpoint's (at
+    /// `latest`), with the entries after it applied again from the log.
+    fn sessions_at(&self, index: u64, latest: u64) -> Result<Sessions, ReplicaError> {
+        if index == self.applied {
+            return Ok(self.sessions.clone());
+        }
+        let mut t = match self.raw.store().latest_snapshot() {
+            Some(snap) => CheckpointData::decode(&snap.data)
+                .and_then(|d| d.session_table())
+                .map_err(ReplicaError::Checkpoint)?,
+            None => Sessions::default(),
+        };
+        let mut buf = Vec::new();
+        for i in (latest + 1).max(self.wal.first_index().0)..=index {
+            self.wal.read(Index(i), &mut buf)?;
+            match payload_kind(&buf) {
+                PayloadKind::SessionOpen => t.open(i),
+                PayloadKind::Application {
+                    session: Some((id, seq)),
+                    ..
+                } => {
+                    t.apply(i, id, seq);
+                }
+                _ => {}
+            }
+        }
+        Ok(t)
+    }
+
+    /// The client sessions as of the applied index.
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
     /// The first index the log holds.
     pub fn first_index(&self) -> u64 {
         self.wal.first_index().0
@@ -1380,7 +1600,9 @@ impl<F: Fabric> Replica<F> {
         Some(Checkpoint {
             index: meta.index,
             term: meta.term,
-            state: snap.data.get(8..).unwrap_or_default().to_vec(),
+            state: CheckpointData::decode(&snap.data)
+                .map(|d| d.state.to_vec())
+                .unwrap_or_default(),
         })
     }
 
@@ -1854,7 +2076,7 @@ impl<F: Fabric> Replica<F> {
         total: u64,
         data: Vec<u8>,
     ) {
-        if total > self.cfg.max_snapshot_bytes + 8 {
+        if total > self.cfg.max_snapshot_bytes + crate::sessions::MAX_CHECKPOINT_OVERHEAD {
             if offset == 0 {
                 tracing::warn!(
                     node = self.cfg.id,
@@ -1982,6 +2204,9 @@ impl<F: Fabric> Replica<F> {
         let lsn = snapshot_lsn(snap).filter(|l| l % 8 == 0).ok_or_else(|| {
             ReplicaError::Poisoned("a snapshot without a valid log position".into())
         })?;
+        let sessions = CheckpointData::decode(&snap.data)
+            .and_then(|d| d.session_table())
+            .map_err(|e| ReplicaError::Poisoned(format!("a snapshot's session table: {e}")))?;
         self.snapshot_file
             .store(snap)
             .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot store a snapshot", e)))?;
@@ -2024,13 +2249,15 @@ impl<F: Fabric> Replica<F> {
         store.set_hard_state(hs);
         store.set_snapshot(snap.clone());
         self.applied = meta.index;
+        self.sessions = sessions;
+        self.pending_sessions = Pending::default();
         self.sync_peers(&members_of(&cs));
         self.stats.snapshots_installed += 1;
         tracing::info!(
             node = self.cfg.id,
             index = meta.index,
             term = meta.term,
-            state_bytes = snap.data.len().saturating_sub(8),
+            state_bytes = CheckpointData::decode(&snap.data).map_or(0, |d| d.state.len()),
             "installed a snapshot from the leader"
         );
         Ok(())
@@ -2226,7 +2453,27 @@ impl<F: Fabric> Replica<F> {
                 continue;
             }
             match e.get_entry_type() {
-                EntryType::EntryNormal => {}
+                EntryType::EntryNormal => match payload_kind(&e.data) {
+                    PayloadKind::SessionOpen => self.sessions.open(e.index),
+                    PayloadKind::Application {
+                        session: Some((id, seq)),
+                        ..
+                    } => {
+                        if let Applied::Duplicate { first } = self.sessions.apply(e.index, id, seq)
+                        {
+                            self.stats.session_duplicates_applied += 1;
+                            tracing::error!(
+                                node = self.cfg.id,
+                                index = e.index,
+                                session = id,
+                                seq,
+                                ?first,
+                                "a session entry is in the committed log twice"
+                            );
+                        }
+                    }
+                    _ => {}
+                },
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::parse_from_bytes(&e.data)
                         .map_err(|err| ReplicaError::Membership(err.to_string()))?;
@@ -2260,6 +2507,7 @@ impl<F: Fabric> Replica<F> {
             }
             self.applied = e.index;
         }
+        self.pending_sessions.applied(self.applied);
         Ok(())
     }
 

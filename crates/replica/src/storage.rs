@@ -3,7 +3,8 @@
 //!
 //! Entries live once, in the wal; raft-rs reads them back through [`WalStorage`]. A payload
 //! carries its raft entry type in its first byte ([`TAG_NORMAL`], [`TAG_CONF_CHANGE_V2`], ...);
-//! an empty payload is raft's own no-op entry.
+//! an empty payload is raft's own no-op entry. Session entries ([`TAG_SESSION_OPEN`],
+//! [`TAG_SESSION`], see [`crate::sessions`]) are raft's normal entries.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,12 +21,78 @@ pub const TAG_NORMAL: u8 = 1;
 pub const TAG_CONF_CHANGE_V2: u8 = 2;
 /// First payload byte of a (v1) ConfChange entry.
 pub const TAG_CONF_CHANGE: u8 = 3;
+/// First payload byte of an entry that opens a client session (no more bytes): the session's
+/// id is the entry's index.
+pub const TAG_SESSION_OPEN: u8 = 4;
+/// First payload byte of an application entry appended in a session: then the session id
+/// and the entry's sequence number (u64 little-endian each), then the application's bytes.
+pub const TAG_SESSION: u8 = 5;
+/// Bytes before the application's own in a [`TAG_SESSION`] payload.
+pub const SESSION_HEADER_BYTES: usize = 17;
+/// The most bytes a stored payload adds to the application's.
+pub const MAX_ENTRY_OVERHEAD: usize = SESSION_HEADER_BYTES;
+
+/// The payload of an application entry `data` appended as number `seq` of session `session`.
+pub fn session_payload(session: u64, seq: u64, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(SESSION_HEADER_BYTES + data.len());
+    v.push(TAG_SESSION);
+    v.extend_from_slice(&session.to_le_bytes());
+    v.extend_from_slice(&seq.to_le_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// What a stored payload is, to the application.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadKind {
+    /// An application entry; its own bytes start at `skip`.
+    Application {
+        /// Bytes before the application's.
+        skip: usize,
+        /// The session and sequence number it was appended with, if any.
+        session: Option<(u64, u64)>,
+    },
+    /// Opens session `index`.
+    SessionOpen,
+    /// raft's own: a no-op or a membership change.
+    Internal,
+}
+
+/// Classifies a stored payload (its tag, and a session entry's header).
+pub fn payload_kind(payload: &[u8]) -> PayloadKind {
+    match payload.first() {
+        Some(&TAG_NORMAL) => PayloadKind::Application {
+            skip: 1,
+            session: None,
+        },
+        Some(&TAG_SESSION) if payload.len() >= SESSION_HEADER_BYTES => {
+            let id = u64::from_le_bytes(payload[1..9].try_into().expect("8 bytes"));
+            let seq = u64::from_le_bytes(payload[9..17].try_into().expect("8 bytes"));
+            PayloadKind::Application {
+                skip: SESSION_HEADER_BYTES,
+                session: Some((id, seq)),
+            }
+        }
+        Some(&TAG_SESSION_OPEN) => PayloadKind::SessionOpen,
+        _ => PayloadKind::Internal,
+    }
+}
+
+/// Whether a normal entry's stored payload is well formed: an empty payload is raft's no-op.
+fn normal_payload_ok(payload: &[u8]) -> bool {
+    match payload.first() {
+        Some(&TAG_NORMAL) => true,
+        Some(&TAG_SESSION) => payload.len() >= SESSION_HEADER_BYTES,
+        Some(&TAG_SESSION_OPEN) => payload.len() == 1,
+        _ => false,
+    }
+}
 
 /// Builds raft's entry from a stored payload it owns: an application entry's data is the
 /// buffer itself (no copy; the wal reads into a buffer of the payload's size), a conf change's
 /// is copied without its tag.
 pub fn entry_from_owned(index: u64, term: u64, payload: Vec<u8>) -> Result<Entry, String> {
-    if payload.first() == Some(&TAG_NORMAL) {
+    if normal_payload_ok(&payload) {
         let mut e = Entry::default();
         e.index = index;
         e.term = term;
@@ -42,7 +109,7 @@ pub fn entry_from_payload(index: u64, term: u64, payload: &[u8]) -> Result<Entry
     e.term = term;
     match payload.first() {
         None => {}
-        Some(&TAG_NORMAL) => e.data = Bytes::copy_from_slice(payload),
+        Some(_) if normal_payload_ok(payload) => e.data = Bytes::copy_from_slice(payload),
         Some(&TAG_CONF_CHANGE_V2) => {
             e.set_entry_type(EntryType::EntryConfChangeV2);
             e.data = Bytes::copy_from_slice(&payload[1..]);
@@ -51,7 +118,11 @@ pub fn entry_from_payload(index: u64, term: u64, payload: &[u8]) -> Result<Entry
             e.set_entry_type(EntryType::EntryConfChange);
             e.data = Bytes::copy_from_slice(&payload[1..]);
         }
-        Some(t) => return Err(format!("entry {index} has unknown type tag {t}")),
+        Some(t) => {
+            return Err(format!(
+                "entry {index} has type tag {t}, unknown or with a malformed header"
+            ));
+        }
     }
     Ok(e)
 }
@@ -404,7 +475,9 @@ fn write_atomically(
 }
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"RLSN";
-const SNAPSHOT_VERSION: u32 = 1;
+/// Version 2 added the session table to the data ([`CheckpointData`]); a version 1 file
+/// reads as having no sessions.
+const SNAPSHOT_VERSION: u32 = 2;
 /// Largest snapshot file this version reads: 1 GiB of application state, far above
 /// `ReplicaConfig::max_snapshot_bytes`'s default.
 pub const MAX_SNAPSHOT_FILE_BYTES: u64 = 1 << 30;
@@ -454,7 +527,7 @@ impl SnapshotFile {
             return Err("the snapshot file has a bad magic".into());
         }
         let version = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
-        if version != SNAPSHOT_VERSION {
+        if version != SNAPSHOT_VERSION && version != 1 {
             return Err(format!(
                 "the snapshot file has version {version}, expected {SNAPSHOT_VERSION}"
             ));
@@ -475,7 +548,19 @@ impl SnapshotFile {
                 r.buf.len()
             ));
         }
-        snap.data = Bytes::copy_from_slice(r.buf);
+        snap.data = if version == 1 {
+            // The Lsn, then the state: no session table yet.
+            if r.buf.len() < 8 {
+                return Err("the snapshot's data lacks its log position".into());
+            }
+            let mut d = Vec::with_capacity(r.buf.len() + 4);
+            d.extend_from_slice(&r.buf[..8]);
+            d.extend_from_slice(&0u32.to_le_bytes());
+            d.extend_from_slice(&r.buf[8..]);
+            d.into()
+        } else {
+            Bytes::copy_from_slice(r.buf)
+        };
         Ok(Some(snap))
     }
 
@@ -494,6 +579,67 @@ impl SnapshotFile {
         buf.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         buf.extend_from_slice(&body);
         write_atomically(&*self.fs, &self.dir, "snapshot", &buf)
+    }
+}
+
+/// A checkpoint's data, as a raft snapshot carries it: the log position (u64 Lsn) right after
+/// its last entry, the length (u32) of the session table as of its index, the table
+/// ([`crate::sessions::Sessions::encode`], or nothing for an empty one), the application's
+/// state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointData<'a> {
+    /// The log position after the checkpoint's last entry.
+    pub lsn: u64,
+    /// The encoded session table (empty: no sessions).
+    pub sessions: &'a [u8],
+    /// The application's state.
+    pub state: &'a [u8],
+}
+
+impl<'a> CheckpointData<'a> {
+    /// Bytes before the session table.
+    pub const HEADER_BYTES: usize = 12;
+
+    /// The data's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut d = Vec::with_capacity(Self::HEADER_BYTES + self.sessions.len() + self.state.len());
+        d.extend_from_slice(&self.lsn.to_le_bytes());
+        d.extend_from_slice(&(self.sessions.len() as u32).to_le_bytes());
+        d.extend_from_slice(self.sessions);
+        d.extend_from_slice(self.state);
+        d
+    }
+
+    /// Splits a snapshot's data, checking the session table's length against the bytes.
+    pub fn decode(data: &'a [u8]) -> Result<Self, String> {
+        if data.len() < Self::HEADER_BYTES {
+            return Err(format!(
+                "a checkpoint's data of {} bytes lacks its 12-byte header",
+                data.len()
+            ));
+        }
+        let lsn = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
+        let n = u32::from_le_bytes(data[8..12].try_into().expect("4 bytes")) as usize;
+        let rest = &data[Self::HEADER_BYTES..];
+        if n > rest.len() {
+            return Err(format!(
+                "a checkpoint's session table claims {n} bytes, and {} follow",
+                rest.len()
+            ));
+        }
+        Ok(CheckpointData {
+            lsn,
+            sessions: &rest[..n],
+            state: &rest[n..],
+        })
+    }
+
+    /// The session table it records.
+    pub fn session_table(&self) -> Result<crate::sessions::Sessions, String> {
+        if self.sessions.is_empty() {
+            return Ok(Default::default());
+        }
+        crate::sessions::Sessions::decode(self.sessions)
     }
 }
 

@@ -20,8 +20,10 @@ use protobuf::ProtobufEnum;
 use raft::prelude::{Entry, EntryType, Message, MessageType};
 
 /// The protocol version this build speaks. Version 2 added snapshot transfer
-/// ([`Body::SnapshotChunk`], [`Body::Snapshot`]).
-pub const WIRE_VERSION: u8 = 2;
+/// ([`Body::SnapshotChunk`], [`Body::Snapshot`]); version 3 the session entries and the
+/// session table in a snapshot's data ([`crate::sessions`]), which a version 2 node would
+/// misread, so the two refuse each other.
+pub const WIRE_VERSION: u8 = 3;
 
 /// Application state bytes in one [`Body::SnapshotChunk`]: half a frame, so a chunk always
 /// fits with its header and fields.
