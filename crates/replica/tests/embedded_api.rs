@@ -275,3 +275,55 @@ fn a_busy_caller_runs_its_own_append_to_completion() {
         }
     }
 }
+
+/// The embedded API's idempotency key: an application that retries after `Timeout` (or after
+/// a crash of its own) sends the same session and number again, and gets the first copy's
+/// index instead of a second entry.
+#[test]
+fn an_append_retried_in_its_session_is_in_the_log_once() {
+    let (_net, stop, logs) = cluster(PollMode::Event);
+    let l = leader(&logs);
+    let session = logs[l]
+        .open_session()
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .unwrap();
+    let first = logs[l]
+        .append_in_session(session, 1, b"pay once")
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .unwrap();
+    // The retry: same session, same number, same payload.
+    let again = logs[l]
+        .append_in_session(session, 1, b"pay once")
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(again, first);
+    let both = logs[l]
+        .append_batch_in_session(session, 1, &[b"pay once", b"then this"])
+        .unwrap();
+    assert_eq!(both[0].ticket().index, first);
+    let mut both = both;
+    let next = block_on(both.pop().unwrap()).unwrap();
+    assert!(next > first);
+    assert!(matches!(
+        logs[l].append_in_session(session, 9, b"gap"),
+        Err(ReplicaError::SessionSequence {
+            expected: 3,
+            got: 9,
+            ..
+        })
+    ));
+    let mut copies = 0;
+    for i in 1..=next {
+        if logs[l].read(i).unwrap().as_deref() == Some(&b"pay once"[..]) {
+            copies += 1;
+        }
+    }
+    assert_eq!(copies, 1);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for log in logs {
+        log.close().unwrap();
+    }
+}

@@ -43,6 +43,10 @@ pub struct Attempt {
     /// A conditional append's expected end of the log: if it is in the log at all, it must be
     /// right after that index.
     pub expected_last: Option<u64>,
+    /// An append in a session: its session and sequence number. A retry resends the same
+    /// key with a new payload, and may be answered with the index of an earlier attempt's
+    /// copy: the committed entry there must carry the key, and no key may be committed twice.
+    pub key: Option<(u64, u64)>,
 }
 
 /// How a client attempt ended.
@@ -327,8 +331,11 @@ impl Checker {
             return Ok(());
         };
         match self.committed.get(&index) {
+            Some((_, bytes)) if a.key.is_some() && application(bytes).1 == a.key => Ok(()),
             Some((_, bytes))
-                if bytes.first() == Some(&TAG_NORMAL) && bytes[1..] == a.payload[..] =>
+                if a.key.is_none()
+                    && bytes.first() == Some(&TAG_NORMAL)
+                    && bytes[1..] == a.payload[..] =>
             {
                 Ok(())
             }
@@ -369,11 +376,22 @@ impl Checker {
             }
         }
         let mut position: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut key_position: BTreeMap<(u64, u64), u64> = BTreeMap::new();
         for (&index, (_, bytes)) in &self.committed {
-            if bytes.first() != Some(&TAG_NORMAL) {
+            let (payload, key) = application(bytes);
+            let Some(payload) = payload else {
                 continue;
+            };
+            if let Some(key) = key
+                && let Some(other) = key_position.insert(key, index)
+            {
+                return Err(format!(
+                    "exactly-once: session {} entry {} is in the committed log twice, at {other} \
+                     and {index}",
+                    key.0, key.1
+                ));
             }
-            let Some(&k) = by_payload.get(&bytes[1..]) else {
+            let Some(&k) = by_payload.get(payload) else {
                 return Err(format!(
                     "linearizability: index {index} holds an entry no client invoked"
                 ));
@@ -386,7 +404,21 @@ impl Checker {
         }
         for (k, a) in history.iter().enumerate() {
             match a.outcome {
-                Outcome::Acked { index, .. } if position.get(&k) != Some(&index) => {
+                Outcome::Acked { index, .. }
+                    if a.key.is_some()
+                        && a.key.and_then(|key| key_position.get(&key).copied()) != Some(index) =>
+                {
+                    return Err(format!(
+                        "exactly-once: an append of session {} entry {} acknowledged at index \
+                         {index} is at {:?} in the committed log",
+                        a.key.unwrap_or_default().0,
+                        a.key.unwrap_or_default().1,
+                        a.key.and_then(|key| key_position.get(&key).copied())
+                    ));
+                }
+                Outcome::Acked { index, .. }
+                    if a.key.is_none() && position.get(&k) != Some(&index) =>
+                {
                     return Err(format!(
                         "linearizability: an append acknowledged at index {index} is at {:?} \
                          in the committed log",
@@ -447,5 +479,16 @@ impl Checker {
     /// Nodes whose views exist (live incarnations seen).
     pub fn seen_nodes(&self) -> BTreeSet<u64> {
         self.views.keys().copied().collect()
+    }
+}
+
+/// An application entry's own bytes and session key, from its stored payload; no bytes for
+/// raft's own entries and session openings.
+fn application(bytes: &[u8]) -> (Option<&[u8]>, Option<(u64, u64)>) {
+    match replica::storage::payload_kind(bytes) {
+        replica::storage::PayloadKind::Application { skip, session } => {
+            (Some(&bytes[skip..]), session)
+        }
+        _ => (None, None),
     }
 }

@@ -75,7 +75,16 @@ pub struct Options {
     /// end where the proposing node's log ends, or one entry earlier), for the seed family of
     /// `tests/conditional.rs`. Off by default, so the CI seeds' runs stay as they were.
     pub conditional: bool,
+    /// Append through client sessions ([`replica::sessions`]): [`SESSION_CLIENTS`] clients
+    /// each open a session and number their appends; a retry resends the same number, on
+    /// whichever node it takes for the leader, and an op never gives up. The history checker
+    /// then also requires every (session, number) at most once in the committed log. For
+    /// the seed family of `tests/sessions.rs`; off by default.
+    pub sessions: bool,
 }
+
+/// Clients with a session each, when [`Options::sessions`] is on.
+pub const SESSION_CLIENTS: usize = 3;
 
 impl Default for Options {
     fn default() -> Self {
@@ -87,6 +96,7 @@ impl Default for Options {
             mutation: Mutation::None,
             durability: None,
             conditional: false,
+            sessions: false,
         }
     }
 }
@@ -247,6 +257,20 @@ struct ClientOp {
     attempts: Vec<usize>,
     done: bool,
     next_try_ns: u64,
+    /// With sessions: the client and the op's sequence number in its session.
+    key: Option<(usize, u64)>,
+}
+
+/// A client of [`Options::sessions`].
+#[derive(Default)]
+struct SessionClient {
+    /// Its session, once opened.
+    session: Option<u64>,
+    /// The open in flight: node, its incarnation, ticket, when.
+    opening: Option<(u64, u64, replica::Ticket, u64)>,
+    /// The next op's sequence number.
+    next_seq: u64,
+    next_try_ns: u64,
 }
 
 struct Run {
@@ -291,6 +315,8 @@ struct Run {
     episode: Option<episodes::Episode>,
     /// The seed's third generator: episode decisions, so seeds without episodes run as before.
     episode_rng: SplitMix64,
+    /// The clients of [`Options::sessions`].
+    clients: Vec<SessionClient>,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -824,13 +850,88 @@ impl Run {
 
     /// Starts a client append on node `id` at once.
     fn start_op_on(&mut self, id: u64) {
-        let op = self.ops.len();
-        self.ops.push(ClientOp {
-            attempts: Vec::new(),
-            done: false,
-            next_try_ns: self.now(),
-        });
-        self.attempt(op, id);
+        let op = self.new_ops(1);
+        if self.can_attempt(op) {
+            self.attempt(op, id);
+        }
+    }
+
+    /// Adds `k` client ops, returning the first one's number. With sessions they belong to
+    /// one client, with consecutive sequence numbers.
+    fn new_ops(&mut self, k: usize) -> usize {
+        let first = self.ops.len();
+        let client = self.options.sessions.then_some(first % SESSION_CLIENTS);
+        for _ in 0..k {
+            let key = client.map(|c| {
+                let cl = &mut self.clients[c];
+                cl.next_seq += 1;
+                (c, cl.next_seq)
+            });
+            self.ops.push(ClientOp {
+                attempts: Vec::new(),
+                done: false,
+                next_try_ns: self.now(),
+                key,
+            });
+        }
+        first
+    }
+
+    /// Whether op `op` can be attempted: with sessions, once its client's session is open.
+    fn can_attempt(&self, op: usize) -> bool {
+        self.ops[op]
+            .key
+            .is_none_or(|(c, _)| self.clients[c].session.is_some())
+    }
+
+    /// With sessions: opens each client's session, retrying until one commits.
+    fn drive_sessions(&mut self) {
+        let now = self.now();
+        for c in 0..self.clients.len() {
+            if self.clients[c].session.is_some() {
+                continue;
+            }
+            if let Some((node, inc, t, at)) = self.clients[c].opening {
+                let same = self.incarnations.get(&node).copied().unwrap_or(0) == inc;
+                let status = match self.c.nodes.get(&node).and_then(Option::as_ref) {
+                    Some(r) if same && !self.c.paused.contains(&node) => r.ticket_status(t),
+                    Some(_) if same => None,
+                    _ => Some(Err(ReplicaError::Closed)),
+                };
+                match status {
+                    Some(Ok(index)) => {
+                        self.clients[c].session = Some(index);
+                        self.clients[c].opening = None;
+                        self.event(format!("client {c} opened session {index}"));
+                        continue;
+                    }
+                    None if now < at + CLIENT_TIMEOUT_NS => continue,
+                    _ => {
+                        self.clients[c].opening = None;
+                        self.clients[c].next_try_ns = now + STEP_NS * (1 + self.rng.below(10));
+                    }
+                }
+            }
+            if now < self.clients[c].next_try_ns {
+                continue;
+            }
+            let live = self.live();
+            let Some(asked) = self.pick(&live) else {
+                continue;
+            };
+            let hint = self.c.node(asked).leader();
+            let target = hint.filter(|h| live.contains(h)).unwrap_or(asked);
+            let inc = self.incarnations.get(&target).copied().unwrap_or(0);
+            match self.c.nodes.get_mut(&target).and_then(Option::as_mut) {
+                Some(r) => match r.open_session() {
+                    Ok(t) => self.clients[c].opening = Some((target, inc, t, now)),
+                    Err(_) => {
+                        self.clients[c].next_try_ns = now + STEP_NS * (1 + self.rng.below(10))
+                    }
+                },
+                None => self.clients[c].next_try_ns = now + STEP_NS,
+            }
+        }
     }
 
     /// Rots one byte of a committed record on a live node's disk: a record with more than
@@ -1110,7 +1211,18 @@ impl Run {
         let condition = (self.options.conditional && ops.len() == 1 && self.rng.below(3) == 0)
             .then(|| self.rng.below(4) == 0);
         let mut expected_last = None;
+        let key = self.ops[ops[0]].key.map(|(c, seq)| {
+            let session = self.clients[c]
+                .session
+                .expect("attempted once the session is open");
+            (session, seq)
+        });
         let result = match self.c.nodes.get_mut(&node).and_then(Option::as_mut) {
+            Some(r) if key.is_some() => {
+                let (session, seq) = key.expect("checked");
+                let refs: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+                r.propose_in_session(session, seq, &refs)
+            }
             Some(r) if condition.is_some() => {
                 let behind = u64::from(condition == Some(true));
                 let e = r.last_index().saturating_sub(behind);
@@ -1139,6 +1251,7 @@ impl Run {
                 invoked_ns: now,
                 outcome,
                 expected_last,
+                key: key.map(|(session, seq)| (session, seq + j as u64)),
             });
             self.ops[op].attempts.push(k);
             self.summary.attempts += 1;
@@ -1147,6 +1260,9 @@ impl Run {
     }
 
     fn drive_clients(&mut self, start_new: bool) {
+        if self.options.sessions {
+            self.drive_sessions();
+        }
         let now = self.now();
         if start_new
             && (self.ops.len() as u64) < self.options.max_appends
@@ -1161,15 +1277,8 @@ impl Run {
             } else {
                 1
             };
-            let first = self.ops.len();
-            for _ in 0..k {
-                self.ops.push(ClientOp {
-                    attempts: Vec::new(),
-                    done: false,
-                    next_try_ns: now,
-                });
-            }
-            if k > 1 {
+            let first = self.new_ops(k);
+            if k > 1 && self.can_attempt(first) {
                 let live = self.live();
                 if let Some(asked) = self.pick(&live) {
                     let hint = self.c.node(asked).leader();
@@ -1214,12 +1323,16 @@ impl Run {
                     self.ops[op].next_try_ns = now + STEP_NS * (1 + self.rng.below(10));
                 }
             }
-            // After the faults stop the client keeps trying until the liveness bound.
-            if start_new && self.ops[op].attempts.len() as u32 >= MAX_ATTEMPTS {
+            // After the faults stop the client keeps trying until the liveness bound. A
+            // session's client never gives up: a number it dropped would block the next ones.
+            if start_new
+                && !self.options.sessions
+                && self.ops[op].attempts.len() as u32 >= MAX_ATTEMPTS
+            {
                 self.ops[op].done = true;
                 continue;
             }
-            if now < self.ops[op].next_try_ns {
+            if now < self.ops[op].next_try_ns || !self.can_attempt(op) {
                 continue;
             }
             // A client knows no more than any node tells it: ask a random live node for the
@@ -1475,6 +1588,9 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         checker: Checker::new(),
         history: Vec::new(),
         ops: Vec::new(),
+        clients: (0..SESSION_CLIENTS)
+            .map(|_| SessionClient::default())
+            .collect(),
         summary: Summary {
             seed,
             nodes,
@@ -1569,12 +1685,7 @@ impl Run {
             * self.c.tick_ns;
         let bound = self.now() + LIVENESS_ELECTION_TIMEOUTS * election_ns;
         // One more append must go through after the repair.
-        let last = self.ops.len();
-        self.ops.push(ClientOp {
-            attempts: Vec::new(),
-            done: false,
-            next_try_ns: self.now(),
-        });
+        let last = self.new_ops(1);
         loop {
             self.drive_clients(false);
             if self.quiet() {

@@ -42,8 +42,8 @@ struct Args {
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
     /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early,
-    /// trust-log-after-lost-ring, use-connection-before-announced or condition-on-commit (with
-    /// --conditional).
+    /// trust-log-after-lost-ring, use-connection-before-announced, condition-on-commit (with
+    /// --conditional) or dedup-committed-only (with --sessions).
     #[arg(long)]
     mutation: Option<String>,
     /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
@@ -54,6 +54,10 @@ struct Args {
     /// tests/conditional.rs).
     #[arg(long)]
     conditional: bool,
+    /// Append through client sessions, retries resending the same numbers (the seed family of
+    /// tests/sessions.rs).
+    #[arg(long)]
+    sessions: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -77,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         Some("trust-log-after-lost-ring") => replica::Mutation::TrustLogAfterLostRing,
         Some("use-connection-before-announced") => replica::Mutation::UseConnectionBeforeAnnounced,
         Some("condition-on-commit") => replica::Mutation::ConditionOnCommit,
+        Some("dedup-committed-only") => replica::Mutation::DedupCommittedOnly,
         Some(other) => anyhow::bail!("unknown mutation {other:?}"),
     };
     let options = sim::Options {
@@ -85,6 +90,7 @@ fn main() -> anyhow::Result<()> {
         mutation,
         durability: args.durability,
         conditional: args.conditional,
+        sessions: args.sessions,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {
