@@ -94,7 +94,8 @@ Examples:
   printf 'a\\nb\\n' | rdmalog ... append  one entry per line of standard input
   rdmalog ... append --file events.txt  one entry per line of a file
 
-An append retried after a broken connection may be applied twice (at least once).")]
+Appends go through a client session: one retried after a broken connection or a change of
+leader is in the log once (exactly once).")]
     Append(AppendArgs),
     /// Print committed entries as `index<TAB>payload`, up to the commit index or following
     Tail(TailArgs),
@@ -423,14 +424,14 @@ fn append(mut client: Client, a: AppendArgs, out: &mut impl Write) -> anyhow::Re
     let mut send = |batch: &mut Vec<Vec<u8>>, out: &mut dyn Write| -> anyhow::Result<()> {
         while !batch.is_empty() {
             let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
-            let (first, last, n) = match client.append(&refs) {
-                Ok((first, last)) => (first, last, batch.len()),
+            let (at, n) = match client.append_at(&refs) {
+                Ok(at) => (at, batch.len()),
                 Err(ClientError::PartlyCommitted {
                     first,
                     last,
                     committed,
                     ..
-                }) => (first, last, committed),
+                }) => ((first..=last).collect::<Vec<u64>>(), committed),
                 Err(e) => {
                     return Err(e).with_context(|| {
                         format!(
@@ -440,11 +441,23 @@ fn append(mut client: Client, a: AppendArgs, out: &mut impl Write) -> anyhow::Re
                     });
                 }
             };
-            writeln!(
-                out,
-                "committed {first}..={last} ({})",
-                plural(n as u64, "entry", "entries")
-            )?;
+            let (first, last) = (at[0], at[at.len() - 1]);
+            if last - first + 1 == at.len() as u64 {
+                writeln!(
+                    out,
+                    "committed {first}..={last} ({})",
+                    plural(n as u64, "entry", "entries")
+                )?;
+            } else {
+                // A resend found the first entries already in the log.
+                let list: Vec<String> = at.iter().map(u64::to_string).collect();
+                writeln!(
+                    out,
+                    "committed at {} ({})",
+                    list.join(","),
+                    plural(n as u64, "entry", "entries")
+                )?;
+            }
             out.flush()?;
             total += n as u64;
             batches += 1;

@@ -118,7 +118,9 @@ fn response_id(r: &Response) -> Option<u64> {
         | Response::Status { id, .. }
         | Response::MembershipChanged { id, .. }
         | Response::Redirect { id, .. }
-        | Response::ConditionFailed { id, .. } => Some(*id),
+        | Response::ConditionFailed { id, .. }
+        | Response::SessionOpened { id, .. }
+        | Response::AppendedAt { id, .. } => Some(*id),
         Response::Error { id, .. } => *id,
     }
 }
@@ -133,7 +135,9 @@ pub(crate) fn set_id(req: &mut Request, new: u64) {
         | Request::Tail { id, .. }
         | Request::Status { id }
         | Request::Members { id, .. }
-        | Request::ReadWith { id, .. } => *id = new,
+        | Request::ReadWith { id, .. }
+        | Request::OpenSession { id }
+        | Request::AppendInSession { id, .. } => *id = new,
     }
 }
 

@@ -25,29 +25,33 @@
 //! call began.
 //!
 //! A proposal that a new leader superseded or that raft dropped is not in the log; the server
-//! reports it as `NotCommitted`, and the client resends it the same way. When a change of
-//! leader kept only the first entries of a batch, the server says which
-//! (`PartlyAppended`), and the client resends nothing: [`Client::append`] returns
-//! [`ClientError::PartlyCommitted`], which names the committed prefix, so that the caller
-//! appends only the rest. An append whose outcome cannot be told (`Timeout`) is not resent
-//! either.
+//! reports it as `NotCommitted`, and the client resends it the same way.
 //!
-//! The client speaks protocol version 2 ([`proto::PROTOCOL_VERSION`]); servers of an older
-//! build, which speak only version 1, refuse it with `WrongVersion`: upgrade servers first.
+//! The client speaks protocol version 4 ([`proto::PROTOCOL_VERSION`]); servers of an older
+//! build refuse it with `WrongVersion`: upgrade servers first.
 //!
 //! It never retries what retrying cannot fix: `Unauthorized`, `WrongCluster`, `WrongVersion`,
 //! `EntryTooLarge`, `Malformed` (and `TooLarge`, `Compacted`, any other `Internal`) come back at
 //! once as [`ClientError::Refused`], TLS failures as [`ClientError::Tls`].
 //!
-//! # Appends are at least once
+//! # Appends are exactly once
 //!
-//! **An append retried after a broken connection (or a `ShuttingDown` answer, or no answer
-//! within the request timeout) may be applied twice**: the first attempt may have committed
-//! before the connection broke, and the protocol has no request ids that survive a
-//! connection yet, so the server cannot recognise the retry. Likewise an append that failed
-//! with [`ClientError::Timeout`] or [`ClientError::Io`] may still have committed. Applications
-//! that need exactly-once must make entries idempotent (for example, carry their own unique id
-//! in the payload and ignore repeats when applying).
+//! By default ([`ClientConfig::exactly_once`]) a client appends through a *session* it opens
+//! on the leader before its first append (`docs/PROTOCOL.md` 6.1): each entry carries the
+//! session and a number, and the leader never appends a number its log already holds, but
+//! answers with the first copy's index. So the client resends the same batch after a broken
+//! connection, no answer, `ShuttingDown`, `NotCommitted` or a server's `Timeout`, to
+//! whichever node leads, and each entry is in the log once. What remains uncertain is only a
+//! call that fails for good ([`ClientError::Timeout`] at the deadline, [`ClientError::Io`],
+//! `UnknownSession` for a batch already sent): its batch may or may not be in the log, and the
+//! client's next append opens a new session. The simulator's seed family
+//! `sim/tests/sessions.rs` and `tests/sessions.rs` test this.
+//!
+//! With `exactly_once` off, appends are **at least once**: a retry after a broken connection
+//! (or `ShuttingDown`, or no answer within the request timeout) may apply the batch twice; a
+//! batch a change of leader kept only in part returns [`ClientError::PartlyCommitted`], which
+//! names the committed prefix (nothing is resent); an append whose outcome cannot be told
+//! (`Timeout`) is not resent.
 //!
 //! # Threads and async
 //!
@@ -106,6 +110,9 @@ pub struct ClientConfig {
     pub deadline: Duration,
     /// Largest frame body sent or accepted (at most [`proto::MAX_FRAME_LIMIT`]).
     pub max_frame_bytes: u32,
+    /// Append through a session, so that a resent batch is never appended twice (see the
+    /// crate docs). On by default; off, appends are plain `Append`s, at least once.
+    pub exactly_once: bool,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -120,6 +127,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("request_timeout", &self.request_timeout)
             .field("deadline", &self.deadline)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("exactly_once", &self.exactly_once)
             .finish()
     }
 }
@@ -137,6 +145,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(15),
             deadline: Duration::from_secs(30),
             max_frame_bytes: proto::DEFAULT_MAX_FRAME_BYTES,
+            exactly_once: true,
         }
     }
 
@@ -249,6 +258,8 @@ pub struct Client {
     preferred: Option<String>,
     next_id: u64,
     backoff: Backoff,
+    /// The session appends go through, once opened: its id and the next entry's number.
+    session: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Client {
@@ -296,6 +307,7 @@ impl Client {
             preferred: None,
             next_id: 0,
             backoff: Backoff::new(),
+            session: None,
         }
     }
 
@@ -417,15 +429,144 @@ impl Client {
     }
 
     /// Appends `entries` as one batch (1 to [`proto::MAX_BATCH_ENTRIES`] entries) and returns
-    /// the index range they committed at, `first..=last`.
+    /// the indexes of its first and last entry.
     ///
-    /// **At least once**: if the connection breaks (or the server shuts down) before the
-    /// answer, the batch is sent again, and may then be in the log twice. See the crate docs.
+    /// **Exactly once** (with [`ClientConfig::exactly_once`], the default): the batch goes
+    /// through the client's session, and however often it is resent (a broken connection, a
+    /// change of leader, a server's `Timeout`), each entry is in the log once. The entries
+    /// are at consecutive indexes `first..=last` unless a resend found the first ones already
+    /// in the log; [`Client::append_at`] gives each entry's index.
     ///
-    /// If a change of leader kept only a prefix of the batch, nothing is resent and the call
-    /// returns [`ClientError::PartlyCommitted`]: append the entries after that prefix again.
+    /// Without a session, **at least once**: if the connection breaks (or the server shuts
+    /// down) before the answer, the batch is sent again, and may then be in the log twice;
+    /// and if a change of leader kept only a prefix of the batch, nothing is resent and the
+    /// call returns [`ClientError::PartlyCommitted`]: append the entries after that prefix
+    /// again. See the crate docs.
     pub fn append(&mut self, entries: &[&[u8]]) -> Result<(u64, u64), ClientError> {
-        self.append_batch(entries, None)
+        let at = self.append_at(entries)?;
+        Ok((at[0], at[at.len() - 1]))
+    }
+
+    /// [`Client::append`], returning each entry's index, in order.
+    pub fn append_at(&mut self, entries: &[&[u8]]) -> Result<Vec<u64>, ClientError> {
+        if !self.cfg.exactly_once {
+            let (first, last) = self.append_batch(entries, None)?;
+            return Ok((first..=last).collect());
+        }
+        let req = Request::AppendInSession {
+            id: 0,
+            session: 0,
+            first_seq: 0,
+            entries: entries.iter().map(|e| e.to_vec()).collect(),
+        };
+        self.check_batch(&req, entries.len())?;
+        self.append_in_session(req, entries.len())
+    }
+
+    /// The session appends go through (its id and the next entry's number), once one is open.
+    pub fn session(&self) -> Option<(u64, u64)> {
+        self.session
+    }
+
+    /// Opens a session on the leader and returns its id.
+    fn open_session(&mut self) -> Result<u64, ClientError> {
+        self.run(|conn, id, deadline| {
+            match conn.call(&Request::OpenSession { id }, id, deadline)? {
+                Response::SessionOpened { session, .. } => Ok(session),
+                other => Err(unexpected(conn, "OpenSession", &other)),
+            }
+        })
+    }
+
+    /// Sends `req`, an `AppendInSession` of `n` entries, in the session (opening one first if
+    /// there is none), resending the same numbers until it is answered. A session the cluster
+    /// expired is replaced only if this batch was never sent with it; otherwise the error
+    /// says the batch may be in the log.
+    fn append_in_session(&mut self, mut req: Request, n: usize) -> Result<Vec<u64>, ClientError> {
+        for fresh_session in [false, true] {
+            let (session, first_seq) = match self.session {
+                Some(s) if !fresh_session => s,
+                _ => (self.open_session()?, 1),
+            };
+            self.session = Some((session, first_seq + n as u64));
+            if let Request::AppendInSession {
+                session: s,
+                first_seq: f,
+                ..
+            } = &mut req
+            {
+                (*s, *f) = (session, first_seq);
+            }
+            let mut sends = 0u32;
+            let r = self.run(|conn, id, deadline| {
+                set_id(&mut req, id);
+                sends += 1;
+                let resp = match conn.call(&req, id, deadline) {
+                    // Not the leader: nothing was proposed, so this send does not count.
+                    Err(Step::Redirect(l)) => {
+                        sends -= 1;
+                        return Err(Step::Redirect(l));
+                    }
+                    // The server could not tell in time; resending cannot append twice.
+                    Err(Step::TimedOut(last)) => {
+                        return Err(Step::Retry(Failure::Busy {
+                            addr: conn.addr.clone(),
+                            message: last,
+                        }));
+                    }
+                    r => r?,
+                };
+                match resp {
+                    Response::AppendedAt { indexes, .. } if indexes.len() == n => Ok(indexes),
+                    other => Err(unexpected(conn, "AppendInSession", &other)),
+                }
+            });
+            match r {
+                Ok(indexes) => return Ok(indexes),
+                Err(ClientError::Refused {
+                    code: ErrorCode::UnknownSession,
+                    ..
+                }) if sends == 1 && !fresh_session => {
+                    // Never sent with that session before: safe to send with a new one.
+                    tracing::debug!(session, "the cluster expired the session; opening another");
+                    self.session = None;
+                }
+                Err(e) => {
+                    // Whether the batch is in the log may be unknown: the next append must
+                    // not leave a gap in this session's numbers, so it opens a new one.
+                    self.session = None;
+                    return Err(e);
+                }
+            }
+        }
+        unreachable!("the second pass returns")
+    }
+
+    /// Refuses a batch that no server would take: empty, too many entries, or a frame over
+    /// the limit.
+    fn check_batch(&self, req: &Request, n: usize) -> Result<(), ClientError> {
+        if n == 0 || n > proto::MAX_BATCH_ENTRIES {
+            return Err(ClientError::Refused {
+                code: ErrorCode::EntryTooLarge,
+                message: format!(
+                    "a batch holds 1 to {} entries, not {n}",
+                    proto::MAX_BATCH_ENTRIES,
+                ),
+            });
+        }
+        let mut frame = Vec::new();
+        proto::encode_frame(req, &mut frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if frame.len() - 4 > self.cfg.max_frame_bytes as usize {
+            return Err(ClientError::Refused {
+                code: ErrorCode::TooLarge,
+                message: format!(
+                    "the batch encodes to {} bytes, more than the {}-byte frame limit; send fewer or smaller entries",
+                    frame.len() - 4,
+                    self.cfg.max_frame_bytes
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// [`Client::append`] on a condition: the batch is appended only if the log ends at
@@ -449,16 +590,6 @@ impl Client {
         entries: &[&[u8]],
         expected_last: Option<u64>,
     ) -> Result<(u64, u64), ClientError> {
-        if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
-            return Err(ClientError::Refused {
-                code: ErrorCode::EntryTooLarge,
-                message: format!(
-                    "a batch holds 1 to {} entries, not {}",
-                    proto::MAX_BATCH_ENTRIES,
-                    entries.len()
-                ),
-            });
-        }
         let batch = entries.iter().map(|e| e.to_vec()).collect();
         let mut req = match expected_last {
             None => Request::Append {
@@ -471,19 +602,7 @@ impl Client {
                 entries: batch,
             },
         };
-        let mut frame = Vec::new();
-        proto::encode_frame(&req, &mut frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        if frame.len() - 4 > self.cfg.max_frame_bytes as usize {
-            return Err(ClientError::Refused {
-                code: ErrorCode::TooLarge,
-                message: format!(
-                    "the batch encodes to {} bytes, more than the {}-byte frame limit; send fewer or smaller entries",
-                    frame.len() - 4,
-                    self.cfg.max_frame_bytes
-                ),
-            });
-        }
-        drop(frame);
+        self.check_batch(&req, entries.len())?;
         self.run(|conn, id, deadline| {
             set_id(&mut req, id);
             match conn.call(&req, id, deadline)? {
@@ -681,7 +800,8 @@ impl Client {
     ///
     /// Each call costs a thread and a connection; for many appends in flight at once, prefer
     /// several clients on threads of your own. Dropping the future does not cancel the
-    /// append. The same at-least-once caveat as for [`Client::append`] applies.
+    /// append. The append goes through a session of its own (opened first: one more commit),
+    /// with the same guarantee as [`Client::append`].
     pub fn append_async(&self, entries: Vec<Vec<u8>>) -> PendingAppend {
         let mut cfg = self.cfg.clone();
         let mut servers: Vec<String> = self.conn.iter().map(|c| c.addr.clone()).collect();

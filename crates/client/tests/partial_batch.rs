@@ -1,7 +1,9 @@
 //! A batch that a change of leader kept only in part: against a scripted server on loopback
 //! (a change of leader that keeps a prefix of one batch cannot be provoked on purpose in a
 //! real cluster), which answers the first `Append` with `PartlyAppended`. The client must not
-//! resend anything, and must say which entries committed.
+//! resend anything, and must say which entries committed. This is the plain, at-least-once
+//! `Append` (`exactly_once: false`); a session batch never gets `PartlyAppended`
+//! (`tests/sessions.rs`).
 
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
@@ -55,6 +57,7 @@ fn scripted_server(
 fn client(addr: String) -> Client {
     let mut cfg = ClientConfig::new(vec![addr], 0xc1);
     cfg.deadline = Duration::from_secs(5);
+    cfg.exactly_once = false;
     Client::connect(cfg).unwrap()
 }
 

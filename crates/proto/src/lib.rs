@@ -41,13 +41,17 @@ use bincode::{Decode, Encode};
 /// which that client does not resend. Version 3 added [`Request::ReadWith`], a read with a
 /// stated consistency, and [`Request::AppendIf`], a conditional append answered
 /// [`Response::ConditionFailed`] when its condition does not hold; clients of versions 1 and
-/// 2 never send them.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// 2 never send them. Version 4 added client sessions for exactly-once appends:
+/// [`Request::OpenSession`] (answered [`Response::SessionOpened`]) and
+/// [`Request::AppendInSession`] (answered [`Response::AppendedAt`]), with the error codes
+/// `UnknownSession`, `SessionSequence` and `SessionTooOld`.
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The oldest protocol version a server of this build still accepts at the hello. Each
 /// version only added a message that older clients never send or receive, so a client of
 /// version 1 or 2 keeps working against this server; a client of this build needs a server of
-/// version 3 or later to send [`Request::ReadWith`] (upgrade servers before clients).
+/// version 3 or later to send [`Request::ReadWith`], and of version 4 for sessions (upgrade
+/// servers before clients).
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 
 /// Default largest frame body: 16 MiB, a round power of two. It holds an `Append` of 255
@@ -86,6 +90,7 @@ const DECODE_BYTES_PER_BODY_BYTE: usize = 32;
 
 // Each element type a message holds a `Vec` of, against its smallest encoding.
 const _: () = assert!(size_of::<Vec<u8>>() <= DECODE_BYTES_PER_BODY_BYTE);
+const _: () = assert!(size_of::<u64>() <= DECODE_BYTES_PER_BODY_BYTE);
 const _: () = assert!(size_of::<Entry>() <= 2 * DECODE_BYTES_PER_BODY_BYTE);
 const _: () = assert!(size_of::<NodeInfo>() <= 2 * DECODE_BYTES_PER_BODY_BYTE);
 const _: () = assert!(size_of::<(u64, u64, String)>() <= 3 * DECODE_BYTES_PER_BODY_BYTE);
@@ -207,6 +212,28 @@ pub enum Request {
         /// The entries, in order (at most [`MAX_BATCH_ENTRIES`]).
         entries: Vec<Vec<u8>>,
     },
+    /// Opens a client session for exactly-once appends (protocol version 4; read-write role,
+    /// on the leader): answered [`Response::SessionOpened`] once the session is committed.
+    OpenSession {
+        /// Echoed in the response.
+        id: u64,
+    },
+    /// [`Request::Append`] in a session (protocol version 4): the entries are numbers
+    /// `first_seq`, `first_seq + 1`, ... of `session` (a session's first entry is number 1).
+    /// An entry whose number the log already holds is not appended again: its index is the
+    /// first copy's. So the same request may be resent after any failure, a broken
+    /// connection or a `Timeout` included, and nothing is appended twice. Answered
+    /// [`Response::AppendedAt`] once every entry is committed.
+    AppendInSession {
+        /// Echoed in the response.
+        id: u64,
+        /// The session, from [`Response::SessionOpened`].
+        session: u64,
+        /// The first entry's number in the session.
+        first_seq: u64,
+        /// The entries, in order (at most [`MAX_BATCH_ENTRIES`]).
+        entries: Vec<Vec<u8>>,
+    },
 }
 
 /// How fresh a read's answer must be ([`Request::ReadWith`]).
@@ -255,6 +282,16 @@ pub enum ErrorCode {
     /// The entries are certainly not in the log (raft dropped the proposal, or a new leader's
     /// entries took their place): resend them.
     NotCommitted,
+    /// The session of an `AppendInSession` does not exist: it expired (a cluster keeps its
+    /// 1,024 most recently used sessions) or was never opened. Entries sent with it before
+    /// may be in the log; open a new session for new entries.
+    UnknownSession,
+    /// An `AppendInSession` skips numbers: the message names the session's next number.
+    /// Nothing was appended; send the missing entries first.
+    SessionSequence,
+    /// An entry of an `AppendInSession` is in the log, so long ago that its index is no longer
+    /// known; it was not appended again.
+    SessionTooOld,
 }
 
 /// An entry in a [`Response::Entries`].
@@ -378,6 +415,23 @@ pub enum Response {
         /// Where the log ends (its last index on the leader when the request was ordered).
         last: u64,
     },
+    /// [`Request::OpenSession`] `id` committed: `session` is the new session's id
+    /// (protocol version 4).
+    SessionOpened {
+        /// The request id.
+        id: u64,
+        /// The session.
+        session: u64,
+    },
+    /// Every entry of [`Request::AppendInSession`] `id` is committed, each once, at these
+    /// indexes, in the request's order (protocol version 4). They are increasing, and
+    /// consecutive unless a resent batch found its first entries already in the log.
+    AppendedAt {
+        /// The request id.
+        id: u64,
+        /// Each entry's index.
+        indexes: Vec<u64>,
+    },
 }
 
 /// Why a frame could not be read.
@@ -463,16 +517,25 @@ const APPEND_VARIANT: u32 = 1;
 /// `Request::AppendIf`'s variant index.
 const APPEND_IF_VARIANT: u32 = 7;
 
+/// `Request::AppendInSession`'s variant index.
+const APPEND_IN_SESSION_VARIANT: u32 = 9;
+
 impl Message for Request {
     fn check_body(body: &[u8]) -> Result<(), FrameError> {
         // The variant, the id and the entry count lead an Append's encoding (an AppendIf's
-        // has the expected end before the count). The limit only has to cover four integers.
+        // has the expected end before the count, an AppendInSession's the session and the
+        // first number). The limit only has to cover five integers.
         let count = match bincode::decode_from_slice::<(u32, u64, u64), _>(body, config::<64>()) {
             Ok(((APPEND_VARIANT, id, entries), _)) => Some((id, entries)),
             Ok(((APPEND_IF_VARIANT, ..), _)) => {
                 bincode::decode_from_slice::<(u32, u64, u64, u64), _>(body, config::<64>())
                     .ok()
                     .map(|((_, id, _, entries), _)| (id, entries))
+            }
+            Ok(((APPEND_IN_SESSION_VARIANT, ..), _)) => {
+                bincode::decode_from_slice::<(u32, u64, u64, u64, u64), _>(body, config::<64>())
+                    .ok()
+                    .map(|((_, id, _, _, entries), _)| (id, entries))
             }
             _ => None,
         };
@@ -641,5 +704,26 @@ mod tests {
         };
         encode_frame(&req, &mut buf).unwrap();
         assert_eq!(buf[4..], [APPEND_IF_VARIANT as u8, 3, 9, 1, 1, 9]);
+        // An AppendInSession's count comes after its session and first number.
+        let head = [APPEND_IN_SESSION_VARIANT as u8, 3, 7, 1, 0xFB, 0x01, 0x10];
+        assert!(matches!(
+            Request::check_body(&head),
+            Err(FrameError::BatchTooLong {
+                id: 3,
+                entries: 4097
+            })
+        ));
+        let mut buf = Vec::new();
+        let req = Request::AppendInSession {
+            id: 3,
+            session: 7,
+            first_seq: 1,
+            entries: vec![vec![9]],
+        };
+        encode_frame(&req, &mut buf).unwrap();
+        assert_eq!(
+            buf[4..],
+            [APPEND_IN_SESSION_VARIANT as u8, 3, 7, 1, 1, 1, 9]
+        );
     }
 }

@@ -74,6 +74,16 @@ fn request_json(r: &Request) -> Value {
                 ReadConsistency::AtLeast(i) => json!({"variant": "AtLeast", "0": i}),
             },
         }),
+        Request::OpenSession { id } => json!({"variant": "OpenSession", "id": id}),
+        Request::AppendInSession {
+            id,
+            session,
+            first_seq,
+            entries,
+        } => json!({
+            "variant": "AppendInSession", "id": id, "session": session, "first_seq": first_seq,
+            "entries": entries.iter().map(|e| hex(e)).collect::<Vec<_>>(),
+        }),
     }
 }
 
@@ -130,6 +140,12 @@ fn response_json(r: &Response) -> Value {
         }
         Response::ConditionFailed { id, last } => {
             json!({"variant": "ConditionFailed", "id": id, "last": last})
+        }
+        Response::SessionOpened { id, session } => {
+            json!({"variant": "SessionOpened", "id": id, "session": session})
+        }
+        Response::AppendedAt { id, indexes } => {
+            json!({"variant": "AppendedAt", "id": id, "indexes": indexes})
         }
     }
 }
@@ -274,6 +290,30 @@ fn vectors() -> Vec<(&'static str, Msg)> {
             "condition failed",
             Resp(Response::ConditionFailed { id: 15, last: 302 }),
         ),
+        ("open a session", Req(Request::OpenSession { id: 16 })),
+        (
+            "session opened",
+            Resp(Response::SessionOpened {
+                id: 16,
+                session: 70_001,
+            }),
+        ),
+        (
+            "append in a session",
+            Req(Request::AppendInSession {
+                id: 17,
+                session: 70_001,
+                first_seq: 1,
+                entries: vec![b"once".to_vec(), b"only".to_vec()],
+            }),
+        ),
+        (
+            "appended in a session, the first entry found already in the log",
+            Resp(Response::AppendedAt {
+                id: 17,
+                indexes: vec![70_002, 70_250],
+            }),
+        ),
         (
             "welcome",
             Resp(Response::Welcome {
@@ -382,6 +422,9 @@ fn vectors() -> Vec<(&'static str, Msg)> {
         ErrorCode::ShuttingDown,
         ErrorCode::Internal,
         ErrorCode::NotCommitted,
+        ErrorCode::UnknownSession,
+        ErrorCode::SessionSequence,
+        ErrorCode::SessionTooOld,
     ];
     let names = [
         "error: Malformed",
@@ -396,6 +439,9 @@ fn vectors() -> Vec<(&'static str, Msg)> {
         "error: ShuttingDown",
         "error: Internal",
         "error: NotCommitted",
+        "error: UnknownSession",
+        "error: SessionSequence",
+        "error: SessionTooOld",
     ];
     for (k, (code, name)) in codes.into_iter().zip(names).enumerate() {
         // Connection-level errors carry no id (Busy is sent instead of the Welcome); the

@@ -113,6 +113,14 @@ enum Pending<F: Fabric + Send + 'static> {
         id: u64,
         handles: Vec<AppendHandle<F>>,
         start: Instant,
+        /// An `AppendInSession`: answered with each entry's index, and safe to resend.
+        in_session: bool,
+    },
+    /// An `OpenSession`, resolving to the session's id.
+    Open {
+        id: u64,
+        handle: AppendHandle<F>,
+        start: Instant,
     },
     Members {
         id: u64,
@@ -420,7 +428,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                             h.wait_for(Duration::from_millis(1));
                         }
                     }
-                    Pending::Members { handle, .. } => {
+                    Pending::Members { handle, .. } | Pending::Open { handle, .. } => {
                         handle.wait_for(Duration::from_millis(1));
                     }
                     Pending::Read { .. } => {
@@ -472,7 +480,9 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     });
                     continue;
                 }
-                Pending::Append { id, .. } | Pending::Members { id, .. } => id,
+                Pending::Append { id, .. }
+                | Pending::Members { id, .. }
+                | Pending::Open { id, .. } => id,
             };
             let _ = self.send(&Response::Error {
                 id: Some(id),
@@ -491,7 +501,59 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         while let Some(front) = self.pending.front() {
             let answer = match front {
                 Pending::Ready(_) => None,
-                Pending::Append { id, handles, start } => {
+                Pending::Append {
+                    id,
+                    handles,
+                    start,
+                    in_session: true,
+                } => {
+                    let results: Vec<_> = handles.iter().map(|h| h.try_result()).collect();
+                    match session_outcome(results) {
+                        SessionOutcome::Committed(indexes) => {
+                            let m = &self.shared.metrics;
+                            m.append_latency.observe(start.elapsed());
+                            for _ in handles {
+                                m.commit_latency.observe(start.elapsed());
+                            }
+                            m.appended_entries
+                                .fetch_add(handles.len() as u64, Ordering::Relaxed);
+                            Some(Response::AppendedAt { id: *id, indexes })
+                        }
+                        SessionOutcome::Failed(e) => Some(self.error(*id, &e)),
+                        SessionOutcome::Unknown(why) => Some(Response::Error {
+                            id: Some(*id),
+                            code: ErrorCode::Timeout,
+                            message: format!(
+                                "{why}; resend the same request: its entries are never appended twice"
+                            ),
+                        }),
+                        SessionOutcome::Pending if start.elapsed() > timeout => {
+                            Some(Response::Error {
+                                id: Some(*id),
+                                code: ErrorCode::Timeout,
+                                message: format!(
+                                    "not committed within {timeout:?}; it may still commit: resend the same request, its entries are never appended twice"
+                                ),
+                            })
+                        }
+                        SessionOutcome::Pending => break,
+                    }
+                }
+                Pending::Open { id, handle, start } => match handle.try_result() {
+                    Some(Ok(session)) => Some(Response::SessionOpened { id: *id, session }),
+                    Some(Err(e)) => Some(self.error(*id, &e)),
+                    None if start.elapsed() > timeout => Some(Response::Error {
+                        id: Some(*id),
+                        code: ErrorCode::Timeout,
+                        message: format!(
+                            "the session did not open within {timeout:?}; open another one"
+                        ),
+                    }),
+                    None => break,
+                },
+                Pending::Append {
+                    id, handles, start, ..
+                } => {
                     let results = handles
                         .iter()
                         .map(|h| (h.ticket().index, h.try_result()))
@@ -573,9 +635,9 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         Ok(())
     }
 
-    /// An `Append` (`expected_last: None`) or an `AppendIf`: refused, or pending on its
+    /// An `Append`, an `AppendIf` or an `AppendInSession`: refused, or pending on its
     /// entries' handles.
-    fn append(&mut self, id: u64, entries: Vec<Vec<u8>>, expected_last: Option<u64>) {
+    fn append(&mut self, id: u64, entries: Vec<Vec<u8>>, how: AppendKind) {
         if self.role < Role::ReadWrite {
             self.refuse(
                 id,
@@ -595,15 +657,19 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         } else {
             let log = &self.shared.log;
             let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
-            let proposed = match expected_last {
-                None => log.append_batch(&refs),
-                Some(e) => log.append_batch_if(&refs, e),
+            let proposed = match how {
+                AppendKind::Plain => log.append_batch(&refs),
+                AppendKind::If(e) => log.append_batch_if(&refs, e),
+                AppendKind::InSession { session, first_seq } => {
+                    log.append_batch_in_session(session, first_seq, &refs)
+                }
             };
             let p = match proposed {
                 Ok(handles) => Pending::Append {
                     id,
                     handles,
                     start: Instant::now(),
+                    in_session: matches!(how, AppendKind::InSession { .. }),
                 },
                 Err(e) => Pending::Ready(self.error(id, &e)),
             };
@@ -693,12 +759,37 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     "a second Hello on one connection".into(),
                 ));
             }
-            Request::Append { id, entries } => self.append(id, entries, None),
+            Request::Append { id, entries } => self.append(id, entries, AppendKind::Plain),
             Request::AppendIf {
                 id,
                 expected_last,
                 entries,
-            } => self.append(id, entries, Some(expected_last)),
+            } => self.append(id, entries, AppendKind::If(expected_last)),
+            Request::AppendInSession {
+                id,
+                session,
+                first_seq,
+                entries,
+            } => self.append(id, entries, AppendKind::InSession { session, first_seq }),
+            Request::OpenSession { id } => {
+                if self.role < Role::ReadWrite {
+                    self.refuse(
+                        id,
+                        ErrorCode::Unauthorized,
+                        "this connection is read-only: sessions are for appends, which need a read-write token".into(),
+                    );
+                } else {
+                    let p = match log.open_session() {
+                        Ok(handle) => Pending::Open {
+                            id,
+                            handle,
+                            start: Instant::now(),
+                        },
+                        Err(e) => Pending::Ready(self.error(id, &e)),
+                    };
+                    self.pending.push_back(p);
+                }
+            }
             Request::Read {
                 id,
                 from,
@@ -931,6 +1022,9 @@ fn error_code(e: &ReplicaError) -> ErrorCode {
         ReplicaError::Compacted { .. } => ErrorCode::Compacted,
         ReplicaError::Superseded { .. } | ReplicaError::Dropped(_) => ErrorCode::NotCommitted,
         ReplicaError::Closed => ErrorCode::ShuttingDown,
+        ReplicaError::UnknownSession { .. } => ErrorCode::UnknownSession,
+        ReplicaError::SessionSequence { .. } => ErrorCode::SessionSequence,
+        ReplicaError::SessionTooOld { .. } => ErrorCode::SessionTooOld,
         _ => ErrorCode::Internal,
     }
 }
@@ -969,6 +1063,56 @@ enum BatchOutcome {
     Unknown(String),
     /// Another failure (the log closed or failed): the first one.
     Failed(ReplicaError),
+}
+
+/// How an append asks to be ordered.
+#[derive(Clone, Copy)]
+enum AppendKind {
+    Plain,
+    /// Only if the log ends at this index.
+    If(u64),
+    /// In a session, numbered from `first_seq`.
+    InSession {
+        session: u64,
+        first_seq: u64,
+    },
+}
+
+/// What the handles of an `AppendInSession` call for.
+#[derive(Debug)]
+enum SessionOutcome {
+    Pending,
+    /// Every entry committed, at these indexes.
+    Committed(Vec<u64>),
+    /// Some entry's outcome cannot be told: why. Resending is safe.
+    Unknown(String),
+    /// The first failure: `Superseded`/`Dropped` (not in the log: resend, safely) or the log's
+    /// own failure.
+    Failed(ReplicaError),
+}
+
+/// Sorts the results of a session batch's handles. Unlike [`batch_outcome`], nothing needs
+/// working out about prefixes: resending the whole batch appends nothing twice, so any entry
+/// not in the log makes the answer "resend", and any unknown one "unknown, resend".
+fn session_outcome(results: Vec<Option<Result<u64, ReplicaError>>>) -> SessionOutcome {
+    let mut indexes = Vec::with_capacity(results.len());
+    let mut unknown = None;
+    let mut pending = false;
+    for r in results {
+        match r {
+            Some(Ok(i)) => indexes.push(i),
+            Some(Err(e @ ReplicaError::OutcomeUnknown { .. })) => {
+                unknown.get_or_insert_with(|| e.to_string());
+            }
+            Some(Err(e)) => return SessionOutcome::Failed(e),
+            None => pending = true,
+        }
+    }
+    match unknown {
+        Some(why) => SessionOutcome::Unknown(why),
+        None if pending => SessionOutcome::Pending,
+        None => SessionOutcome::Committed(indexes),
+    }
 }
 
 /// Sorts the results of a batch's handles, `(ticket index, result)` in batch order, into

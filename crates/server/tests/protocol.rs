@@ -921,3 +921,90 @@ fn a_conditional_append_lands_right_after_the_end_it_expected_or_not_at_all() {
         Response::Redirect { .. }
     ));
 }
+
+/// Sessions (protocol version 4): `OpenSession` answers the session's id; the same
+/// `AppendInSession` sent again (as after a broken connection) answers the first copy's
+/// indexes and appends nothing; a resend with one more entry appends only that one; a number
+/// past the next one and an unknown session are refused by name; a
+/// follower redirects both requests.
+#[test]
+fn appends_in_a_session_are_exactly_once() {
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let mut lc = connect(c.server(l).client_addr(), None);
+    let r = lc.call(|id| Request::OpenSession { id });
+    let Response::SessionOpened { session, .. } = r else {
+        panic!("{r:?}")
+    };
+    let send = |cl: &mut Client<TcpStream>, first_seq, data: &[&[u8]]| {
+        cl.call(|id| Request::AppendInSession {
+            id,
+            session,
+            first_seq,
+            entries: data.iter().map(|d| d.to_vec()).collect(),
+        })
+    };
+    let r = send(&mut lc, 1, &[b"s-1", b"s-2"]);
+    let Response::AppendedAt { indexes: first, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[1], first[0] + 1);
+    // Resent on a new connection, as a client does after a broken one.
+    let mut again = connect(c.server(l).client_addr(), None);
+    let r = send(&mut again, 1, &[b"s-1", b"s-2"]);
+    assert!(
+        matches!(&r, Response::AppendedAt { indexes, .. } if *indexes == first),
+        "{r:?}"
+    );
+    let r = send(&mut again, 1, &[b"s-1", b"s-2", b"s-3"]);
+    let Response::AppendedAt { indexes, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(&indexes[..2], &first[..]);
+    assert!(indexes[2] > first[1]);
+    let r = lc.call(|id| Request::Read {
+        id,
+        from: 1,
+        max_bytes: 1 << 20,
+    });
+    let Response::Entries { entries, .. } = r else {
+        panic!("{r:?}")
+    };
+    for (k, want) in [b"s-1", b"s-2", b"s-3"].iter().enumerate() {
+        let at: Vec<u64> = entries
+            .iter()
+            .filter(|e| e.data == want.as_slice())
+            .map(|e| e.index)
+            .collect();
+        assert_eq!(at, [indexes[k]], "{} is in the log once", k + 1);
+    }
+    let code = |r: Response| match r {
+        Response::Error { code, message, .. } => {
+            assert!(!message.is_empty());
+            code
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        code(send(&mut lc, 5, &[b"s-5"])),
+        ErrorCode::SessionSequence
+    );
+    let r = lc.call(|id| Request::AppendInSession {
+        id,
+        session: session + 1_000,
+        first_seq: 1,
+        entries: vec![b"x".to_vec()],
+    });
+    assert_eq!(code(r), ErrorCode::UnknownSession);
+    let f = (1..=3).find(|&i| i != l).unwrap();
+    let mut fc = connect(c.server(f).client_addr(), None);
+    assert!(matches!(
+        fc.call(|id| Request::OpenSession { id }),
+        Response::Redirect { .. }
+    ));
+    assert!(matches!(
+        send(&mut fc, 4, &[b"s-4"]),
+        Response::Redirect { .. }
+    ));
+}
