@@ -1,4 +1,4 @@
-"""Python client for the rdmalog client protocol (protocol version 3).
+"""Python client for the rdmalog client protocol (protocol version 4).
 
 Written from docs/PROTOCOL.md alone. Standard library only (Python 3.11).
 
@@ -6,7 +6,8 @@ Two layers:
 
 * The codec: sections 2-5 of the document. Messages are plain dicts in the
   JSON form of section 9, except that byte strings (``Append.entries[i]``,
-  ``Entry.data``) are ``bytes`` instead of hex strings and the tuples of
+  ``AppendIf.entries[i]``, ``AppendInSession.entries[i]``, ``Entry.data``)
+  are ``bytes`` instead of hex strings and the tuples of
   ``NodeStatus.peers`` are Python tuples instead of lists. ``to_json_form`` /
   ``from_json_form`` convert between that in-memory form and the JSON form.
   An enum with fields (``ReadConsistency``) is, in memory as in JSON, a dict
@@ -24,6 +25,9 @@ Two layers:
   consistencies of section 6.2 (``"local"``, ``"linearizable"``, at least an index).
   ``Client.append_if(entries, expected_last)`` appends only if the log ends at
   ``expected_last`` (section 6.1), else raises ``ConditionFailed``.
+  ``Client.append(entries)`` is exactly once by default (``exactly_once=True``,
+  section 7 step 7a): it appends through a session (``OpenSession``,
+  ``AppendInSession``), so resending a batch never appends it twice.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ __all__ = [
 # Constants (sections 0 and 2)
 # --------------------------------------------------------------------------
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MIN_PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024  # 16777216
 MIN_FRAME_LIMIT = 1024
@@ -67,7 +71,16 @@ DEFAULT_MAX_ENTRY_BYTES = 65536  # the replica's default; servers may differ
 # --------------------------------------------------------------------------
 
 class RdmalogError(Exception):
-    """Base class of every error this module raises."""
+    """Base class of every error this module raises.
+
+    ``maybe_committed``: set on the error of an exactly-once append (``Client``
+    with ``exactly_once=True``, the default): True when some of the batch's
+    entries may be in the log (a send's outcome is unknown, or the server said
+    so), False when none is. None where the client does not say (every other
+    call, and appends without a session). ``ConditionFailed`` has its own.
+    """
+
+    maybe_committed: Optional[bool] = None
 
 
 class ProtocolError(RdmalogError):
@@ -224,6 +237,11 @@ class _Reader:
         return value
 
 
+def _varint_len(value: int) -> int:
+    """Bytes of the shortest varint of ``value`` (3.1)."""
+    return 1 if value <= 250 else 3 if value <= 0xFFFF else 5 if value <= 0xFFFFFFFF else 9
+
+
 def decode_varint(data: bytes, bits: int = 64) -> tuple[int, int]:
     """Decode one varint at the start of ``data``: returns (value, bytes used).
     Non-shortest forms and markers wider than the field are refused."""
@@ -253,7 +271,7 @@ ROLES = ["ReadOnly", "ReadWrite", "Admin"]
 ERROR_CODES = [
     "Malformed", "TooLarge", "WrongVersion", "WrongCluster", "Unauthorized",
     "EntryTooLarge", "Timeout", "Compacted", "Busy", "ShuttingDown", "Internal",
-    "NotCommitted",
+    "NotCommitted", "UnknownSession", "SessionSequence", "SessionTooOld",
 ]
 
 _ENUMS = {"Role": ROLES, "ErrorCode": ERROR_CODES}
@@ -295,6 +313,9 @@ REQUEST_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
     ("ReadWith", [("id", "u64"), ("from", "u64"), ("max_bytes", "u32"),
                   ("consistency", ("fenum", "ReadConsistency"))]),
     ("AppendIf", [("id", "u64"), ("expected_last", "u64"), ("entries", _vec("bytes"))]),
+    ("OpenSession", [("id", "u64")]),
+    ("AppendInSession", [("id", "u64"), ("session", "u64"), ("first_seq", "u64"),
+                         ("entries", _vec("bytes"))]),
 ]
 
 RESPONSE_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
@@ -308,6 +329,8 @@ RESPONSE_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
     ("Error", [("id", _opt("u64")), ("code", ("enum", "ErrorCode")), ("message", "str")]),
     ("PartlyAppended", [("id", "u64"), ("first", "u64"), ("last", "u64")]),
     ("ConditionFailed", [("id", "u64"), ("last", "u64")]),
+    ("SessionOpened", [("id", "u64"), ("session", "u64")]),
+    ("AppendedAt", [("id", "u64"), ("indexes", _vec("u64"))]),
 ]
 
 _VARIANTS = {"request": REQUEST_VARIANTS, "response": RESPONSE_VARIANTS}
@@ -719,7 +742,17 @@ _ANSWERS = {
     "ReadWith": {"Entries"},   # and Redirect, for Linearizable only (see Client.read)
     "Status": {"Status"},
     "Members": {"MembershipChanged", "Redirect"},
+    # Version 4 (6.1, 7a): a session's requests go to the leader, as appends do.
+    "OpenSession": {"SessionOpened", "Redirect"},
+    "AppendInSession": {"AppendedAt", "Redirect"},
 }
+
+# Answers to an AppendInSession after which that send certainly appended
+# nothing (4.3); any other (a broken connection, no answer, Timeout,
+# NotCommitted, which in a session may follow a partial commit, SessionTooOld,
+# ...) may leave some of the batch in the log. Redirect appends nothing either.
+_SESSION_NOTHING_APPENDED = {"UnknownSession", "SessionSequence", "EntryTooLarge",
+                             "Unauthorized"}
 
 
 def read_consistency(consistency: Any = None) -> dict:
@@ -767,13 +800,15 @@ class _Sends:
     """What ``Client._call`` tells its caller about the sends of one request:
     ``sent`` counts the frames sent (resends included); ``unknown`` counts the
     sends whose outcome is unknown (the connection broke or no answer came,
-    ``ShuttingDown``), after which the request was resent or given up."""
+    ``ShuttingDown``), after which the request was resent or given up;
+    ``redirected`` counts the sends answered ``Redirect`` (nothing proposed)."""
 
-    __slots__ = ("sent", "unknown")
+    __slots__ = ("sent", "unknown", "redirected")
 
     def __init__(self) -> None:
         self.sent = 0
         self.unknown = 0
+        self.redirected = 0
 
 
 class _Retry(Exception):
@@ -883,6 +918,14 @@ class Client:
     ``connect_timeout`` (TCP, TLS and hello together) and ``request_timeout``
     (the wait for one answer; keep it above the servers' append_timeout) are
     cut at that deadline. Not thread-safe: use one Client per thread.
+
+    ``exactly_once`` (default True; PROTOCOL.md 6.1 and 7 step 7a): ``append``
+    goes through a session, opened on the leader before the first append
+    (``OpenSession``); each batch is sent as ``AppendInSession`` with the
+    session's next numbers and resent, the same request, after any failure
+    until the deadline, and each entry is in the log once. ``self.session`` is
+    ``(session id, next number)`` while one is open, else None. With False,
+    appends are plain ``Append`` requests: at least once.
     """
 
     def __init__(self, servers: list[str], cluster_id: int, token: Optional[str] = None,
@@ -890,7 +933,7 @@ class Client:
                  cert_file: Optional[str] = None, key_file: Optional[str] = None,
                  server_name: Optional[str] = None, timeout: float = 10.0, *,
                  connect_timeout: float = 3.0, request_timeout: float = 15.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, exactly_once: bool = True):
         if isinstance(servers, str):
             servers = [servers]
         addrs: list[str] = []
@@ -910,6 +953,7 @@ class Client:
         self.connect_timeout = float(connect_timeout)
         self.request_timeout = float(request_timeout)
         self.max_frame_bytes = _check_limit(max_frame_bytes)
+        self.exactly_once = bool(exactly_once)
         self.tls = tls
         self.server_name = server_name
         self._ssl_ctx: Optional[ssl.SSLContext] = None
@@ -932,6 +976,9 @@ class Client:
         self.last_commit: Optional[int] = None   # commit of the last Read answer
         self.redirects_followed = 0              # Redirect{Some} followed so far
         self.connects = 0                        # connections opened (hello done)
+        # The session appends go through (exactly_once): (session id, number of
+        # its next entry), or None until the first append and after a failure.
+        self.session: Optional[tuple[int, int]] = None
 
     # ---- context manager ------------------------------------------------
 
@@ -1066,9 +1113,11 @@ class Client:
         retryable error) or the deadline passes; returns that answer.
 
         ``answers``: the response variants allowed (default ``_ANSWERS[variant]``).
-        ``retry_timeout``: an ``Error { Timeout }`` means nothing happened (a
-        ReadWith, 6.2): retry it like ``Busy`` while the deadline allows, and
-        raise that ServerError itself if the deadline passes after it.
+        ``retry_timeout``: an ``Error { Timeout }`` is safe to resend (a
+        ReadWith, 6.2, where nothing happened; an AppendInSession, 7a, which
+        cannot append twice; an OpenSession): retry it like ``Busy`` while the
+        deadline allows, and raise that ServerError itself if the deadline
+        passes after it.
         ``sends``: filled in with what became of the sends (see _Sends)."""
         if sends is None:
             sends = _Sends()
@@ -1154,6 +1203,7 @@ class Client:
                 self._drop()
                 raise ProtocolError(f"{variant} id {rid} answered with id {resp['id']}")
             if resp["variant"] == "Redirect":
+                sends.redirected += 1
                 self._drop()
                 leader = resp["leader"]
                 addr = self._learn(leader)
@@ -1176,8 +1226,14 @@ class Client:
     # ---- public API -----------------------------------------------------
 
     def append_indexed(self, entries: list[bytes]) -> list[int]:
-        """Append ``entries`` as one batch; returns the log index of each entry.
+        """Append ``entries`` as one batch; returns the log index of each entry,
+        in order (increasing).
 
+        With ``exactly_once`` (the default): through the session, see
+        ``append_at``.
+
+        Without: a plain ``Append``, at least once (a resend after a broken
+        connection, no answer or ``ShuttingDown`` may append the batch twice).
         After ``PartlyAppended`` the rest is resent as a new Append, so the
         indexes are increasing but need not be consecutive. Raises ServerError
         (``code == "Timeout"``: the entries may still commit; not resent), and
@@ -1185,9 +1241,12 @@ class Client:
         committed, if any.
         """
         batch = [bytes(e) for e in entries]
+        variant = "AppendInSession" if self.exactly_once else "Append"
         if not batch or len(batch) > MAX_BATCH_ENTRIES:
-            raise ClientError(f"an Append holds 1..={MAX_BATCH_ENTRIES} entries, not {len(batch)}",
+            raise ClientError(f"an {variant} holds 1..={MAX_BATCH_ENTRIES} entries, not {len(batch)}",
                               code="EntryTooLarge")
+        if self.exactly_once:
+            return self._append_in_session(batch)
         deadline = self._deadline()
         indexes: list[int] = []
         rest = batch
@@ -1213,11 +1272,95 @@ class Client:
             raise
         return indexes
 
+    def append_at(self, entries: list[bytes]) -> list[int]:
+        """Append ``entries`` as one batch; returns each entry's log index, in
+        order (the ``indexes`` of ``AppendedAt``). The same as ``append_indexed``.
+
+        With ``exactly_once`` (the default; PROTOCOL.md 6.1, 7 step 7a): the
+        first append opens a session on the leader (``OpenSession``, following
+        ``Redirect``); each batch is sent as ``AppendInSession`` numbered
+        ``first_seq ..= first_seq + len(entries) - 1``, the session's next
+        numbers. After a broken connection, no answer, ``Busy``,
+        ``ShuttingDown``, ``NotCommitted``, ``Redirect`` or ``Error{Timeout}``
+        the same request (same session, same ``first_seq``, a new id) is resent,
+        with backoff, until the call's deadline: each entry is in the log once.
+        The indexes are consecutive unless a resend found the first entries
+        already in the log.
+
+        ``UnknownSession`` (the cluster expired the session) for a batch that
+        no earlier send could have appended: a new session is opened and the
+        batch sent there, once more. Any other failure raises, and drops the
+        session (``self.session`` becomes None; the next append opens a new
+        one, so that an unknown outcome never leaves a gap in a session's
+        numbers). The exception's ``maybe_committed`` says whether some of the
+        batch may be in the log (``UnknownSession`` after a resend,
+        ``SessionTooOld``, a deadline passed after an unknown outcome, ...).
+        """
+        return self.append_indexed(entries)
+
     def append(self, entries: list[bytes]) -> tuple[int, int]:
         """Append ``entries``; returns (index of the first, index of the last).
-        Consecutive unless a PartlyAppended split the batch (see append_indexed)."""
+        Consecutive unless a resend in the session found the first entries
+        already in the log, or a PartlyAppended split the batch (without a
+        session): ``append_at`` gives each entry's index."""
         idx = self.append_indexed(entries)
         return idx[0], idx[-1]
+
+    def _open_session(self, deadline: float) -> int:
+        """``OpenSession`` on the leader (following Redirect); returns its id.
+        Every failure that ``_call`` retries is retried, ``Timeout`` included:
+        at worst an extra session is opened, never an entry appended twice."""
+        resp = self._call("OpenSession", {}, deadline, retry_timeout=True)
+        return resp["session"]
+
+    def _append_in_session(self, batch: list[bytes]) -> list[int]:
+        """7a: ``batch`` (already checked for its count) through the session."""
+        n = len(batch)
+        # Refuse locally what no server takes (section 2), before a session is
+        # opened or numbers are used: the body with the widest id, session and
+        # first_seq (9 bytes each).
+        body = 1 + 3 * 9 + _varint_len(n) + sum(_varint_len(len(e)) + len(e) for e in batch)
+        if body > self.max_frame_bytes:
+            raise ClientError(
+                f"an AppendInSession of {n} entries takes up to {body} bytes, more than the "
+                f"frame limit {self.max_frame_bytes}; send fewer or smaller entries",
+                code="TooLarge")
+        deadline = self._deadline()
+        for fresh in (False, True):
+            sends = _Sends()
+            try:
+                if self.session is None or fresh:
+                    self.session = None
+                    session, first_seq = self._open_session(deadline), 1
+                else:
+                    session, first_seq = self.session
+                # Taken now: whatever becomes of this batch, its numbers are used.
+                self.session = (session, first_seq + n)
+                resp = self._call("AppendInSession",
+                                  {"session": session, "first_seq": first_seq, "entries": batch},
+                                  deadline, retry_timeout=True, sends=sends)
+                indexes = list(resp["indexes"])
+                if len(indexes) != n or any(b <= a for a, b in zip(indexes, indexes[1:])):
+                    raise ProtocolError(
+                        f"AppendedAt {indexes} for a batch of {n} entries "
+                        f"(one increasing index per entry expected)")
+                return indexes
+            except BaseException as e:
+                self.session = None
+                if not isinstance(e, RdmalogError):
+                    raise
+                # Could a send of this batch, in this session, have appended some of it?
+                settled = sends.redirected
+                if isinstance(e, ServerError) and e.id is not None \
+                        and e.code in _SESSION_NOTHING_APPENDED:
+                    settled += 1  # the answer to the last send appended nothing
+                maybe = sends.sent > settled
+                if not fresh and not maybe and isinstance(e, ServerError) \
+                        and e.code == "UnknownSession":
+                    continue  # never sent before with that session: a new one, once
+                e.maybe_committed = maybe
+                raise
+        raise AssertionError("unreachable: the second pass returns or raises")  # pragma: no cover
 
     def append_if(self, entries: list[bytes], expected_last: int) -> tuple[int, int]:
         """Append ``entries`` only if the log ends at ``expected_last``

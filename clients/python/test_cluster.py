@@ -193,7 +193,10 @@ class ClusterTest(unittest.TestCase):
         leader = st["leader"]
 
         # 3. One client per starting server; appends follow Redirect from followers.
+        # Each client appends through a session of its own (exactly once, the
+        # default: PROTOCOL.md 7a), opened before its first append.
         pairs: list[tuple[int, bytes]] = []
+        sessions: set[int] = set()
         appends = 0
         began_at_follower = 0
         followed = 0
@@ -206,6 +209,12 @@ class ClusterTest(unittest.TestCase):
                 appends += 1
                 self.assertEqual(len(idx), len(batch))
                 self.assertEqual(idx, sorted(set(idx)), "indexes must increase")
+                self.assertIsNotNone(c.session, "append did not go through a session")
+                session_id, next_seq = c.session
+                self.assertEqual(next_seq, 1 + len(batch),
+                                 f"session {session_id}: next number after {len(batch)} entries")
+                self.assertLess(session_id, idx[0], "the session opens before its entries")
+                sessions.add(session_id)
                 pairs += list(zip(idx, batch))
                 if first_status["node"]["role"] != "leader":
                     began_at_follower += 1
@@ -220,9 +229,12 @@ class ClusterTest(unittest.TestCase):
                     idx = c.append_indexed(small)
                     appends += 1
                     self.assertEqual(len(idx), len(small))
+                    self.assertEqual(c.session, (session_id, 1 + len(batch) + len(small)),
+                                     "the second append must continue the same session")
                     pairs += list(zip(idx, small))
         self.assertGreaterEqual(began_at_follower, 2,
                                 "at least two runs should begin at a follower")
+        self.assertEqual(len(sessions), 3, f"one session per client: {sorted(sessions)}")
         indexes = [i for i, _ in pairs]
         self.assertEqual(len(indexes), len(set(indexes)), "an index was given twice")
         self.assertEqual(indexes, sorted(indexes), "later appends must get later indexes")
@@ -344,7 +356,8 @@ class ClusterTest(unittest.TestCase):
                        "pairs": [[i, d.hex()] for i, d in pairs],
                        "conditional": [[i, d.hex()] for i, d in cond_pairs],
                        "refused": [d.hex() for d in refused]}, f)
-        print(f"\npython client: phase before: {appends} appends ({len(pairs)} entries) verified; "
+        print(f"\npython client: phase before: {appends} appends ({len(pairs)} entries) verified, "
+              f"in sessions {sorted(sessions)}; "
               f"{began_at_follower} of 3 runs began at a follower, {followed} followed a redirect; "
               f"read back and tailed {first}..={last}; at-least({last}) read on "
               f"{len(at_least_nodes)} nodes; linearizable read from follower "
@@ -377,6 +390,13 @@ class ClusterTest(unittest.TestCase):
             idx = c.append_indexed(batch)  # through whichever node leads now
             new = list(zip(idx, batch))
             self.assertGreater(idx[0], max(i for i, _ in old))
+            self.assertIsNotNone(c.session, "append did not go through a session")
+            session_id, next_seq = c.session
+            self.assertEqual(next_seq, 1 + len(batch),
+                             f"session {session_id}: next number after {len(batch)} entries")
+            self.assertGreater(session_id, max(i for i, _ in old),
+                               "the session opens after phase before's entries")
+            self.assertLess(session_id, idx[0], "the session opens before its entries")
             last = idx[-1]
             have = read_range(c, 1, last)
             st = c.status()
@@ -399,7 +419,8 @@ class ClusterTest(unittest.TestCase):
         check_pairs(self, lin, old)
         self.assertEqual(lin_node, leader["id"], "the linearizable read was not answered by "
                          "the leader that Status names")
-        print(f"\npython client: phase after: 1 append ({len(new)} entries) through leader "
+        print(f"\npython client: phase after: 1 append ({len(new)} entries) in session "
+              f"{session_id} through leader "
               f"{leader['id']} (old leader {old_leader.get('id', '?')}); {len(old)} acknowledged "
               f"entries from phase before intact; read 1..={last} ({len(have)} entries) verified; "
               f"linearizable read {lo}..={hi} through leader {lin_node} found all {len(old)}"

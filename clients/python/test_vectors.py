@@ -1,6 +1,6 @@
 """Check rdmalog_client's codec against docs/protocol-vectors.json (PROTOCOL.md section 9),
-and Client.read's consistencies and Client.append_if against loopback fake nodes (no
-cluster needed).
+and Client.read's consistencies, Client.append_if and exactly-once appends in a session
+(7a) against loopback fake nodes (no cluster needed).
 
     python3 -m unittest discover -s clients/python -p 'test_vectors.py' -v
 
@@ -69,6 +69,17 @@ class VectorTests(unittest.TestCase):
                          if v["value"]["variant"] == "ReadWith"}
         for name, _ in rc.READ_CONSISTENCIES:
             self.assertIn(name, consistencies, f"no vector for ReadConsistency {name}")
+        codes = {v["value"]["code"] for v in self.vectors if v["value"]["variant"] == "Error"}
+        for name in rc.ERROR_CODES:
+            self.assertIn(name, codes, f"no vector for ErrorCode {name}")
+
+    def test_version_4_indexes(self):
+        # 4.3, 5.1, 5.2: the indexes version 4 added, each as the last variant.
+        self.assertEqual(rc.PROTOCOL_VERSION, 4)
+        self.assertEqual([n for n, _ in rc.REQUEST_VARIANTS][8:], ["OpenSession", "AppendInSession"])
+        self.assertEqual([n for n, _ in rc.RESPONSE_VARIANTS][9:], ["SessionOpened", "AppendedAt"])
+        self.assertEqual(rc.ERROR_CODES[11:],
+                         ["NotCommitted", "UnknownSession", "SessionSequence", "SessionTooOld"])
 
     def test_decode_frame_gives_value(self):
         for v in self.vectors:
@@ -145,6 +156,44 @@ class VectorTests(unittest.TestCase):
             rc.encode_request({"variant": "AppendIf", "id": 1, "entries": [b"x"]})
         with self.assertRaises(rc.ProtocolError):  # ConditionFailed without its last
             rc.decode_response(bytes.fromhex("0801"))
+
+    def test_session_messages_by_hand(self):
+        # 5.1: OpenSession is Request 8 (id); AppendInSession Request 9 (id,
+        # session, first_seq, entries)
+        self.assertEqual(rc.encode_request({"variant": "OpenSession", "id": 300}).hex(),
+                         "08fb2c01")
+        msg = {"variant": "AppendInSession", "id": 1, "session": 70001, "first_seq": 251,
+               "entries": [b"", b"ab"]}
+        body = bytes.fromhex("0901" + "fc71110100" + "fbfb00" + "02" + "00" + "026162")
+        self.assertEqual(rc.encode_request(msg), body)
+        self.assertEqual(rc.decode_request(body), msg)
+        js = {**msg, "entries": ["", "6162"]}
+        self.assertEqual(rc.to_json_form(msg), js)
+        self.assertEqual(rc.from_json_form(js), msg)
+        # 5.2: SessionOpened is Response 9 (id, session); AppendedAt 10 (id, indexes)
+        resp = {"variant": "SessionOpened", "id": 2, "session": 2 ** 64 - 1}
+        self.assertEqual(rc.encode_response(resp).hex(), "0902fdffffffffffffffff")
+        resp = {"variant": "AppendedAt", "id": 3, "indexes": [5, 251, 2 ** 32]}
+        body = bytes.fromhex("0a03" + "03" + "05" + "fbfb00" + "fd0000000001000000")
+        self.assertEqual(rc.encode_response(resp), body)
+        self.assertEqual(rc.decode_response(body), resp)
+        self.assertEqual(rc.to_json_form(resp), resp)   # a Vec<u64> is a JSON array
+        self.assertEqual(rc.decode_response(bytes.fromhex("0a0300")),
+                         {"variant": "AppendedAt", "id": 3, "indexes": []})
+        # truncated, an index count beyond the body, u64 fields refuse FE
+        for bad in ("0901fc7111010001", "0a0305", "0a03050102", "0901fe" + "00" * 16 + "0100"):
+            with self.subTest(bad=bad), self.assertRaises(rc.ProtocolError):
+                rc.decode_message(bytes.fromhex(bad), "request" if bad[:2] == "09" else "response")
+        # 4.3: the error codes 12 to 14
+        for code, index in (("UnknownSession", 12), ("SessionSequence", 13),
+                            ("SessionTooOld", 14)):
+            err = {"variant": "Error", "id": 4, "code": code, "message": "m"}
+            body = bytes.fromhex("060104") + bytes((index,)) + b"\x01m"
+            self.assertEqual(rc.encode_response(err), body)
+            self.assertEqual(rc.decode_response(body), err)
+        with self.assertRaises(rc.ProtocolError):  # missing first_seq
+            rc.encode_request({"variant": "AppendInSession", "id": 1, "session": 1,
+                               "entries": [b"x"]})
 
     # ---- negative tests --------------------------------------------------
 
@@ -236,15 +285,21 @@ class VectorTests(unittest.TestCase):
 
     def test_unknown_variant_rejected(self):
         with self.assertRaises(rc.ProtocolError):
-            rc.decode_request(bytes.fromhex("080100"))    # Request index 8
+            rc.decode_request(bytes.fromhex("0a0100"))    # Request index 10
         with self.assertRaises(rc.ProtocolError):
-            rc.decode_response(bytes.fromhex("090101"))   # Response index 9
-        # (indexes 7 and 8 are AppendIf and ConditionFailed since version 3)
+            rc.decode_response(bytes.fromhex("0b0100"))   # Response index 11
+        # (indexes 7 and 8 are AppendIf and ConditionFailed since version 3,
+        # 8 and 9 OpenSession, AppendInSession, 9 and 10 SessionOpened,
+        # AppendedAt since version 4)
         self.assertEqual(rc.decode_request(bytes.fromhex("0701000100"))["variant"], "AppendIf")
         self.assertEqual(rc.decode_response(bytes.fromhex("080101"))["variant"],
                          "ConditionFailed")
-        with self.assertRaises(rc.ProtocolError):          # ErrorCode index 12
-            rc.decode_response(bytes.fromhex("06000c0178"))
+        self.assertEqual(rc.decode_request(bytes.fromhex("0801"))["variant"], "OpenSession")
+        self.assertEqual(rc.decode_response(bytes.fromhex("0a0100"))["variant"], "AppendedAt")
+        self.assertEqual(rc.decode_response(bytes.fromhex("06000e0178"))["code"],
+                         "SessionTooOld")
+        with self.assertRaises(rc.ProtocolError):          # ErrorCode index 15
+            rc.decode_response(bytes.fromhex("06000f0178"))
         with self.assertRaises(rc.ProtocolError):          # Role index 3
             rc.decode_response(bytes.fromhex("00010003"))
         with self.assertRaises(rc.ProtocolError):
@@ -400,11 +455,13 @@ class VectorTests(unittest.TestCase):
 class FakeNode:
     """A loopback server speaking the protocol from a script: ``answer(req, node)``
     returns the response dict for each request after the hello (Welcome is
-    automatic). Records every request it decoded in ``self.requests``."""
+    automatic, unless ``hello(req, node)`` returns another answer). Records
+    every request it decoded in ``self.requests``."""
 
-    def __init__(self, node_id: int, answer, leader=None):
+    def __init__(self, node_id: int, answer, leader=None, hello=None):
         self.node_id = node_id
         self.answer = answer
+        self.hello = hello
         self.leader = leader          # a FakeNode, or None (this one leads)
         self.requests = []
         self.lock = threading.Lock()
@@ -438,6 +495,8 @@ class FakeNode:
                     leader = (self.leader or self).info()
                     resp = {"variant": "Welcome", "node_id": self.node_id, "leader": leader,
                             "role": "ReadOnly"}
+                    if self.hello is not None:
+                        resp = self.hello(req, self) or resp
                 else:
                     resp = self.answer(req, self)
                 if resp is None:
@@ -473,12 +532,12 @@ class ClientReadTests(unittest.TestCase):
         self.nodes.append(n)
         return n
 
-    def test_hello_is_version_3_and_local_read_is_plain_read(self):
+    def test_hello_is_version_4_and_local_read_is_plain_read(self):
         n = self.node(1, lambda req, node: entries_for(req))
         with rc.Client([n.addr], 7, timeout=5) as c:
             self.assertEqual(c.read(4), [(4, b"e4"), (5, b"e5")])
             self.assertEqual(c.read(5, consistency="local"), [(5, b"e5")])
-        self.assertEqual(n.requests[0], {"variant": "Hello", "version": 3, "cluster_id": 7,
+        self.assertEqual(n.requests[0], {"variant": "Hello", "version": 4, "cluster_id": 7,
                                          "token": None})
         self.assertEqual([r["variant"] for r in n.requests[1:]], ["Read", "Read"])
 
@@ -720,13 +779,405 @@ class ClientAppendIfTests(unittest.TestCase):
         def condition_failed(req, node):  # not an answer to a plain Append
             return {"variant": "ConditionFailed", "id": req["id"], "last": 1}
         k = self.node(3, condition_failed)
-        with rc.Client([k.addr], 7, timeout=5) as c:
+        with rc.Client([k.addr], 7, timeout=5, exactly_once=False) as c:
             with self.assertRaises(rc.ProtocolError):
                 c.append([b"x"])
             with self.assertRaises(ValueError):
                 c.append_if([b"x"], -1)
             with self.assertRaises(rc.ClientError):
                 c.append_if([], 0)
+
+
+class FakeSessionLog:
+    """The leader's log for session tests, deduplicating as PROTOCOL.md 6.1 says:
+    ``end`` is its last index, ``sessions`` maps a session id (the index of its
+    opening entry) to {number: index}, ``entries`` lists (index, session,
+    number, data) of every application entry appended."""
+
+    def __init__(self, end=0):
+        self.end = end
+        self.sessions = {}
+        self.entries = []
+
+    def open(self, req):
+        self.end += 1
+        self.sessions[self.end] = {}
+        return {"variant": "SessionOpened", "id": req["id"], "session": self.end}
+
+    def error(self, req, code):
+        return {"variant": "Error", "id": req["id"], "code": code, "message": f"{code}: m"}
+
+    def append(self, req, limit=None):
+        """Appends the request's new numbers (at most ``limit`` of them, to
+        play a leader change that replaced the rest) and answers AppendedAt."""
+        numbers = self.sessions.get(req["session"])
+        if numbers is None:
+            return self.error(req, "UnknownSession")
+        if req["first_seq"] > len(numbers) + 1:
+            return self.error(req, "SessionSequence")
+        indexes = []
+        for k, data in enumerate(req["entries"]):
+            seq = req["first_seq"] + k
+            if seq not in numbers:
+                if limit is not None and limit <= 0:
+                    return self.error(req, "NotCommitted")
+                limit = None if limit is None else limit - 1
+                self.end += 1
+                numbers[seq] = self.end
+                self.entries.append((self.end, req["session"], seq, data))
+            indexes.append(numbers[seq])
+        return {"variant": "AppendedAt", "id": req["id"], "indexes": indexes}
+
+    def answer(self, req, node=None):
+        if req["variant"] == "OpenSession":
+            return self.open(req)
+        if req["variant"] == "AppendInSession":
+            return self.append(req)
+        raise AssertionError(f"unexpected {req}")
+
+
+class ClientSessionTests(unittest.TestCase):
+    """Exactly-once appends (PROTOCOL.md 6.1, 7 step 7a) against loopback fake nodes."""
+
+    def setUp(self):
+        self.nodes = []
+
+    def tearDown(self):
+        for n in self.nodes:
+            n.close()
+
+    def node(self, node_id, answer, leader=None):
+        n = FakeNode(node_id, answer, leader)
+        self.nodes.append(n)
+        return n
+
+    def sent(self, node, variant="AppendInSession"):
+        return [r for r in node.requests if r["variant"] == variant]
+
+    def assertOnceEach(self, log):
+        keys = [(s, q) for _, s, q, _ in log.entries]
+        self.assertEqual(len(keys), len(set(keys)), f"a (session, number) twice: {log.entries}")
+
+    def test_numbers_advance_by_the_batch_size(self):
+        log = FakeSessionLog(end=10)
+        n = self.node(1, log.answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertTrue(c.exactly_once)
+            self.assertIsNone(c.session, "opened lazily")
+            self.assertEqual(c.append([b"a", b"b", b"c"]), (12, 14))
+            self.assertEqual(c.session, (11, 4))
+            self.assertEqual(c.append_at([b"d", b"e"]), [15, 16])
+            self.assertEqual(c.session, (11, 6))
+            self.assertEqual(c.append_indexed([b"f"]), [17])
+            self.assertEqual(c.session, (11, 7))
+        self.assertEqual([r["variant"] for r in n.requests[1:]],
+                         ["OpenSession"] + ["AppendInSession"] * 3)
+        self.assertEqual([(r["session"], r["first_seq"], r["entries"]) for r in self.sent(n)],
+                         [(11, 1, [b"a", b"b", b"c"]), (11, 4, [b"d", b"e"]), (11, 6, [b"f"])])
+        self.assertEqual([(i, q, d) for i, _, q, d in log.entries],
+                         [(12, 1, b"a"), (13, 2, b"b"), (14, 3, b"c"), (15, 4, b"d"),
+                          (16, 5, b"e"), (17, 6, b"f")])
+
+    def test_resend_after_broken_connection_reuses_session_and_first_seq(self):
+        # The first send commits, but the connection breaks before its answer.
+        log = FakeSessionLog()
+        broke = []
+
+        def answer(req, node):
+            resp = log.answer(req)
+            if req["variant"] == "AppendInSession" and not broke:
+                broke.append(req)
+                return None
+            return resp
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append_at([b"x", b"y"]), [2, 3])
+            self.assertEqual(c.session, (1, 3))
+            self.assertEqual(c.connects, 2)
+        sent = self.sent(n)
+        self.assertEqual(len(sent), 2)
+        self.assertEqual([(r["session"], r["first_seq"], r["entries"]) for r in sent],
+                         [(1, 1, [b"x", b"y"])] * 2, "the same request is resent")
+        self.assertNotEqual(sent[0]["id"], sent[1]["id"], "with a new id")
+        self.assertEqual(len(self.sent(n, "OpenSession")), 1, "in the same session")
+        self.assertEqual(len(log.entries), 2, "each entry once")
+
+    def test_retryable_failures_resend_the_same_request(self):
+        # Timeout (committed meanwhile), NotCommitted after a partial commit (a
+        # new leader's no-op follows the first entry), ShuttingDown with an id,
+        # Busy with none: each resent, the same numbers, until AppendedAt.
+        log = FakeSessionLog()
+        script = ["Timeout", "NotCommitted", "ShuttingDown", "Busy"]
+
+        def answer(req, node):
+            if req["variant"] != "AppendInSession" or not script:
+                return log.answer(req)
+            what = script.pop(0)
+            if what == "Timeout":
+                log.append({**req, "entries": req["entries"][:1]})
+                return log.error(req, "Timeout")
+            if what == "NotCommitted":
+                log.end += 1  # the new leader's own entry
+                return log.append(req, limit=0)
+            if what == "Busy":
+                return {"variant": "Error", "id": None, "code": "Busy", "message": "full"}
+            return log.error(req, what)
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append_at([b"a", b"b", b"c"]), [2, 4, 5])
+            self.assertEqual(c.append([b"d"]), (6, 6))
+            self.assertEqual(c.session, (1, 5))
+        sent = self.sent(n)
+        self.assertEqual([(r["session"], r["first_seq"]) for r in sent], [(1, 1)] * 5 + [(1, 4)])
+        self.assertEqual(len({r["id"] for r in sent}), 6)
+        self.assertEqual(len(self.sent(n, "OpenSession")), 1)
+        self.assertOnceEach(log)
+        self.assertEqual([d for *_, d in log.entries], [b"a", b"b", b"c", b"d"])
+
+    def test_redirect_followed_for_open_and_append(self):
+        log = FakeSessionLog()
+        leader = self.node(2, log.answer)
+        follower = self.node(1, lambda req, node: {"variant": "Redirect", "id": req["id"],
+                                                   "leader": leader.info()}, leader=leader)
+        with rc.Client([follower.addr], 7, timeout=5) as c:
+            c.append([b"x"])
+            self.assertEqual(c.redirects_followed, 1)
+            self.assertEqual(c.node_id, 2)
+        self.assertEqual([r["variant"] for r in follower.requests], ["Hello", "OpenSession"])
+        self.assertEqual([r["variant"] for r in leader.requests],
+                         ["Hello", "OpenSession", "AppendInSession"])
+
+        # A Redirect of the append itself: the same numbers at the leader.
+        log2 = FakeSessionLog()
+        redirected = []
+
+        def stale(req, node):
+            if req["variant"] == "AppendInSession" and not redirected:
+                redirected.append(req)
+                return {"variant": "Redirect", "id": req["id"], "leader": leader2.info()}
+            return log2.answer(req)
+        leader2 = self.node(4, log2.answer)
+        old = self.node(3, stale, leader=None)
+        with rc.Client([old.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append_at([b"p", b"q"]), [2, 3])
+            self.assertEqual(c.session, (1, 3))
+        self.assertEqual((redirected[0]["session"], redirected[0]["first_seq"]), (1, 1))
+        self.assertEqual([(r["session"], r["first_seq"]) for r in self.sent(leader2)], [(1, 1)])
+
+    def test_unknown_session_on_first_send_opens_a_new_session(self):
+        log = FakeSessionLog()
+        n = self.node(1, log.answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append([b"a", b"b"]), (2, 3))
+            self.assertEqual(c.session, (1, 3))
+            del log.sessions[1]  # the cluster expired it
+            self.assertEqual(c.append_at([b"c"]), [5])
+            self.assertEqual(c.session, (4, 2))
+            self.assertEqual(c.append_at([b"d"]), [6])
+            self.assertEqual(c.session, (4, 3))
+        self.assertEqual([(r["variant"], r.get("session"), r.get("first_seq"))
+                          for r in n.requests[1:]],
+                         [("OpenSession", None, None), ("AppendInSession", 1, 1),
+                          ("AppendInSession", 1, 3), ("OpenSession", None, None),
+                          ("AppendInSession", 4, 1), ("AppendInSession", 4, 2)])
+
+    def test_unknown_session_after_a_redirect_opens_a_new_session(self):
+        # A Redirect appends nothing: the batch still counts as never sent.
+        log = FakeSessionLog()
+        leader = self.node(2, log.answer)
+        redirected = []
+
+        def answer(req, node):
+            if req["variant"] == "AppendInSession" and not redirected:
+                redirected.append(req)
+                del log.sessions[req["session"]]  # expired meanwhile
+                return {"variant": "Redirect", "id": req["id"], "leader": leader.info()}
+            return log.answer(req)
+        first = self.node(1, answer, leader=None)
+        with rc.Client([first.addr], 7, timeout=5) as c:
+            self.assertEqual(c.append_at([b"x"]), [3])
+            self.assertEqual(c.session, (2, 2))
+        self.assertEqual([(r["variant"], r.get("session")) for r in leader.requests[1:]],
+                         [("AppendInSession", 1), ("OpenSession", None),
+                          ("AppendInSession", 2)])
+
+    def test_unknown_session_after_a_send_that_may_have_committed_is_reported(self):
+        # The first send commits, its answer is lost, then the session expires:
+        # the resend's UnknownSession may hide a committed batch: no new session.
+        log = FakeSessionLog()
+        calls = []
+
+        def answer(req, node):
+            resp = log.answer(req)
+            if req["variant"] == "AppendInSession":
+                calls.append(req)
+                if len(calls) == 1:
+                    del log.sessions[req["session"]]
+                    return None
+            return resp
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ServerError) as cm:
+                c.append([b"x"])
+            self.assertEqual(cm.exception.code, "UnknownSession")
+            self.assertIs(cm.exception.maybe_committed, True)
+            self.assertIsNone(c.session, "the session is dropped")
+            self.assertEqual(len(self.sent(n, "OpenSession")), 1, "not resent in a new session")
+            self.assertEqual(len(log.entries), 1)
+            # the next append opens a new session
+            self.assertEqual(c.append_at([b"y"]), [4])
+            self.assertEqual(c.session, (3, 2))
+
+    def test_unknown_session_twice_is_reported(self):
+        # A new session's first send refused UnknownSession too: sent there once only.
+        def answer(req, node):
+            if req["variant"] == "OpenSession":
+                return {"variant": "SessionOpened", "id": req["id"], "session": 9}
+            return {"variant": "Error", "id": req["id"], "code": "UnknownSession", "message": "m"}
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ServerError) as cm:
+                c.append([b"x"])
+            self.assertEqual(cm.exception.code, "UnknownSession")
+            self.assertIs(cm.exception.maybe_committed, False)
+            self.assertIsNone(c.session)
+        self.assertEqual([r["variant"] for r in n.requests[1:]],
+                         ["OpenSession", "AppendInSession"] * 2)
+
+    def test_other_failures_drop_the_session(self):
+        log = FakeSessionLog()
+        script = {}
+
+        def answer(req, node):
+            code = script.pop(req["variant"], None)
+            return log.error(req, code) if code else log.answer(req)
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            c.append([b"a"])
+            self.assertEqual(c.session, (1, 2))
+            for code, maybe in (("SessionSequence", False), ("Unauthorized", False),
+                                ("SessionTooOld", True), ("Internal", True)):
+                with self.subTest(code=code):
+                    script["AppendInSession"] = code
+                    with self.assertRaises(rc.ServerError) as cm:
+                        c.append([b"b"])
+                    self.assertEqual(cm.exception.code, code)
+                    self.assertIs(cm.exception.maybe_committed, maybe)
+                    self.assertIsNone(c.session)
+                    c.append([b"c"])  # a new session, numbered from 1
+                    self.assertEqual(self.sent(n)[-1]["first_seq"], 1)
+                    self.assertEqual(c.session, (self.sent(n)[-1]["session"], 2))
+            # a failed OpenSession: nothing sent, no session
+            script["OpenSession"] = "Unauthorized"
+            c.session = None
+            with self.assertRaises(rc.ServerError) as cm:
+                c.append([b"d"])
+            self.assertEqual(cm.exception.code, "Unauthorized")
+            self.assertIs(cm.exception.maybe_committed, False)
+            self.assertIsNone(c.session)
+        self.assertEqual(len(self.sent(n, "OpenSession")), 6)
+
+    def test_refused_hello_after_an_unknown_outcome_may_have_committed(self):
+        # The batch's send commits, the connection breaks, and the reconnect's
+        # hello is refused (id None): that refusal says nothing of the batch.
+        log = FakeSessionLog()
+        hellos = []
+
+        def hello(req, node):
+            hellos.append(req)
+            if len(hellos) > 1:
+                return {"variant": "Error", "id": None, "code": "Unauthorized",
+                        "message": "token revoked"}
+            return None
+
+        def answer(req, node):
+            resp = log.answer(req)
+            return None if req["variant"] == "AppendInSession" else resp
+        n = FakeNode(1, answer, hello=hello)
+        self.nodes.append(n)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ServerError) as cm:
+                c.append([b"x"])
+            self.assertEqual((cm.exception.code, cm.exception.id), ("Unauthorized", None))
+            self.assertIs(cm.exception.maybe_committed, True)
+            self.assertIsNone(c.session)
+        self.assertEqual(len(log.entries), 1)
+
+    def test_timeouts_resent_until_the_deadline(self):
+        log = FakeSessionLog()
+
+        def answer(req, node):
+            if req["variant"] == "OpenSession":
+                return log.open(req)
+            return log.error(req, "Timeout")
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=0.6) as c:
+            with self.assertRaises(rc.ServerError) as cm:
+                c.append([b"x", b"y"])
+            self.assertEqual(cm.exception.code, "Timeout")
+            self.assertIs(cm.exception.maybe_committed, True)
+            self.assertIsNone(c.session)
+        sent = self.sent(n)
+        self.assertGreater(len(sent), 2, "resent within the deadline")
+        self.assertEqual({(r["session"], r["first_seq"]) for r in sent}, {(1, 1)})
+
+        # A plain Append's Timeout is not resent (exactly_once=False: as before).
+        m = self.node(2, lambda req, node: log.error(req, "Timeout"))
+        with rc.Client([m.addr], 7, timeout=5, exactly_once=False) as c:
+            with self.assertRaises(rc.ServerError) as cm:
+                c.append([b"x"])
+            self.assertEqual(cm.exception.code, "Timeout")
+            self.assertIsNone(cm.exception.maybe_committed)
+        self.assertEqual([r["variant"] for r in m.requests], ["Hello", "Append"])
+
+    def test_exactly_once_off_sends_plain_appends(self):
+        def answer(req, node):
+            return {"variant": "Appended", "id": req["id"], "first": 5,
+                    "last": 4 + len(req["entries"])}
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5, exactly_once=False) as c:
+            self.assertEqual(c.append([b"a", b"b"]), (5, 6))
+            self.assertEqual(c.append_at([b"c"]), [5])
+            self.assertIsNone(c.session)
+        self.assertEqual([r["variant"] for r in n.requests], ["Hello", "Append", "Append"])
+
+    def test_local_refusals_open_no_session(self):
+        log = FakeSessionLog()
+        n = self.node(1, log.answer)
+        with rc.Client([n.addr], 7, timeout=5, max_frame_bytes=1024) as c:
+            for bad in ([], [b"x"] * (rc.MAX_BATCH_ENTRIES + 1)):
+                with self.assertRaises(rc.ClientError) as cm:
+                    c.append(bad)
+                self.assertEqual(cm.exception.code, "EntryTooLarge")
+            with self.assertRaises(rc.ClientError) as cm:
+                c.append([b"\x00" * 1000])
+            self.assertEqual(cm.exception.code, "TooLarge")
+            self.assertIsNone(c.session)
+            self.assertEqual(c.append_at([b"\x00" * 900]), [2])
+        self.assertEqual([r["variant"] for r in n.requests],
+                         ["Hello", "OpenSession", "AppendInSession"])
+
+    def test_wrong_answers_are_protocol_errors(self):
+        for name, resp in (
+                ("PartlyAppended", lambda req: {"variant": "PartlyAppended", "id": req["id"],
+                                                "first": 2, "last": 2}),
+                ("Appended", lambda req: {"variant": "Appended", "id": req["id"],
+                                          "first": 2, "last": 3}),
+                ("too few indexes", lambda req: {"variant": "AppendedAt", "id": req["id"],
+                                                 "indexes": [2]}),
+                ("not increasing", lambda req: {"variant": "AppendedAt", "id": req["id"],
+                                                "indexes": [3, 3]})):
+            with self.subTest(name):
+                log = FakeSessionLog()
+
+                def answer(req, node, resp=resp, log=log):
+                    return log.open(req) if req["variant"] == "OpenSession" else resp(req)
+                n = self.node(len(self.nodes) + 1, answer)
+                with rc.Client([n.addr], 7, timeout=5) as c:
+                    with self.assertRaises(rc.ProtocolError) as cm:
+                        c.append([b"x", b"y"])
+                    self.assertIs(cm.exception.maybe_committed, True)
+                    self.assertIsNone(c.session)
 
 
 if __name__ == "__main__":
