@@ -6,8 +6,11 @@
 //! faults on the fabric never touch it), data in `<dir>/node<i>`, log in `<dir>/node<i>.log`.
 //! The workload keeps up to `window` appends in flight on one driver connection to the leader,
 //! records every acknowledgement (sequence number, index, crc32c) in the order it arrived, and
-//! after a failure resubmits what was not acknowledged, in order, to whichever node leads.
-//! [`Cluster::verify`] then reads the crc32c of every committed entry back from every live node.
+//! after a failure resubmits what was not acknowledged, in order, to whichever node leads. It
+//! appends through a client session (`APPEND_IN`, [`Workload::exactly_once`]), so a
+//! resubmitted entry that had committed is not appended again.
+//! [`Cluster::verify`] then reads the crc32c of every committed entry back from every live node,
+//! and counts both lost and duplicated entries.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -163,6 +166,8 @@ pub struct Cluster {
     cfg: ClusterConfig,
     procs: BTreeMap<u64, Child>,
     paused: BTreeSet<u64>,
+    /// [`Cluster::append_one`]'s session and next number, once opened.
+    session: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 fn host(i: u64) -> u8 {
@@ -183,6 +188,7 @@ impl Cluster {
         }
         *lock_active() = cfg.netns.clone();
         let mut c = Cluster {
+            session: std::sync::Mutex::new(None),
             cfg,
             procs: BTreeMap::new(),
             paused: BTreeSet::new(),
@@ -452,14 +458,25 @@ impl Cluster {
         }
     }
 
-    /// Appends one payload through the leader, retrying until acknowledged.
+    /// Appends one payload through the leader, retrying until acknowledged, exactly once: it
+    /// goes through the cluster's client session, so a retry of an append that had committed
+    /// answers the first copy's index.
     pub fn append_one(&self, payload: &[u8], within: Duration) -> anyhow::Result<(u64, u32)> {
-        let line = format!("APPEND {}", hex(payload));
         let deadline = Instant::now() + within;
+        let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        let (session, seq) = match *slot {
+            Some(s) => s,
+            None => (self.open_session(deadline)?, 1),
+        };
+        // Given up on, the append may or may not be in the log: the next one opens a new
+        // session rather than leave a gap in this one's numbers.
+        *slot = None;
+        let line = format!("APPEND_IN {session} {seq} {}", hex(payload));
         loop {
             if let Ok(l) = self.leader(Duration::from_secs(5)) {
                 if let Some(r) = self.ask_within(l, &line, Duration::from_secs(20)) {
                     if let Some((index, crc)) = parse_ok(&r) {
+                        *slot = Some((session, seq + 1));
                         return Ok((index, crc));
                     }
                 }
@@ -467,6 +484,24 @@ impl Cluster {
             ensure!(
                 Instant::now() < deadline,
                 "an append was not acknowledged within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Opens a client session on whichever node leads, retrying until `deadline`.
+    pub fn open_session(&self, deadline: Instant) -> anyhow::Result<u64> {
+        loop {
+            if let Ok(l) = self.leader(Duration::from_secs(5)) {
+                if let Some(r) = self.ask_within(l, "SESSION", Duration::from_secs(20)) {
+                    if let Some(id) = r.strip_prefix("SESSION ").and_then(|v| v.parse().ok()) {
+                        return Ok(id);
+                    }
+                }
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no session could be opened in time"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -525,8 +560,16 @@ impl Cluster {
             );
         }
         let mut first: Option<(u64, Vec<String>)> = None;
+        let mut duplicates = 0;
         for &i in &nodes {
             let crcs = self.crcs(i, upto)?;
+            if first.is_none() {
+                duplicates = duplicated(acks, &crcs, checkpoint);
+                ensure!(
+                    duplicates == 0,
+                    "node {i}: {duplicates} acknowledged entries are in the committed log more than once"
+                );
+            }
             for a in acks.iter().filter(|a| a.index > checkpoint) {
                 let got = &crcs[a.index as usize - 1];
                 ensure!(
@@ -557,8 +600,31 @@ impl Cluster {
             acked: acks.len(),
             committed: upto,
             nodes,
+            duplicates,
         })
     }
+}
+
+/// Committed entries (`crcs[k]` is index `k + 1`'s token) past `checkpoint` that carry the
+/// payload of an acknowledged append at another index than its acknowledgement's. A payload
+/// acknowledged more than once (the same workload run twice on one cluster) is not counted.
+fn duplicated(acks: &[Ack], crcs: &[String], checkpoint: u64) -> usize {
+    let mut at: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    for a in acks {
+        at.entry(format!("{:08x}", a.crc))
+            .and_modify(|i| *i = None)
+            .or_insert(Some(a.index));
+    }
+    crcs.iter()
+        .enumerate()
+        .skip(checkpoint as usize)
+        .filter(|(k, c)| {
+            at.get(*c)
+                .copied()
+                .flatten()
+                .is_some_and(|i| i != *k as u64 + 1)
+        })
+        .count()
 }
 
 impl Drop for Cluster {
@@ -816,15 +882,17 @@ pub struct Verified {
     pub committed: u64,
     /// The nodes compared.
     pub nodes: Vec<u64>,
+    /// Acknowledged entries found at a second index (always 0: `verify` fails otherwise).
+    pub duplicates: usize,
 }
 
 impl fmt::Display for Verified {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} acknowledged entries present and unchanged on nodes {:?} (0 lost), \
+            "{} acknowledged entries present and unchanged on nodes {:?} (0 lost, {} duplicated), \
              acknowledged in log order; committed logs identical over {} entries",
-            self.acked, self.nodes, self.committed
+            self.acked, self.nodes, self.duplicates, self.committed
         )
     }
 }
@@ -941,6 +1009,9 @@ pub struct Workload {
     pub sizes: Sizes,
     /// Give up when no append is acknowledged for this long.
     pub stall_limit: Duration,
+    /// Append through a client session (`APPEND_IN`), so that a resubmitted append that had
+    /// committed is not appended again. On by default; off, plain `APPEND` (at least once).
+    pub exactly_once: bool,
 }
 
 impl Workload {
@@ -951,6 +1022,7 @@ impl Workload {
             window: 16,
             sizes,
             stall_limit: Duration::from_secs(120),
+            exactly_once: true,
         }
     }
 }
@@ -1087,6 +1159,11 @@ pub fn run_workload(
     let mut retries = 0u64;
     let mut last_progress = Instant::now();
     let mut line = String::new();
+    // Workload seq `s` is number `s + 1` of the session.
+    let session = match w.exactly_once {
+        true => Some(c.open_session(Instant::now() + w.stall_limit)?),
+        false => None,
+    };
     while (acks.len() as u64) < w.total {
         ensure!(
             last_progress.elapsed() < w.stall_limit,
@@ -1118,7 +1195,11 @@ pub fn run_workload(
             };
             let p = payload(seq, w.sizes.of(seq));
             inflight.push_back((seq, crc32c::crc32c(&p), p.len(), Instant::now()));
-            if writeln!(cn.writer, "APPEND {}", hex(&p)).is_err() {
+            let sent = match session {
+                Some(s) => writeln!(cn.writer, "APPEND_IN {s} {} {}", seq + 1, hex(&p)),
+                None => writeln!(cn.writer, "APPEND {}", hex(&p)),
+            };
+            if sent.is_err() {
                 failed = true;
                 break;
             }
@@ -1168,7 +1249,8 @@ pub fn run_workload(
         }
         if failed {
             // Whatever was in flight may or may not have committed; resubmit it, in order,
-            // ahead of anything queued. A duplicate in the log is allowed, a loss is not.
+            // ahead of anything queued: with the session, one that had committed answers
+            // with its first copy's index.
             retries += 1;
             for (seq, _, _, _) in inflight.drain(..).rev() {
                 retry.push_front(seq);

@@ -6,6 +6,10 @@
 //! pipelined: an `APPEND` is proposed as soon as its line is read, and its answer is written
 //! once it commits, so a client can keep many in flight on one connection.
 //! - `APPEND <hex payload>` → `OK <index> <crc32c>` | `NOTLEADER <leader id or 0>` | `ERR <why>`
+//! - `SESSION` → `SESSION <id>` once the session is committed | `NOTLEADER <l>` | `ERR <why>`:
+//!   opens a client session for exactly-once appends (`replica::sessions`)
+//! - `APPEND_IN <session> <seq> <hex payload>` → as `APPEND`: entry number `seq` (from 1) of
+//!   the session; sent again, it is not appended twice, and answers the first copy's index
 //! - `READ <index>` → `DATA <hex payload>` | `NONE`
 //! - `CRCS <from> <count>` → `CRCS <commit> <one token per index>`: the crc32c of each committed
 //!   entry as 8 hex digits, `-` for a committed entry that carries no application payload
@@ -220,6 +224,7 @@ fn answer(log: &Log<Endpoint>, line: &str) -> String {
 enum Owed {
     Ready(String),
     Append(AppendHandle<Endpoint>, u32),
+    Session(AppendHandle<Endpoint>),
 }
 
 /// Most commands a connection may have in flight; the reader waits beyond it.
@@ -251,6 +256,10 @@ fn serve(log: Arc<Log<Endpoint>>, stream: TcpStream) {
             let reply = match owed {
                 Owed::Ready(r) => r,
                 Owed::Append(h, crc) => append_answer(h.wait(APPEND_WAIT), crc),
+                Owed::Session(h) => match h.wait(APPEND_WAIT) {
+                    Ok(session) => format!("SESSION {session}"),
+                    Err(e) => append_answer(Err(e), 0),
+                },
             };
             if writeln!(out, "{reply}").is_err() {
                 return;
@@ -268,6 +277,30 @@ fn serve(log: Arc<Log<Endpoint>>, stream: TcpStream) {
             Ok(_) => {}
         }
         let owed = match line.trim().split_once(' ') {
+            None if line.trim() == "SESSION" => match log.open_session() {
+                Ok(h) => Owed::Session(h),
+                Err(e) => Owed::Ready(append_answer(Err(e), 0)),
+            },
+            Some(("APPEND_IN", rest)) => {
+                let mut it = rest.split_whitespace();
+                let parsed = (|| {
+                    let session = it.next()?.parse::<u64>().ok()?;
+                    let seq = it.next()?.parse::<u64>().ok()?;
+                    Some((session, seq, unhex(it.next()?)?))
+                })();
+                match parsed {
+                    Some((session, seq, data)) => {
+                        let crc = crc32c::crc32c(&data);
+                        match log.append_in_session(session, seq, &data) {
+                            Ok(handle) => Owed::Append(handle, crc),
+                            Err(e) => Owed::Ready(append_answer(Err(e), crc)),
+                        }
+                    }
+                    None => Owed::Ready(
+                        "ERR bad APPEND_IN: expected <session> <seq> <hex payload>".into(),
+                    ),
+                }
+            }
             Some(("APPEND", h)) => match unhex(h.trim()) {
                 Some(data) => {
                     let crc = crc32c::crc32c(&data);

@@ -183,9 +183,10 @@ fn main() -> anyhow::Result<()> {
     println!("demo: verified: {v}");
     let latency = commit_latency(&mut c, a.latency_appends)?;
     println!(
-        "demo: {} appended, {} committed, 0 lost, logs identical on {} hosts ({:?})",
+        "demo: {} appended, {} committed, 0 lost, {} duplicated, logs identical on {} hosts ({:?})",
         n,
         r.acks.len(),
+        v.duplicates,
         v.nodes.len(),
         v.nodes
     );
