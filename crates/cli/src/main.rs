@@ -123,6 +123,10 @@ struct AppendArgs {
     /// Entries per append batch
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=4096))]
     batch: u16,
+    /// Plain appends without a session: one commit less per command, but a batch resent
+    /// after a broken connection may be in the log twice
+    #[arg(long)]
+    at_least_once: bool,
 }
 
 #[derive(Args, Debug)]
@@ -276,7 +280,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Dump(a) => offline::dump(&a.data_dir, a.payload, &mut out)?,
         Cmd::Check(a) => offline::check(&a.data_dir, &mut out)?,
         Cmd::Append(a) => {
-            append(connect(&cli.conn)?, a, &mut out)?;
+            let mut cfg = client_config(&cli.conn)?;
+            cfg.exactly_once = !a.at_least_once;
+            let client = Client::connect(cfg).context("cannot connect to the cluster")?;
+            append(client, a, &mut out)?;
             ExitCode::SUCCESS
         }
         Cmd::Tail(a) => {
