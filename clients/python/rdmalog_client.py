@@ -316,6 +316,7 @@ REQUEST_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
     ("OpenSession", [("id", "u64")]),
     ("AppendInSession", [("id", "u64"), ("session", "u64"), ("first_seq", "u64"),
                          ("entries", _vec("bytes"))]),
+    ("Trim", [("id", "u64"), ("index", "u64")]),
 ]
 
 RESPONSE_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
@@ -331,6 +332,7 @@ RESPONSE_VARIANTS: list[tuple[str, list[tuple[str, Any]]]] = [
     ("ConditionFailed", [("id", "u64"), ("last", "u64")]),
     ("SessionOpened", [("id", "u64"), ("session", "u64")]),
     ("AppendedAt", [("id", "u64"), ("indexes", _vec("u64"))]),
+    ("Trimmed", [("id", "u64"), ("first_index", "u64")]),
 ]
 
 _VARIANTS = {"request": REQUEST_VARIANTS, "response": RESPONSE_VARIANTS}
@@ -745,6 +747,8 @@ _ANSWERS = {
     # Version 4 (6.1, 7a): a session's requests go to the leader, as appends do.
     "OpenSession": {"SessionOpened", "Redirect"},
     "AppendInSession": {"AppendedAt", "Redirect"},
+    # 6.7: an operator's trim, answered by the node it was sent to.
+    "Trim": {"Trimmed"},
 }
 
 # Answers to an AppendInSession after which that send certainly appended

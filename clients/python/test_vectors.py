@@ -76,8 +76,10 @@ class VectorTests(unittest.TestCase):
     def test_version_4_indexes(self):
         # 4.3, 5.1, 5.2: the indexes version 4 added, each as the last variant.
         self.assertEqual(rc.PROTOCOL_VERSION, 4)
-        self.assertEqual([n for n, _ in rc.REQUEST_VARIANTS][8:], ["OpenSession", "AppendInSession"])
-        self.assertEqual([n for n, _ in rc.RESPONSE_VARIANTS][9:], ["SessionOpened", "AppendedAt"])
+        self.assertEqual([n for n, _ in rc.REQUEST_VARIANTS][8:],
+                         ["OpenSession", "AppendInSession", "Trim"])
+        self.assertEqual([n for n, _ in rc.RESPONSE_VARIANTS][9:],
+                         ["SessionOpened", "AppendedAt", "Trimmed"])
         self.assertEqual(rc.ERROR_CODES[11:],
                          ["NotCommitted", "UnknownSession", "SessionSequence", "SessionTooOld"])
 
@@ -285,12 +287,14 @@ class VectorTests(unittest.TestCase):
 
     def test_unknown_variant_rejected(self):
         with self.assertRaises(rc.ProtocolError):
-            rc.decode_request(bytes.fromhex("0a0100"))    # Request index 10
+            rc.decode_request(bytes.fromhex("0b0100"))    # Request index 11
         with self.assertRaises(rc.ProtocolError):
-            rc.decode_response(bytes.fromhex("0b0100"))   # Response index 11
+            rc.decode_response(bytes.fromhex("0c0100"))   # Response index 12
         # (indexes 7 and 8 are AppendIf and ConditionFailed since version 3,
         # 8 and 9 OpenSession, AppendInSession, 9 and 10 SessionOpened,
-        # AppendedAt since version 4)
+        # AppendedAt since version 4, and Trim 10, Trimmed 11)
+        self.assertEqual(rc.decode_request(bytes.fromhex("0a0102"))["variant"], "Trim")
+        self.assertEqual(rc.decode_response(bytes.fromhex("0b0102"))["variant"], "Trimmed")
         self.assertEqual(rc.decode_request(bytes.fromhex("0701000100"))["variant"], "AppendIf")
         self.assertEqual(rc.decode_response(bytes.fromhex("080101"))["variant"],
                          "ConditionFailed")

@@ -103,6 +103,13 @@ leader is in the log once (exactly once).")]
     Status(StatusArgs),
     /// Add or remove a voter (needs an admin token)
     Members(MembersArgs),
+    /// Delete the entries below INDEX on every member (needs an admin token)
+    #[command(after_help = "\
+Each member deletes whole segments through a checkpoint, so it may keep some entries below
+INDEX, and never deletes an entry it has not applied; the command prints each member's new
+first index. Readers from below it then get Compacted. Servers can also trim by themselves:
+see [retention] in the server configuration.")]
+    Trim(TrimArgs),
     /// Offline: list a stopped node's segments and every entry of its log
     Dump(DumpArgs),
     /// Offline: verify every record of a stopped node's log; exit 1 on corruption
@@ -172,6 +179,12 @@ struct MembersArgs {
     action: MemberAction,
     /// The node id
     node: u64,
+}
+
+#[derive(Args, Debug)]
+struct TrimArgs {
+    /// The first index to keep
+    index: u64,
 }
 
 #[derive(Args, Debug)]
@@ -305,6 +318,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "node {} {what} the voters; the change committed at index {index}",
                 a.node
             )?;
+            ExitCode::SUCCESS
+        }
+        Cmd::Trim(a) => {
+            let mut c = connect(&cli.conn)?;
+            let members = c.status().context("asking for the members")?.members;
+            let mut failed = 0;
+            for (m, r) in members.iter().zip(c.trim_members(&members, a.index)) {
+                match r {
+                    Ok(first) => writeln!(
+                        out,
+                        "node {} ({}): first index {first}",
+                        m.id, m.client_addr
+                    )?,
+                    Err(e) => {
+                        failed += 1;
+                        writeln!(out, "node {} ({}): not trimmed: {e}", m.id, m.client_addr)?;
+                    }
+                }
+            }
+            if failed > 0 {
+                out.flush()?;
+                bail!("{failed} of {} members were not trimmed", members.len());
+            }
             ExitCode::SUCCESS
         }
         Cmd::Bench(a) => {

@@ -120,7 +120,8 @@ fn response_id(r: &Response) -> Option<u64> {
         | Response::Redirect { id, .. }
         | Response::ConditionFailed { id, .. }
         | Response::SessionOpened { id, .. }
-        | Response::AppendedAt { id, .. } => Some(*id),
+        | Response::AppendedAt { id, .. }
+        | Response::Trimmed { id, .. } => Some(*id),
         Response::Error { id, .. } => *id,
     }
 }
@@ -137,7 +138,8 @@ pub(crate) fn set_id(req: &mut Request, new: u64) {
         | Request::Members { id, .. }
         | Request::ReadWith { id, .. }
         | Request::OpenSession { id }
-        | Request::AppendInSession { id, .. } => *id = new,
+        | Request::AppendInSession { id, .. }
+        | Request::Trim { id, .. } => *id = new,
     }
 }
 

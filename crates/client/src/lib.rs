@@ -746,26 +746,41 @@ impl Client {
     }
 
     fn status_once(&self, addr: &str) -> Result<StatusReport, ClientError> {
+        self.ask_once(addr, &Request::Status { id: 1 }, "Status", |r| match r {
+            Response::Status {
+                node,
+                leader,
+                members,
+                ..
+            } => Ok(StatusReport {
+                addr: addr.to_string(),
+                node,
+                leader,
+                members,
+            }),
+            other => Err(Box::new(other)),
+        })
+    }
+
+    /// Sends `req` (id 1) to `addr` on a connection of its own, once, and takes its answer
+    /// with `pick` (which hands back any other response, a protocol error).
+    fn ask_once<T>(
+        &self,
+        addr: &str,
+        req: &Request,
+        what: &str,
+        pick: impl FnOnce(Response) -> Result<T, Box<Response>>,
+    ) -> Result<T, ClientError> {
         let start = Instant::now();
         let deadline = start + self.cfg.connect_timeout + self.cfg.request_timeout;
         let tried = [addr.to_string()];
         let step = match Conn::open(&self.cfg, self.tls.as_ref(), addr, deadline) {
             Err(step) => step,
-            Ok(mut conn) => match conn.call(&Request::Status { id: 1 }, 1, deadline) {
-                Ok(Response::Status {
-                    node,
-                    leader,
-                    members,
-                    ..
-                }) => {
-                    return Ok(StatusReport {
-                        addr: addr.to_string(),
-                        node,
-                        leader,
-                        members,
-                    });
-                }
-                Ok(other) => unexpected(&conn, "Status", &other),
+            Ok(mut conn) => match conn.call(req, 1, deadline) {
+                Ok(r) => match pick(r) {
+                    Ok(v) => return Ok(v),
+                    Err(other) => unexpected(&conn, what, other.as_ref()),
+                },
                 Err(step) => step,
             },
         };
@@ -775,8 +790,41 @@ impl Client {
                 waited: start.elapsed(),
                 last,
             },
-            Step::Redirect(_) => ClientError::Protocol(format!("{addr} redirected a Status")),
+            Step::Redirect(_) => ClientError::Protocol(format!("{addr} redirected a {what}")),
             Step::Retry(f) => give_up(f, start.elapsed(), &tried),
+        })
+    }
+
+    /// Deletes the entries below `index` on every member of `members` (each keeps its own
+    /// log; needs an admin token), in parallel; returns each member's new first index, or
+    /// why it failed. A member deletes whole segments and never an entry it has not applied,
+    /// so its first index may stay below `index`.
+    pub fn trim_members(&self, members: &[NodeInfo], index: u64) -> Vec<Result<u64, ClientError>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = members
+                .iter()
+                .map(|m| {
+                    s.spawn(move || {
+                        self.ask_once(
+                            &m.client_addr,
+                            &Request::Trim { id: 1, index },
+                            "Trim",
+                            |r| match r {
+                                Response::Trimmed { first_index, .. } => Ok(first_index),
+                                other => Err(Box::new(other)),
+                            },
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ClientError::Protocol("a trim thread panicked".into()))
+                    })
+                })
+                .collect()
         })
     }
 

@@ -44,7 +44,8 @@ use bincode::{Decode, Encode};
 /// 2 never send them. Version 4 added client sessions for exactly-once appends:
 /// [`Request::OpenSession`] (answered [`Response::SessionOpened`]) and
 /// [`Request::AppendInSession`] (answered [`Response::AppendedAt`]), with the error codes
-/// `UnknownSession`, `SessionSequence` and `SessionTooOld`.
+/// `UnknownSession`, `SessionSequence` and `SessionTooOld`, and [`Request::Trim`] (answered
+/// [`Response::Trimmed`]) for operators.
 pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The oldest protocol version a server of this build still accepts at the hello. Each
@@ -233,6 +234,16 @@ pub enum Request {
         first_seq: u64,
         /// The entries, in order (at most [`MAX_BATCH_ENTRIES`]).
         entries: Vec<Vec<u8>>,
+    },
+    /// Deletes this node's entries below `index` (admin role; protocol version 4), through a
+    /// checkpoint: whole segments, so the node may keep some entries below `index`, and
+    /// never one it has not applied. Answered [`Response::Trimmed`]. Every node keeps its own
+    /// log: send it to each member to trim the cluster (the CLI's `trim` does).
+    Trim {
+        /// Echoed in the response.
+        id: u64,
+        /// The first index to keep.
+        index: u64,
     },
 }
 
@@ -431,6 +442,14 @@ pub enum Response {
         id: u64,
         /// Each entry's index.
         indexes: Vec<u64>,
+    },
+    /// [`Request::Trim`] `id` is done: the node's log now starts at `first_index`
+    /// (protocol version 4).
+    Trimmed {
+        /// The request id.
+        id: u64,
+        /// The first index the node holds.
+        first_index: u64,
     },
 }
 

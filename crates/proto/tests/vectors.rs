@@ -75,6 +75,7 @@ fn request_json(r: &Request) -> Value {
             },
         }),
         Request::OpenSession { id } => json!({"variant": "OpenSession", "id": id}),
+        Request::Trim { id, index } => json!({"variant": "Trim", "id": id, "index": index}),
         Request::AppendInSession {
             id,
             session,
@@ -146,6 +147,9 @@ fn response_json(r: &Response) -> Value {
         }
         Response::AppendedAt { id, indexes } => {
             json!({"variant": "AppendedAt", "id": id, "indexes": indexes})
+        }
+        Response::Trimmed { id, first_index } => {
+            json!({"variant": "Trimmed", "id": id, "first_index": first_index})
         }
     }
 }
@@ -305,6 +309,20 @@ fn vectors() -> Vec<(&'static str, Msg)> {
                 session: 70_001,
                 first_seq: 1,
                 entries: vec![b"once".to_vec(), b"only".to_vec()],
+            }),
+        ),
+        (
+            "trim below an index",
+            Req(Request::Trim {
+                id: 18,
+                index: 1_000_000,
+            }),
+        ),
+        (
+            "trimmed",
+            Resp(Response::Trimmed {
+                id: 18,
+                first_index: 999_425,
             }),
         ),
         (

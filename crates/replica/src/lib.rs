@@ -60,6 +60,7 @@ mod mutation;
 pub mod node;
 pub mod reads;
 pub mod recovering;
+pub mod retention;
 pub mod sessions;
 pub mod sim;
 pub mod storage;

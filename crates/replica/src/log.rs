@@ -477,6 +477,27 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.lock().truncate_prefix(index)
     }
 
+    /// Applies a retention policy to this node's log ([`crate::retention`]) as of `now`:
+    /// deletes the entries below the first index every limit lets it keep, through a
+    /// checkpoint without state, when that deletes at least one segment. Returns the new
+    /// first index, `None` when nothing was deleted.
+    pub fn apply_retention(
+        &self,
+        policy: &crate::retention::Retention,
+        now: std::time::SystemTime,
+    ) -> Result<Option<u64>, ReplicaError> {
+        if policy.is_unlimited() {
+            return Ok(None);
+        }
+        let mut r = self.shared.lock();
+        let held = r.retention_view();
+        let keep = policy.first_to_keep(&held, now, |b| r.first_within_bytes(b));
+        if !crate::retention::Retention::deletes_a_segment(&held, keep) {
+            return Ok(None);
+        }
+        r.truncate_prefix(keep).map(Some)
+    }
+
     /// Records the application's `state` after applying entries up to `index`, then deletes
     /// those entries; followers that fall behind get it as a snapshot (see
     /// [`Replica::checkpoint`](crate::Replica::checkpoint)).

@@ -227,6 +227,9 @@ pub struct Status {
     pub last_index: u64,
     /// First index still held.
     pub first_index: u64,
+    /// Bytes of the log's stream held, from the first entry's record to the end (segment
+    /// preallocation and headers not counted).
+    pub log_bytes: u64,
     /// Bytes of the ring in use.
     pub ring_used_bytes: u64,
     /// Ring capacity.
@@ -1588,6 +1591,57 @@ impl<F: Fabric> Replica<F> {
         &self.sessions
     }
 
+    /// Where the record of entry `index` starts in the log's stream (the end, past the last).
+    fn stream_start_of(&self, index: u64) -> u64 {
+        self.wal
+            .position_after(Index(index - 1))
+            .map_or(self.wal.position().lsn.0, |p| p.lsn.0)
+    }
+
+    /// Bytes of the log's stream from the first entry held to the end.
+    fn log_bytes(&self) -> u64 {
+        let first = self.wal.first_index().0.max(1);
+        self.wal.position().lsn.0 - self.stream_start_of(first)
+    }
+
+    /// The first index from which the log holds at most `max_bytes` of its stream (one past
+    /// the last when even the last entry is larger).
+    pub fn first_within_bytes(&self, max_bytes: u64) -> u64 {
+        let end = self.wal.position().lsn.0;
+        let (mut lo, mut hi) = (self.wal.first_index().0.max(1), self.wal.last_index().0 + 1);
+        // The bytes from `i` on fall as `i` grows: find the first `i` within the limit.
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if end - self.stream_start_of(mid) <= max_bytes {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    }
+
+    /// What a retention policy looks at ([`crate::retention`]): the log's bounds, the applied
+    /// index, and each segment's first index with its file's last write (`None` where the
+    /// file system cannot tell, as in the simulator).
+    pub fn retention_view(&self) -> crate::retention::Held {
+        crate::retention::Held {
+            first: self.wal.first_index().0.max(1),
+            last: self.wal.last_index().0,
+            applied: self.applied,
+            segments: self
+                .wal
+                .segment_starts()
+                .into_iter()
+                .map(|(index, lsn)| {
+                    let path = self.cfg.data_dir.join(Wal::segment_file_name(lsn));
+                    let written = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+                    (index.0, written)
+                })
+                .collect(),
+        }
+    }
+
     /// The first index the log holds.
     pub fn first_index(&self) -> u64 {
         self.wal.first_index().0
@@ -1622,6 +1676,7 @@ impl<F: Fabric> Replica<F> {
             applied: self.applied,
             last_index: r.raft_log.last_index(),
             first_index: self.wal.first_index().0,
+            log_bytes: self.log_bytes(),
             ring_used_bytes: self.producer.position().lsn.0 - self.consumer.head().0,
             ring_capacity_bytes: self.cfg.ring_bytes,
             voters: {

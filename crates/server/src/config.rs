@@ -95,6 +95,25 @@ pub struct ServerFile {
     /// The metrics endpoint.
     #[serde(default)]
     pub metrics: Option<MetricsSection>,
+    /// What this node's log keeps.
+    #[serde(default)]
+    pub retention: RetentionSection,
+}
+
+/// `[retention]`: limits on what this node's log keeps; each node applies them to its own
+/// log, deleting whole segments through a checkpoint, never an entry it has not applied.
+/// None set (the default) keeps everything.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSection {
+    /// Keep at most this many entries (the newest).
+    pub max_entries: Option<u64>,
+    /// Keep at most this many bytes of log (the newest entries' records), e.g. 10737418240.
+    pub max_bytes: Option<u64>,
+    /// Keep entries newer than this many seconds (judged per segment by its last write).
+    pub max_age_secs: Option<u64>,
+    /// How often to apply the limits, in ms (default 10000).
+    pub interval_ms: Option<u64>,
 }
 
 /// `[rdma]`
@@ -414,6 +433,20 @@ impl ServerConfig {
                 ));
             }
         }
+        let ret = &file.retention;
+        for (key, v) in [
+            ("retention.max_entries", ret.max_entries),
+            ("retention.max_bytes", ret.max_bytes),
+            ("retention.max_age_secs", ret.max_age_secs),
+            ("retention.interval_ms", ret.interval_ms),
+        ] {
+            if v == Some(0) {
+                return Err(bad(
+                    key,
+                    "must be positive (leave it out for no limit)".into(),
+                ));
+            }
+        }
         let c = &file.client;
         if let Some(m) = c.max_frame_bytes {
             if !(1024..=proto::MAX_FRAME_LIMIT).contains(&m) {
@@ -599,6 +632,39 @@ plaintext = true
     }
 
     #[test]
+    fn retention_is_read_and_the_example_configurations_parse() {
+        let c = ServerConfig::parse(
+            &format!("{GOOD}\n[retention]\nmax_entries = 5\nmax_age_secs = 60\n"),
+            "t.toml",
+        )
+        .unwrap();
+        let r = &c.file.retention;
+        assert_eq!(
+            (r.max_entries, r.max_bytes, r.max_age_secs),
+            (Some(5), None, Some(60))
+        );
+        assert_eq!(
+            ServerConfig::parse(GOOD, "t.toml")
+                .unwrap()
+                .file
+                .retention
+                .max_entries,
+            None
+        );
+        // The examples name files of a real host, so only their keys are checked here.
+        for text in [
+            include_str!("../../../ops/config/mlx5-node1.toml"),
+            include_str!("../../../ops/config/lab-node1.toml"),
+        ] {
+            let f: ServerFile = toml::from_str(text).unwrap();
+            assert!(f.node_id > 0);
+        }
+        let f: ServerFile =
+            toml::from_str(include_str!("../../../ops/config/mlx5-node1.toml")).unwrap();
+        assert_eq!(f.retention.max_age_secs, Some(604_800));
+    }
+
+    #[test]
     fn errors_name_the_bad_key() {
         let cases = [
             (GOOD.replace("plaintext = true", ""), "`tls`"),
@@ -655,6 +721,14 @@ plaintext = true
             (
                 GOOD.replace("client = \"192.0.2.12:7600\"", "client = \"192.0.2.12:7600\"\ntls_name = \"n2\""),
                 "`peers[0].tls_name`: names a TLS certificate, but there is no [peer_tls] section",
+            ),
+            (
+                format!("{GOOD}\n[retention]\nmax_bytes = 0\n"),
+                "`retention.max_bytes`: must be positive",
+            ),
+            (
+                format!("{GOOD}\n[retention]\nmax_days = 7\n"),
+                "unknown field `max_days`",
             ),
         ];
         for (text, want) in cases {

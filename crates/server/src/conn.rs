@@ -771,6 +771,24 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 first_seq,
                 entries,
             } => self.append(id, entries, AppendKind::InSession { session, first_seq }),
+            Request::Trim { id, index } => {
+                if self.role < Role::Admin {
+                    self.refuse(
+                        id,
+                        ErrorCode::Unauthorized,
+                        "trimming the log needs an admin token".into(),
+                    );
+                } else {
+                    let r = match log.truncate_prefix(index) {
+                        Ok(first_index) => {
+                            tracing::info!(index, first_index, "trimmed the log on request");
+                            Response::Trimmed { id, first_index }
+                        }
+                        Err(e) => self.error(id, &e),
+                    };
+                    self.pending.push_back(Pending::Ready(r));
+                }
+            }
             Request::OpenSession { id } => {
                 if self.role < Role::ReadWrite {
                     self.refuse(

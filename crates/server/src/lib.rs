@@ -66,6 +66,10 @@ pub struct ServerOptions {
     pub append_timeout: Duration,
     /// Where to serve `/metrics` and `/status`; `None` serves none.
     pub metrics_listen: Option<SocketAddr>,
+    /// What this node's log keeps ([`replica::retention`]); unlimited by default.
+    pub retention: replica::retention::Retention,
+    /// How often the retention policy is applied.
+    pub retention_interval: Duration,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -105,6 +109,8 @@ impl ServerOptions {
             idle_timeout: Duration::from_secs(300),
             append_timeout: Duration::from_secs(10),
             metrics_listen: None,
+            retention: replica::retention::Retention::default(),
+            retention_interval: Duration::from_secs(10),
         }
     }
 
@@ -158,6 +164,12 @@ pub fn start<F: Fabric + Send + 'static>(
         shutting_down: AtomicBool::new(false),
         connections: AtomicUsize::new(0),
     });
+    if !shared.opts.retention.is_unlimited() {
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("retention".into())
+            .spawn(move || retention_loop(&s))?;
+    }
     if let Some(l) = metrics_listener {
         let s = shared.clone();
         std::thread::Builder::new()
@@ -176,6 +188,44 @@ pub fn start<F: Fabric + Send + 'static>(
         metrics_addr,
         accept: Some(accept),
     })
+}
+
+/// Applies the retention policy every `retention_interval` until shutdown. A failure is logged
+/// and counted; the next round tries again.
+fn retention_loop<F: Fabric + Send + 'static>(shared: &Shared<F>) {
+    let policy = shared.opts.retention;
+    let mut next = std::time::Instant::now() + shared.opts.retention_interval;
+    while !shared.shutting_down.load(Ordering::Acquire) {
+        if std::time::Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        next += shared.opts.retention_interval;
+        match shared
+            .log
+            .apply_retention(&policy, std::time::SystemTime::now())
+        {
+            Ok(Some(first)) => {
+                shared
+                    .metrics
+                    .retention_trims
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    first_index = first,
+                    ?policy,
+                    "retention deleted old segments"
+                );
+            }
+            Ok(None) => {}
+            Err(e) => {
+                shared
+                    .metrics
+                    .retention_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "retention could not trim the log; trying again");
+            }
+        }
+    }
 }
 
 fn accept_loop<F: Fabric + Send + 'static>(listener: TcpListener, shared: Arc<Shared<F>>) {

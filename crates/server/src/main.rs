@@ -201,6 +201,15 @@ fn run(cfg: ServerConfig) -> anyhow::Result<()> {
         so.append_timeout = Duration::from_millis(ms);
     }
     so.metrics_listen = f.metrics.as_ref().map(|m| m.listen);
+    let r = &f.retention;
+    so.retention = replica::retention::Retention {
+        max_entries: r.max_entries,
+        max_bytes: r.max_bytes,
+        max_age: r.max_age_secs.map(Duration::from_secs),
+    };
+    if let Some(ms) = r.interval_ms {
+        so.retention_interval = Duration::from_millis(ms);
+    }
     let handle = server::start(so, log.clone())
         .with_context(|| format!("listening for clients on {}", c.listen))?;
     eprintln!(

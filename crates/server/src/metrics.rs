@@ -74,6 +74,10 @@ pub struct Metrics {
     pub rejected_connections: AtomicU64,
     /// Connections accepted since start.
     pub connections_total: AtomicU64,
+    /// Rounds of the retention policy that deleted segments.
+    pub retention_trims: AtomicU64,
+    /// Rounds of the retention policy that failed.
+    pub retention_failures: AtomicU64,
 }
 
 /// Renders the Prometheus text.
@@ -115,6 +119,24 @@ pub fn render<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
         "First index in the log.",
         "gauge",
         s.first_index,
+    );
+    gauge(
+        "rdmalog_log_bytes",
+        "Bytes of the log held: its stream from the first entry's record to the end.",
+        "gauge",
+        s.log_bytes,
+    );
+    gauge(
+        "rdmalog_retention_trims_total",
+        "Rounds of the retention policy that deleted old segments.",
+        "counter",
+        m.retention_trims.load(Ordering::Relaxed),
+    );
+    gauge(
+        "rdmalog_retention_failures_total",
+        "Rounds of the retention policy that failed (logged; retried next round).",
+        "counter",
+        m.retention_failures.load(Ordering::Relaxed),
     );
     gauge("rdmalog_term", "Current raft term.", "gauge", s.term);
     gauge(
@@ -264,6 +286,7 @@ pub fn status_json<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
         "applied": s.applied,
         "first_index": s.first_index,
         "last_index": s.last_index,
+        "log_bytes": s.log_bytes,
         "ring_used_bytes": s.ring_used_bytes,
         "ring_bytes": s.ring_capacity_bytes,
         "fenced_writes": s.stats.fenced_writes,

@@ -51,9 +51,19 @@ impl SimServers {
     /// ephemeral port). Ports are picked free but may be taken before the servers bind them:
     /// then everything starts again (up to five times).
     pub fn start(seed: u64, tune: impl Fn(&mut ServerOptions)) -> SimServers {
+        Self::start_tuned(seed, |_| {}, tune)
+    }
+
+    /// [`SimServers::start`], with `replica` adjusting each replica's configuration too
+    /// (smaller segments, say).
+    pub fn start_tuned(
+        seed: u64,
+        replica: impl Fn(&mut ReplicaConfig),
+        tune: impl Fn(&mut ServerOptions),
+    ) -> SimServers {
         let mut attempt = 0;
         loop {
-            match Self::try_start(seed, &tune) {
+            match Self::try_start(seed, &replica, &tune) {
                 Ok(c) => return c,
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 5 => attempt += 1,
                 Err(e) => panic!("cannot start the cluster: {e}"),
@@ -61,7 +71,11 @@ impl SimServers {
         }
     }
 
-    fn try_start(seed: u64, tune: &dyn Fn(&mut ServerOptions)) -> std::io::Result<SimServers> {
+    fn try_start(
+        seed: u64,
+        replica: &dyn Fn(&mut ReplicaConfig),
+        tune: &dyn Fn(&mut ServerOptions),
+    ) -> std::io::Result<SimServers> {
         let net = SimNet::new(SimConfig::default(), seed);
         let stop = Arc::new(AtomicBool::new(false));
         net.run_realtime(stop.clone());
@@ -83,6 +97,7 @@ impl SimServers {
             cfg.ring_bytes = 2 << 20;
             cfg.segment_bytes = 8 << 20;
             cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+            replica(&mut cfg);
             let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
             let opts = LogOptions {
                 poll: PollMode::Event,

@@ -1008,3 +1008,131 @@ fn appends_in_a_session_are_exactly_once() {
         Response::Redirect { .. }
     ));
 }
+
+/// `Trim` (admin role): each node deletes its own entries below the index, in whole segments;
+/// readers from below its new first index get `Compacted`, the rest of the log is served as
+/// before, and the metrics show the new first index and the bytes held. A read-write token is
+/// refused. Then `[retention]` (here `max_bytes`) does the same by itself on every node.
+#[test]
+fn trim_and_retention_delete_old_segments_and_readers_behind_get_compacted() {
+    let small = |cfg: &mut replica::ReplicaConfig| cfg.segment_bytes = 512 << 10;
+    let admin = "admin-token-0123456789";
+    let c = Cluster::start_tuned(13, small, |o| {
+        o.tokens.insert(admin.into(), Role::Admin);
+    });
+    let l = c.leader();
+    let mut lc = connect(c.server(l).client_addr(), Some(admin));
+    let mut last = 0;
+    for k in 0..6u8 {
+        let r = lc.call(|id| Request::Append {
+            id,
+            entries: (0..100).map(|_| vec![k; 3000]).collect(),
+        });
+        let Response::Appended { last: l, .. } = r else {
+            panic!("{r:?}")
+        };
+        last = l;
+    }
+    let mut anon = connect(c.server(l).client_addr(), None);
+    let r = anon.call(|id| Request::Trim { id, index: 300 });
+    assert!(
+        matches!(
+            r,
+            Response::Error {
+                code: ErrorCode::Unauthorized,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    for i in 1..=3 {
+        let s = c.server(i);
+        s.log()
+            .wait_for_commit(last, Duration::from_secs(10))
+            .unwrap();
+        let bytes_before = s.log().status().log_bytes;
+        let mut cl = connect(s.client_addr(), Some(admin));
+        let r = cl.call(|id| Request::Trim { id, index: 300 });
+        let Response::Trimmed { first_index, .. } = r else {
+            panic!("{r:?}")
+        };
+        assert!(
+            first_index > 1 && first_index <= 300,
+            "node {i}: {first_index}"
+        );
+        let st = s.log().status();
+        assert_eq!(st.first_index, first_index);
+        assert!(st.log_bytes < bytes_before);
+        let r = cl.call(|id| Request::Read {
+            id,
+            from: 1,
+            max_bytes: 1 << 20,
+        });
+        assert!(
+            matches!(
+                r,
+                Response::Error {
+                    code: ErrorCode::Compacted,
+                    ..
+                }
+            ),
+            "node {i}: {r:?}"
+        );
+        let r = cl.call(|id| Request::Read {
+            id,
+            from: first_index,
+            max_bytes: 1 << 20,
+        });
+        assert!(
+            matches!(&r, Response::Entries { entries, .. } if entries[0].index == first_index),
+            "node {i}: {r:?}"
+        );
+        let m = get(s.metrics_addr().unwrap(), "/metrics");
+        assert!(
+            m.contains(&format!("rdmalog_first_index {first_index}\n")),
+            "{m}"
+        );
+        assert!(
+            m.contains(&format!("rdmalog_log_bytes {}\n", st.log_bytes)),
+            "{m}"
+        );
+    }
+    drop(c);
+
+    let c = Cluster::start_tuned(14, small, |o| {
+        o.retention = replica::retention::Retention {
+            max_bytes: Some(600_000),
+            ..Default::default()
+        };
+        o.retention_interval = Duration::from_millis(100);
+    });
+    let l = c.leader();
+    let mut lc = connect(c.server(l).client_addr(), None);
+    for k in 0..6u8 {
+        let r = lc.call(|id| Request::Append {
+            id,
+            entries: (0..100).map(|_| vec![k; 3000]).collect(),
+        });
+        assert!(matches!(r, Response::Appended { .. }), "{r:?}");
+    }
+    for i in 1..=3 {
+        let s = c.server(i);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = s.log().status();
+            if st.first_index > 1 && st.log_bytes <= 600_000 + (512 << 10) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {i} kept {} bytes from index {}",
+                st.log_bytes,
+                st.first_index
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let m = get(s.metrics_addr().unwrap(), "/metrics");
+        assert!(!m.contains("rdmalog_retention_trims_total 0\n"), "{m}");
+        assert!(m.contains("rdmalog_retention_failures_total 0\n"), "{m}");
+    }
+}

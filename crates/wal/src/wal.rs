@@ -299,6 +299,22 @@ impl Wal {
         self.lock().segments.len()
     }
 
+    /// Each segment's first index and first Lsn, oldest first: what a prefix truncation
+    /// deletes, segment by segment. A segment's file is named by its Lsn (`docs/FORMAT.md`
+    /// section 3).
+    pub fn segment_starts(&self) -> Vec<(Index, Lsn)> {
+        self.lock()
+            .segments
+            .iter()
+            .map(|s| (s.header.first_index, s.first_lsn()))
+            .collect()
+    }
+
+    /// The file name of the segment that starts at `first_lsn`.
+    pub fn segment_file_name(first_lsn: Lsn) -> String {
+        crate::segment::segment_name(first_lsn)
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &WalConfig {
         &self.config

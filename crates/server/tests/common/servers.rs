@@ -199,7 +199,7 @@ impl Servers {
                 );
             }
             let text = format!(
-                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndata_dir = \"{}\"\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peer_tls}{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\nappend_timeout_ms = 20000\n\n[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
+                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndata_dir = \"{}\"\nsegment_mib = 1\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peer_tls}{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\nappend_timeout_ms = 20000\n\n[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
                 place().transport,
                 self.data_dir(i).display(),
                 rdma_addr(i),
@@ -410,12 +410,7 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
         "appended through the new leader {:.2} s after the crash",
         t0.elapsed().as_secs_f64()
     );
-    // The index it committed at, from "committed FIRST..=LAST (...)".
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let last: u64 = stdout
-        .split_whitespace()
-        .find_map(|w| w.split_once("..=").and_then(|(_, l)| l.parse().ok()))
-        .unwrap_or_else(|| panic!("no committed range in {stdout:?}"));
+    let last = last_committed(&out);
     // Reads with a stated consistency: a linearizable read (the CLI follows the redirect to
     // the leader) and a read-your-writes read on whichever member answers hold it.
     let last_arg = last.to_string();
@@ -445,24 +440,7 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
 
     s.start(leader);
     println!("restarted node {leader}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = status(3);
-        let commits: Vec<u64> = v["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|n| n["commit"].as_u64())
-            .collect();
-        if commits.len() == 3 && commits.iter().all(|&c| c >= 6) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {leader} did not catch up: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_all_commit(last);
     let bench = cli(&[
         "bench",
         "--entries",
@@ -474,6 +452,36 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
     ]);
     assert!(bench.status.success());
     assert!(String::from_utf8_lossy(&bench.stdout).contains("p99"));
+
+    // Trim: 1.2 MB more (two batches of 4 KB lines) fills more than the first 1 MiB segment;
+    // once every member has applied it, `rdmalog trim` deletes it on each, and a read from 1
+    // is told the entries were compacted.
+    let big = s.dir().join("big.txt");
+    let line = "x".repeat(4000);
+    std::fs::write(&big, format!("{line}\n").repeat(300)).unwrap();
+    let out = cli(&["append", "--file", big.to_str().unwrap()]);
+    assert!(out.status.success(), "appending 1.2 MB failed");
+    let end = last_committed(&out);
+    wait_all_commit(end);
+    let out = cli(&["trim", &end.to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    println!("$ rdmalog trim {end}\n{text}");
+    assert!(out.status.success(), "trim failed: {text}");
+    let firsts: Vec<u64> = text
+        .lines()
+        .filter_map(|l| {
+            l.rsplit_once("first index ")
+                .and_then(|(_, f)| f.parse().ok())
+        })
+        .collect();
+    assert_eq!(firsts.len(), 3, "{text}");
+    assert!(firsts.iter().all(|&f| f > 1 && f <= end), "{text}");
+    let out = cli(&["tail", "--from", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("checkpoint"),
+        "a read from 1 after the trim: {err}"
+    );
 
     for i in 1..=3 {
         let st = s.stop(i);
@@ -509,4 +517,45 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
         );
     }
     let _ = std::io::stdout().flush();
+}
+
+/// The last index an `rdmalog append` printed: from "committed FIRST..=LAST (...)" or, when a
+/// resend found entries already in the log, "committed at I,J,K (...)".
+fn last_committed(out: &Output) -> u64 {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("committed "))
+        .filter_map(|rest| {
+            let list = rest.split_whitespace().next()?;
+            let list = list
+                .strip_prefix("at")
+                .map_or(list, |_| rest.split_whitespace().nth(1).unwrap_or(""));
+            let last = list.rsplit(['=', ',']).next()?;
+            last.parse().ok()
+        })
+        .next_back()
+        .unwrap_or_else(|| panic!("no committed index in {stdout:?}"))
+}
+
+/// Waits until every member has committed `index` (60 s at most).
+fn wait_all_commit(index: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = status(3);
+        let commits: Vec<u64> = v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n["commit"].as_u64())
+            .collect();
+        if commits.len() == 3 && commits.iter().all(|&c| c >= index) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every member committed {index}: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

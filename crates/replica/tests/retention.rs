@@ -1,0 +1,122 @@
+//! Retention (`replica::retention`, `Log::apply_retention`) on real files: three logs on the
+//! in-process fabric, each in a temporary directory with small segments. Each limit (entries,
+//! bytes, age by the segment files' last writes) deletes whole segments through a checkpoint,
+//! keeps the tail segment and everything unapplied, and leaves the log readable from its new
+//! first index, with `Compacted` below it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use fabric::NodeId;
+use fabric::sim::{SimConfig, SimNet};
+use replica::retention::Retention;
+use replica::{Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role};
+use wal::fs::{FileSystem, StdFs};
+
+#[test]
+fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let net = SimNet::new(SimConfig::default(), 17);
+    let stop = Arc::new(AtomicBool::new(false));
+    net.run_realtime(stop.clone());
+    let logs: Vec<Log<_>> = (1..=3u64)
+        .map(|id| {
+            let mut cfg = ReplicaConfig::new(
+                id,
+                vec![1, 2, 3],
+                9,
+                dirs[id as usize - 1].path().to_path_buf(),
+            );
+            cfg.ring_bytes = 2 << 20;
+            cfg.segment_bytes = 512 << 10;
+            cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+            let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
+            let opts = LogOptions {
+                poll: PollMode::Event,
+                ..LogOptions::default()
+            };
+            Log::open(cfg, net.add_node(NodeId(id)), fs, opts).unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let l = loop {
+        if let Some(k) = logs.iter().position(|l| l.status().role == Role::Leader) {
+            break k;
+        }
+        assert!(Instant::now() < deadline, "no leader");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut last = 0;
+    for k in 0..600u32 {
+        last = logs[l]
+            .append(&[k as u8; 3000])
+            .unwrap()
+            .wait(Duration::from_secs(10))
+            .unwrap();
+    }
+    for log in &logs {
+        log.wait_for_commit(last, Duration::from_secs(10)).unwrap();
+    }
+    let log = &logs[l];
+    let now = SystemTime::now();
+    let s = log.status();
+    assert_eq!(s.first_index, 1);
+    assert!(s.log_bytes >= 600 * 3000, "{}", s.log_bytes);
+
+    // Nothing is old yet, and an unlimited policy does nothing.
+    let young = Retention {
+        max_age: Some(Duration::from_secs(3600)),
+        ..Retention::default()
+    };
+    assert_eq!(log.apply_retention(&young, now).unwrap(), None);
+    assert_eq!(
+        log.apply_retention(&Retention::default(), now).unwrap(),
+        None
+    );
+
+    // At most 400 entries: whole segments go, the first index kept is at most last - 399.
+    let entries = Retention {
+        max_entries: Some(400),
+        ..Retention::default()
+    };
+    let first = log.apply_retention(&entries, now).unwrap().expect("a trim");
+    assert!(
+        first > 1 && first <= last - 399,
+        "first {first}, last {last}"
+    );
+    assert_eq!(log.status().first_index, first);
+    assert!(matches!(
+        log.subscribe(1).next_timeout(Duration::from_secs(1)),
+        Err(ReplicaError::Compacted { .. })
+    ));
+    assert_eq!(log.read(first).unwrap().map(|d| d.len()), Some(3000));
+
+    // At most ~600 KB: the log holds at most that plus one segment.
+    let bytes = Retention {
+        max_bytes: Some(600_000),
+        ..Retention::default()
+    };
+    log.apply_retention(&bytes, now).unwrap().expect("a trim");
+    let s = log.status();
+    assert!(
+        s.log_bytes <= 600_000 + (512 << 10),
+        "{} bytes held",
+        s.log_bytes
+    );
+
+    // Two hours later every segment but the tail is old.
+    let later = now + Duration::from_secs(7200);
+    let before = log.status().first_index;
+    let first = log.apply_retention(&young, later).unwrap().expect("a trim");
+    assert!(first > before);
+    assert!(log.status().log_bytes <= 512 << 10);
+    assert_eq!(log.read(last).unwrap().map(|d| d.len()), Some(3000));
+    // The other nodes kept their own logs: retention is per node.
+    let other = (l + 1) % 3;
+    assert_eq!(logs[other].status().first_index, 1);
+    stop.store(true, Ordering::Relaxed);
+    for log in logs {
+        log.close().unwrap();
+    }
+}
