@@ -134,6 +134,11 @@ struct AppendArgs {
     /// after a broken connection may be in the log twice
     #[arg(long)]
     at_least_once: bool,
+    /// Conditional append: all the entries, as one batch, only if the log ends at INDEX (its
+    /// last index, raft's own entries included); otherwise nothing is appended and the
+    /// command fails naming where the log ends
+    #[arg(long, value_name = "INDEX", conflicts_with = "at_least_once")]
+    if_last: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -445,11 +450,41 @@ fn lines(r: impl BufRead) -> impl Iterator<Item = io::Result<Vec<u8>>> {
     })
 }
 
+/// `append --if-last`: every entry as one conditional batch.
+fn append_if(
+    mut client: Client,
+    a: AppendArgs,
+    expected: u64,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let entries: Vec<Vec<u8>> = if !a.entries.is_empty() {
+        a.entries.into_iter().map(String::into_bytes).collect()
+    } else if let Some(path) = &a.file {
+        let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        lines(BufReader::new(f)).collect::<io::Result<_>>()?
+    } else {
+        lines(io::stdin().lock()).collect::<io::Result<_>>()?
+    };
+    let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+    let (first, last) = client
+        .append_if(&refs, expected)
+        .context("conditional append")?;
+    writeln!(
+        out,
+        "committed {first}..={last} ({})",
+        plural(refs.len() as u64, "entry", "entries")
+    )?;
+    Ok(())
+}
+
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn append(mut client: Client, a: AppendArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    if let Some(expected) = a.if_last {
+        return append_if(client, a, expected, out);
+    }
     let source: Box<dyn Iterator<Item = io::Result<Vec<u8>>>> = if !a.entries.is_empty() {
         Box::new(a.entries.into_iter().map(|s| Ok(s.into_bytes())))
     } else if let Some(path) = &a.file {

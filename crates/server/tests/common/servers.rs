@@ -426,9 +426,27 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
         );
     }
 
+    // A conditional append: refused on a stale end, naming the real one; accepted there.
+    let out = cli(&["append", "--if-last", "1", "stale"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "a stale --if-last was accepted");
+    let end: u64 = err
+        .split("the log ends at index ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no end in {err:?}"));
+    let out = cli(&["append", "--if-last", &end.to_string(), "if-end"]);
+    assert!(out.status.success(), "--if-last {end} failed");
+    assert_eq!(last_committed(&out), end + 1);
+    println!(
+        "conditional append: refused on end 1, committed at {} on end {end}",
+        end + 1
+    );
+
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.len() < 6 && Instant::now() < deadline {
+    while seen.len() < 7 && Instant::now() < deadline {
         if let Ok(line) = rx.recv_timeout(Duration::from_millis(500)) {
             seen.push(line.split('\t').nth(1).unwrap_or("").to_string());
         }
@@ -436,7 +454,10 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
     let _ = tail.kill();
     let _ = tail.wait();
     println!("tail -f saw: {seen:?}");
-    assert_eq!(seen, ["one", "two", "three", "four", "five", "six"]);
+    assert_eq!(
+        seen,
+        ["one", "two", "three", "four", "five", "six", "if-end"]
+    );
 
     s.start(leader);
     println!("restarted node {leader}");
