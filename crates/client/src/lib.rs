@@ -729,20 +729,7 @@ impl Client {
     /// Asks each of `members` for its status, in parallel, each once on a connection of its
     /// own (no retries, no redirects); results in the order of `members`.
     pub fn member_statuses(&self, members: &[NodeInfo]) -> Vec<Result<StatusReport, ClientError>> {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = members
-                .iter()
-                .map(|m| s.spawn(move || self.status_once(&m.client_addr)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ClientError::Protocol("a status thread panicked".into()))
-                    })
-                })
-                .collect()
-        })
+        each_member(members, "status", |m| self.status_once(&m.client_addr))
     }
 
     fn status_once(&self, addr: &str) -> Result<StatusReport, ClientError> {
@@ -800,31 +787,12 @@ impl Client {
     /// why it failed. A member deletes whole segments and never an entry it has not applied,
     /// so its first index may stay below `index`.
     pub fn trim_members(&self, members: &[NodeInfo], index: u64) -> Vec<Result<u64, ClientError>> {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = members
-                .iter()
-                .map(|m| {
-                    s.spawn(move || {
-                        self.ask_once(
-                            &m.client_addr,
-                            &Request::Trim { id: 1, index },
-                            "Trim",
-                            |r| match r {
-                                Response::Trimmed { first_index, .. } => Ok(first_index),
-                                other => Err(Box::new(other)),
-                            },
-                        )
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ClientError::Protocol("a trim thread panicked".into()))
-                    })
-                })
-                .collect()
+        each_member(members, "trim", |m| {
+            let req = Request::Trim { id: 1, index };
+            self.ask_once(&m.client_addr, &req, "Trim", |r| match r {
+                Response::Trimmed { first_index, .. } => Ok(first_index),
+                other => Err(Box::new(other)),
+            })
         })
     }
 
@@ -866,6 +834,32 @@ impl Client {
             c.append(&refs)
         })
     }
+}
+
+/// Runs `ask` for each of `members` on a thread of its own, all at once; results in the order
+/// of `members` (a panicked thread is a protocol error naming `what`).
+fn each_member<T: Send>(
+    members: &[NodeInfo],
+    what: &str,
+    ask: impl Fn(&NodeInfo) -> Result<T, ClientError> + Sync,
+) -> Vec<Result<T, ClientError>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = members
+            .iter()
+            .map(|m| {
+                let ask = &ask;
+                s.spawn(move || ask(m))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ClientError::Protocol(format!("a {what} thread panicked")))
+                })
+            })
+            .collect()
+    })
 }
 
 /// A `PartlyAppended` answer to a batch of `sent` entries, as a fatal step (resending would
