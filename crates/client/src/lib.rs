@@ -70,7 +70,7 @@ pub mod tls;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proto::{ErrorCode, NodeInfo, NodeStatus, Request, Response, Role};
@@ -260,7 +260,14 @@ pub struct Client {
     backoff: Backoff,
     /// The session appends go through, once opened: its id and the next entry's number.
     session: Option<(u64, u64)>,
+    /// Sessions [`Client::append_async`] calls finished with, each free for the next call
+    /// (one call at a time per session keeps its numbers in order).
+    idle_sessions: Arc<Mutex<Vec<(u64, u64)>>>,
 }
+
+/// At most this many idle sessions are kept for [`Client::append_async`]; more are left for
+/// the cluster to expire.
+const MAX_IDLE_SESSIONS: usize = 64;
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -308,6 +315,7 @@ impl Client {
             next_id: 0,
             backoff: Backoff::new(),
             session: None,
+            idle_sessions: Arc::default(),
         }
     }
 
@@ -816,8 +824,10 @@ impl Client {
     ///
     /// Each call costs a thread and a connection; for many appends in flight at once, prefer
     /// several clients on threads of your own. Dropping the future does not cancel the
-    /// append. The append goes through a session of its own (opened first: one more commit),
-    /// with the same guarantee as [`Client::append`].
+    /// append. The append goes through a session that no other call uses meanwhile, with the
+    /// same guarantee as [`Client::append`]: one an earlier call finished with, or a new one
+    /// (opened first: one more commit). A call that fails leaves its session unused, since its
+    /// numbers may have a gap.
     pub fn append_async(&self, entries: Vec<Vec<u8>>) -> PendingAppend {
         let mut cfg = self.cfg.clone();
         let mut servers: Vec<String> = self.conn.iter().map(|c| c.addr.clone()).collect();
@@ -828,10 +838,21 @@ impl Client {
         }
         cfg.servers = servers;
         let tls = self.tls.clone();
+        let idle = self.idle_sessions.clone();
         PendingAppend::spawn(move || {
             let mut c = Client::unconnected(cfg, tls);
+            if c.cfg.exactly_once {
+                c.session = idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            }
             let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
-            c.append(&refs)
+            let r = c.append(&refs);
+            if let (Ok(_), Some(s)) = (&r, c.session) {
+                let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
+                if idle.len() < MAX_IDLE_SESSIONS {
+                    idle.push(s);
+                }
+            }
+            r
         })
     }
 }

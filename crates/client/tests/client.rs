@@ -311,6 +311,18 @@ fn append_async_is_a_future_that_needs_no_runtime() {
     // Blocking use, without async.
     let (first, last) = client.append_async(vec![b"sync".to_vec()]).wait().unwrap();
     assert_eq!(first, last);
+    // A later call reuses a session an earlier one finished with: no session opens in
+    // between, so one at a time they take consecutive indexes.
+    let mut end = last;
+    for i in 0..3u8 {
+        let (first, last) = client.append_async(vec![vec![i; 5]]).wait().unwrap();
+        assert_eq!(
+            first,
+            end + 1,
+            "an entry (a session opening) between two appends"
+        );
+        end = last;
+    }
 }
 
 /// A CA, and certificates it signs, written as PEM files.
