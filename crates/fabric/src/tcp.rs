@@ -28,7 +28,9 @@
 //!   after a write is handed to the owner only after the write's bytes were placed.
 //! - **Failure.** An operation not acknowledged within [`TcpConfig::dead_peer_timeout`] fails
 //!   `RetryExceeded`, and everything behind it `Flushed`; so does everything outstanding when
-//!   the socket reports an error or the peer closes it. A broken connection must be
+//!   the socket reports an error or the peer closes it. The ack counts as missing only once
+//!   the I/O thread has read every socket to empty after the deadline, so a stall of this
+//!   process cannot make a live peer look dead. A broken connection must be
 //!   re-established with [`Fabric::connect`].
 //!
 //! Writes over TCP cost the peer's CPU (its I/O thread copies them from the socket into the
@@ -473,6 +475,26 @@ struct Shared {
     advertised: Mutex<Option<RemoteRegion>>,
     pool: Arc<Pool>,
     wait: Arc<TcpWaiter>,
+    /// What `read_through` and `stall_io_until` count from.
+    epoch: Instant,
+    /// When (ns after `epoch`) the I/O thread's last pass that read every socket to empty
+    /// began: every byte that had arrived by then has been read, and what it carried is in
+    /// the owner's channel. The owner judges a peer dead only by an ack missing from such a
+    /// pass, so a stall of this process (SIGSTOP, a long pause) that left the peer's acks
+    /// unread in the kernel cannot make a live peer look dead.
+    read_through: AtomicU64,
+    /// Test-only: the I/O thread makes no pass before this time (ns after `epoch`; 0: none).
+    stall_io_until: AtomicU64,
+}
+
+impl Shared {
+    fn since_epoch(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    fn read_through(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.read_through.load(Ordering::Acquire))
+    }
 }
 
 /// Sleeps the owner until the I/O thread reports something.
@@ -611,6 +633,15 @@ pub struct TcpEndpoint {
 }
 
 impl TcpEndpoint {
+    /// Test-only: the I/O thread makes no pass (reads, writes nothing) for `d` from its next
+    /// pass on, as when this process is stopped while its peers go on; the owner's thread
+    /// is not stalled.
+    #[doc(hidden)]
+    pub fn stall_io_for_test(&self, d: Duration) {
+        let until = self.shared.since_epoch(Instant::now() + d).max(1);
+        self.shared.stall_io_until.store(until, Ordering::Release);
+    }
+
     /// Binds the listener and starts the I/O thread.
     pub fn open(cfg: TcpConfig) -> Result<TcpEndpoint, FabricError> {
         if cfg.recv_slots < 1 || cfg.queue_depth < 1 {
@@ -630,6 +661,9 @@ impl TcpEndpoint {
             advertised: Mutex::new(None),
             pool: Arc::new(Pool::default()),
             wait: Arc::new(TcpWaiter::default()),
+            epoch: Instant::now(),
+            read_through: AtomicU64::new(0),
+            stall_io_until: AtomicU64::new(0),
         });
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ev_tx, ev_rx) = mpsc::channel();
@@ -1184,6 +1218,8 @@ impl Fabric for TcpEndpoint {
     }
 
     fn poll(&mut self, out: &mut [Event]) -> usize {
+        // Taken before the channel is drained: what the I/O thread read by then is in it.
+        let read_through = self.shared.read_through();
         while let Ok(ev) = self.rx.try_recv() {
             self.on_io(ev);
         }
@@ -1197,7 +1233,7 @@ impl Fabric for TcpEndpoint {
             } else if c
                 .inflight
                 .front()
-                .is_some_and(|f| f.posted.elapsed() > dead)
+                .is_some_and(|f| f.posted + dead < read_through)
             {
                 silent.push(*p);
             }
@@ -1285,12 +1321,16 @@ impl Io {
             } else {
                 Duration::ZERO
             };
+            self.stall_for_test();
             if let Err(e) = self.poll.poll(&mut events, Some(wait))
                 && e.kind() != io::ErrorKind::Interrupted
             {
                 tracing::error!(error = %e, "the TCP fabric's poll failed");
                 std::thread::sleep(IO_TICK);
             }
+            // Everything that had arrived by now is either reported in `events` or already
+            // read, unless a connection is left in `unread`.
+            let pass_start = Instant::now();
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
@@ -1307,12 +1347,28 @@ impl Io {
                 self.dial(peer, addr);
             }
             self.deadlines();
+            if self.unread.is_empty() {
+                // After the reports of this pass went into the channel.
+                let at = self.shared.since_epoch(pass_start);
+                self.shared.read_through.store(at, Ordering::Release);
+            }
             if std::mem::take(&mut self.notify) {
                 self.shared.wait.wake();
             }
         }
         for c in self.conns.values() {
             c.link.close();
+        }
+    }
+
+    /// Test-only: sleeps while a stall set by [`TcpEndpoint::stall_io_for_test`] lasts.
+    fn stall_for_test(&self) {
+        loop {
+            let until = self.shared.stall_io_until.load(Ordering::Acquire);
+            if until == 0 || self.shared.since_epoch(Instant::now()) >= until {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

@@ -663,6 +663,43 @@ fn a_peer_that_stops_answering_fails_retry_exceeded_then_flushed() {
 }
 
 #[test]
+fn a_stall_of_this_process_does_not_make_a_live_peer_look_dead() {
+    // As after SIGSTOP or a long pause: the peer acknowledged in time, but the acks wait
+    // unread in this host's socket while the deadline passes. The owner must not call the
+    // peer dead before its I/O thread has read them.
+    let port = 48100;
+    let mut cfg = config(A, &[B], port);
+    cfg.dead_peer_timeout = Duration::from_millis(300);
+    let mut a = open(cfg, true);
+    let mut b = node(B, A, port);
+    connect(&mut a, &mut b);
+    b.ep.set_remote_write(A, true).unwrap();
+    a.ep.stall_io_for_test(Duration::from_millis(1500));
+    // Let a pass under way finish, so the next one is stalled.
+    std::thread::sleep(Duration::from_millis(100));
+    write_bytes(a.mem.as_ref(), 0, &[7u8; 64]);
+    a.ep.post_write(B, write_req(&a, 1, 0, 64)).unwrap();
+    // The peer places the write and acknowledges it; A's I/O thread does not read the ack.
+    until(&mut [&mut b], "the write placed", |n| {
+        let mut got = [0u8; 64];
+        read_bytes(n[0].mem.as_ref(), 0, &mut got);
+        got == [7u8; 64]
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    pump(&mut [&mut a]);
+    assert_eq!(status_of(&a, 1), None, "judged dead with the ack unread");
+    assert_eq!(a.ep.conn_state(B), ConnState::Up);
+    // Once the I/O thread reads again, the write completes.
+    assert_eq!(wait_status(&mut a, &mut b, 1), WcStatus::Success);
+    assert_eq!(a.ep.conn_state(B), ConnState::Up);
+    assert!(
+        !a.events
+            .iter()
+            .any(|e| matches!(e, Event::Disconnected { .. }))
+    );
+}
+
+#[test]
 fn a_client_that_says_nothing_is_dropped() {
     let port = 47700;
     let mut cfg = config(A, &[B], port);
