@@ -638,13 +638,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
     /// An `Append`, an `AppendIf` or an `AppendInSession`: refused, or pending on its
     /// entries' handles.
     fn append(&mut self, id: u64, entries: Vec<Vec<u8>>, how: AppendKind) {
-        if self.role < Role::ReadWrite {
-            self.refuse(
-                id,
-                ErrorCode::Unauthorized,
-                "this connection is read-only: appends need a read-write token".into(),
-            );
-        } else if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
+        let why = "this connection is read-only: appends need a read-write token";
+        if !self.permits(id, Role::ReadWrite, why) {
+            return;
+        }
+        if entries.is_empty() || entries.len() > proto::MAX_BATCH_ENTRIES {
             self.refuse(
                 id,
                 ErrorCode::EntryTooLarge,
@@ -654,27 +652,27 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     entries.len()
                 ),
             );
-        } else {
-            let log = &self.shared.log;
-            let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
-            let proposed = match how {
-                AppendKind::Plain => log.append_batch(&refs),
-                AppendKind::If(e) => log.append_batch_if(&refs, e),
-                AppendKind::InSession { session, first_seq } => {
-                    log.append_batch_in_session(session, first_seq, &refs)
-                }
-            };
-            let p = match proposed {
-                Ok(handles) => Pending::Append {
-                    id,
-                    handles,
-                    start: Instant::now(),
-                    in_session: matches!(how, AppendKind::InSession { .. }),
-                },
-                Err(e) => Pending::Ready(self.error(id, &e)),
-            };
-            self.pending.push_back(p);
+            return;
         }
+        let log = &self.shared.log;
+        let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+        let proposed = match how {
+            AppendKind::Plain => log.append_batch(&refs),
+            AppendKind::If(e) => log.append_batch_if(&refs, e),
+            AppendKind::InSession { session, first_seq } => {
+                log.append_batch_in_session(session, first_seq, &refs)
+            }
+        };
+        let p = match proposed {
+            Ok(handles) => Pending::Append {
+                id,
+                handles,
+                start: Instant::now(),
+                in_session: matches!(how, AppendKind::InSession { .. }),
+            },
+            Err(e) => Pending::Ready(self.error(id, &e)),
+        };
+        self.pending.push_back(p);
     }
 
     /// The answer to the front [`Pending::Read`] once its consistency is met (or cannot be
@@ -742,6 +740,15 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         }
     }
 
+    /// Whether this connection's role is at least `need`; if not, refuses request `id` as
+    /// `Unauthorized` saying `why`.
+    fn permits(&mut self, id: u64, need: Role, why: &str) -> bool {
+        if self.role < need {
+            self.refuse(id, ErrorCode::Unauthorized, why.into());
+        }
+        self.role >= need
+    }
+
     fn refuse(&mut self, id: u64, code: ErrorCode, message: String) {
         self.pending.push_back(Pending::Ready(Response::Error {
             id: Some(id),
@@ -772,13 +779,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 entries,
             } => self.append(id, entries, AppendKind::InSession { session, first_seq }),
             Request::Trim { id, index } => {
-                if self.role < Role::Admin {
-                    self.refuse(
-                        id,
-                        ErrorCode::Unauthorized,
-                        "trimming the log needs an admin token".into(),
-                    );
-                } else {
+                if self.permits(id, Role::Admin, "trimming the log needs an admin token") {
                     let r = match log.truncate_prefix(index) {
                         Ok(first_index) => {
                             tracing::info!(index, first_index, "trimmed the log on request");
@@ -790,13 +791,8 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 }
             }
             Request::OpenSession { id } => {
-                if self.role < Role::ReadWrite {
-                    self.refuse(
-                        id,
-                        ErrorCode::Unauthorized,
-                        "this connection is read-only: sessions are for appends, which need a read-write token".into(),
-                    );
-                } else {
+                let why = "this connection is read-only: sessions are for appends, which need a read-write token";
+                if self.permits(id, Role::ReadWrite, why) {
                     let p = match log.open_session() {
                         Ok(handle) => Pending::Open {
                             id,
@@ -871,13 +867,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 self.pending.push_back(Pending::Ready(r));
             }
             Request::Members { id, add, node } => {
-                if self.role < Role::Admin {
-                    self.refuse(
-                        id,
-                        ErrorCode::Unauthorized,
-                        "membership changes need an admin token".into(),
-                    );
-                } else {
+                if self.permits(id, Role::Admin, "membership changes need an admin token") {
                     let r = if add {
                         log.add_node(node)
                     } else {
