@@ -27,7 +27,7 @@ use crate::storage::{
     TAG_NORMAL, TAG_SESSION_OPEN, WalStorage, payload_kind, payload_of, session_payload,
     snapshot_lsn,
 };
-use crate::wire::{self, Body, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
+use crate::wire::{self, Body, Frame, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{ReplicaConfig, ReplicaError};
 use fast::{FastPeer, Inflight};
 
@@ -1963,12 +1963,12 @@ impl<F: Fabric> Replica<F> {
                 WcOp::Recv => {
                     let peer = c.peer;
                     let decoded = match self.fabric.recv_message(peer, c.wr_id) {
-                        Ok(bytes) => wire::decode(self.cfg.cluster_id, bytes),
+                        Ok(bytes) => wire::decode_frame(self.cfg.cluster_id, bytes),
                         Err(_) => return Ok(()),
                     };
                     let _ = self.fabric.repost_recv(peer, c.wr_id);
                     match decoded {
-                        Ok(body) => self.handle_body(peer.0, body)?,
+                        Ok(frame) => self.handle_frame(peer.0, frame)?,
                         Err(_) => self.reject_peer(peer.0),
                     }
                 }
@@ -2016,13 +2016,9 @@ impl<F: Fabric> Replica<F> {
         self.fabric.disconnect(NodeId(peer));
     }
 
-    fn handle_body(&mut self, peer: u64, body: Body) -> Result<(), ReplicaError> {
-        match body {
-            Body::Raft { msg, ring } => {
-                let Ok(m) = wire::from_wire(msg) else {
-                    self.reject_peer(peer);
-                    return Ok(());
-                };
+    fn handle_frame(&mut self, peer: u64, frame: Frame) -> Result<(), ReplicaError> {
+        match frame {
+            Frame::Raft { msg: m, ring } => {
                 if m.from != peer || m.to != self.cfg.id {
                     self.reject_peer(peer);
                     return Ok(());
@@ -2041,15 +2037,11 @@ impl<F: Fabric> Replica<F> {
                 }
                 self.step(m);
             }
-            Body::FastAppend {
-                msg,
+            Frame::FastAppend {
+                msg: m,
                 lsn_start,
                 lsn_end,
             } => {
-                let Ok(m) = wire::from_wire(msg) else {
-                    self.reject_peer(peer);
-                    return Ok(());
-                };
                 if m.from != peer
                     || m.to != self.cfg.id
                     || m.get_msg_type() != MessageType::MsgAppend
@@ -2062,18 +2054,14 @@ impl<F: Fabric> Replica<F> {
                 }
                 self.on_fast_append(peer, m, lsn_start, lsn_end)?;
             }
-            Body::SnapshotChunk {
+            Frame::SnapshotChunk {
                 index,
                 term,
                 offset,
                 total,
                 data,
             } => self.on_snapshot_chunk(peer, index, term, offset, total, data),
-            Body::Snapshot { msg, meta } => {
-                let Ok(mut m) = wire::from_wire(msg) else {
-                    self.reject_peer(peer);
-                    return Ok(());
-                };
+            Frame::Snapshot { msg: mut m, meta } => {
                 let lists = [
                     &meta.voters,
                     &meta.learners,
@@ -2658,11 +2646,10 @@ impl<F: Fabric> Replica<F> {
             self.stats.slow_appends += 1;
         }
         let ring = (self.raw.raft.state != StateRole::Leader).then(|| self.ring_info());
-        let body = Body::Raft {
-            msg: wire::to_wire(&m, true),
-            ring,
-        };
-        self.send_body(to, &body);
+        let cluster_id = self.cfg.cluster_id;
+        self.send_frame(to, |buf| {
+            wire::encode_raft(cluster_id, &m, ring.as_ref(), buf)
+        });
         if is_append {
             step!(
                 self.cfg.id,
@@ -2737,8 +2724,19 @@ impl<F: Fabric> Replica<F> {
     }
 
     fn send_body(&mut self, to: u64, body: &Body) {
+        let cluster_id = self.cfg.cluster_id;
+        self.send_frame(to, |buf| wire::encode(cluster_id, body, buf));
+    }
+
+    /// Sends the frame `encode` writes into the reused buffer (cleared by it) to `to`: at once
+    /// when the connection has credit and nothing queued before it, else behind its outbox.
+    fn send_frame(
+        &mut self,
+        to: u64,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), wire::WireError>,
+    ) {
         let mut buf = std::mem::take(&mut self.encode_buf);
-        if wire::encode(self.cfg.cluster_id, body, &mut buf).is_err() {
+        if encode(&mut buf).is_err() {
             // Larger than a frame: raft's size limits should prevent it; drop, raft retries.
             self.stats.dropped_messages += 1;
             self.encode_buf = buf;

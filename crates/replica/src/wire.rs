@@ -19,6 +19,10 @@ use bytes::Bytes;
 use protobuf::ProtobufEnum;
 use raft::prelude::{Entry, EntryType, Message, MessageType};
 
+mod codec;
+
+pub use codec::{Frame, decode_frame, encode_fast_append, encode_raft};
+
 /// The protocol version this build speaks. Version 2 added snapshot transfer
 /// ([`Body::SnapshotChunk`], [`Body::Snapshot`]); version 3 the session entries and the
 /// session table in a snapshot's data ([`crate::sessions`]), which a version 2 node would
@@ -235,15 +239,30 @@ fn config() -> impl bincode::config::Config {
 }
 
 /// Encodes `body` into `out` (cleared first). The buffer is reused across calls.
+///
+/// This is the format's definition, derived by bincode. The hot path encodes raft messages
+/// with [`encode_raft`] and [`encode_fast_append`], which write the same bytes without
+/// building a [`WireMessage`] first.
 pub fn encode(cluster_id: u64, body: &Body, out: &mut Vec<u8>) -> Result<(), WireError> {
+    start_frame(cluster_id, out);
+    bincode::encode_into_std_write(body, out, config())
+        .map_err(|e| WireError::Body(e.to_string()))?;
+    finish_frame(out)
+}
+
+/// Clears `out` and writes a header whose body length [`finish_frame`] fills in.
+fn start_frame(cluster_id: u64, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(&MAGIC);
     out.push(WIRE_VERSION);
     out.push(0);
     out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(&cluster_id.to_le_bytes());
-    let body_len = bincode::encode_into_std_write(body, out, config())
-        .map_err(|e| WireError::Body(e.to_string()))?;
+}
+
+/// Fills in the body length of a frame [`start_frame`] began, or refuses a body over the limit.
+fn finish_frame(out: &mut [u8]) -> Result<(), WireError> {
+    let body_len = out.len() - HEADER_BYTES;
     if body_len > MAX_BODY_BYTES {
         return Err(WireError::TooLarge { len: body_len });
     }
@@ -252,7 +271,25 @@ pub fn encode(cluster_id: u64, body: &Body, out: &mut Vec<u8>) -> Result<(), Wir
 }
 
 /// Checks the header and decodes the body.
+///
+/// This is the format's definition, derived by bincode; the replica decodes with
+/// [`decode_frame`], which accepts exactly the frames this accepts (and [`from_wire`] then
+/// converts) and builds raft's message directly.
 pub fn decode(cluster_id: u64, frame: &[u8]) -> Result<Body, WireError> {
+    let body = checked_body(cluster_id, frame)?;
+    let (decoded, used) = bincode::decode_from_slice::<Body, _>(body, config())
+        .map_err(|e| WireError::Body(e.to_string()))?;
+    if used != body.len() {
+        return Err(WireError::Body(format!(
+            "{} trailing bytes",
+            body.len() - used
+        )));
+    }
+    Ok(decoded)
+}
+
+/// Checks a frame's header (magic, version, cluster id, length bound) and returns its body.
+fn checked_body(cluster_id: u64, frame: &[u8]) -> Result<&[u8], WireError> {
     if frame.len() < HEADER_BYTES {
         return Err(WireError::Truncated {
             len: frame.len(),
@@ -277,18 +314,12 @@ pub fn decode(cluster_id: u64, frame: &[u8]) -> Result<Body, WireError> {
     if len > MAX_BODY_BYTES {
         return Err(WireError::TooLarge { len });
     }
-    let body = frame
+    frame
         .get(HEADER_BYTES..HEADER_BYTES + len)
         .ok_or(WireError::Truncated {
             len: frame.len(),
             needed: HEADER_BYTES + len,
-        })?;
-    let (decoded, used) = bincode::decode_from_slice::<Body, _>(body, config())
-        .map_err(|e| WireError::Body(e.to_string()))?;
-    if used != len {
-        return Err(WireError::Body(format!("{} trailing bytes", len - used)));
-    }
-    Ok(decoded)
+        })
 }
 
 /// Converts a raft message to its wire form; `with_data` false drops entry payloads.

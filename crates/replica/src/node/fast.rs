@@ -18,7 +18,7 @@ use wal::{Index, Lsn, Term};
 
 use super::{MAX_OUTBOX, Replica, RingEntry};
 use crate::storage::entry_from_payload;
-use crate::wire::{self, Body, RingInfo};
+use crate::wire::{self, RingInfo};
 use crate::{Mutation, ReplicaError};
 
 /// Where a follower's log ends as far as the leader may write after it: `index` is its last
@@ -658,12 +658,10 @@ impl<F: Fabric> Replica<F> {
                 },
             );
         }
-        let body = Body::FastAppend {
-            msg: wire::to_wire(m, false),
-            lsn_start: start,
-            lsn_end: end,
-        };
-        self.send_body(to, &body);
+        let cluster_id = self.cfg.cluster_id;
+        self.send_frame(to, |buf| {
+            wire::encode_fast_append(cluster_id, m, start, end, buf)
+        });
         let last = m.entries.last().expect("non-empty").index;
         if let Some(p) = self.peers.get_mut(&to) {
             p.fast.wrote(FastEnd {
