@@ -218,6 +218,15 @@ fn zigzag(v: i64) -> u64 {
     }
 }
 
+/// [`zigzag`]'s inverse.
+fn unzigzag(n: u64) -> i64 {
+    if n % 2 == 0 {
+        (n / 2) as i64
+    } else {
+        !(n / 2) as i64
+    }
+}
+
 #[inline]
 fn put_i32(out: &mut Vec<u8>, v: i32) {
     // A zigzagged i32 fits a u32, so it takes the same forms as a u32.
@@ -340,24 +349,15 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// A zigzagged `u32` form; its value always fits an `i32`.
     #[inline]
     fn i32(&mut self) -> Result<i32, Bad> {
-        let n = self.u32()?;
-        Ok(if n % 2 == 0 {
-            (n / 2) as i32
-        } else {
-            !(n / 2) as i32
-        })
+        Ok(unzigzag(u64::from(self.u32()?)) as i32)
     }
 
     #[inline]
     fn i64(&mut self) -> Result<i64, Bad> {
-        let n = self.u64()?;
-        Ok(if n % 2 == 0 {
-            (n / 2) as i64
-        } else {
-            !(n / 2) as i64
-        })
+        Ok(unzigzag(self.u64()?))
     }
 
     #[inline]
