@@ -75,6 +75,45 @@ pub enum Frame {
     },
 }
 
+impl Frame {
+    /// The frame of a body the derived decoder gave, raft's message converted by
+    /// [`super::from_wire`].
+    fn from_body(body: Body) -> Result<Frame, WireError> {
+        Ok(match body {
+            Body::Raft { msg, ring } => Frame::Raft {
+                msg: super::from_wire(msg)?,
+                ring,
+            },
+            Body::FastAppend {
+                msg,
+                lsn_start,
+                lsn_end,
+            } => Frame::FastAppend {
+                msg: super::from_wire(msg)?,
+                lsn_start,
+                lsn_end,
+            },
+            Body::SnapshotChunk {
+                index,
+                term,
+                offset,
+                total,
+                data,
+            } => Frame::SnapshotChunk {
+                index,
+                term,
+                offset,
+                total,
+                data,
+            },
+            Body::Snapshot { msg, meta } => Frame::Snapshot {
+                msg: super::from_wire(msg)?,
+                meta,
+            },
+        })
+    }
+}
+
 /// Encodes `m` as a [`Body::Raft`] frame, entries with their data, into `out` (cleared
 /// first): the bytes of `encode(Body::Raft { msg: to_wire(m, true), ring })`.
 pub fn encode_raft(
@@ -148,30 +187,7 @@ pub fn decode_frame(cluster_id: u64, frame: &[u8]) -> Result<Frame, WireError> {
             lsn_end: r.u64()?,
         },
         // Snapshots are rare and large: the derived decoder, then the conversion.
-        SNAPSHOT_CHUNK | SNAPSHOT => {
-            return match super::decode(cluster_id, frame)? {
-                Body::SnapshotChunk {
-                    index,
-                    term,
-                    offset,
-                    total,
-                    data,
-                } => Ok(Frame::SnapshotChunk {
-                    index,
-                    term,
-                    offset,
-                    total,
-                    data,
-                }),
-                Body::Snapshot { msg, meta } => Ok(Frame::Snapshot {
-                    msg: super::from_wire(msg)?,
-                    meta,
-                }),
-                Body::Raft { .. } | Body::FastAppend { .. } => {
-                    unreachable!("the variant index was read above")
-                }
-            };
-        }
+        SNAPSHOT_CHUNK | SNAPSHOT => return Frame::from_body(super::decode(cluster_id, frame)?),
         _ => return Err(WireError::Body("unknown body variant".into())),
     };
     if r.pos != body.len() {
@@ -418,42 +434,11 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// What the derived decoder and the conversion give for `frame`, as a [`Frame`]: the
-/// reference [`decode_frame`] is tested against.
+/// What the derived decoder and the conversion give for `frame`: the reference
+/// [`decode_frame`] is tested against.
 #[cfg(test)]
 fn reference(cluster_id: u64, frame: &[u8]) -> Result<Frame, WireError> {
-    Ok(match super::decode(cluster_id, frame)? {
-        Body::Raft { msg, ring } => Frame::Raft {
-            msg: super::from_wire(msg)?,
-            ring,
-        },
-        Body::FastAppend {
-            msg,
-            lsn_start,
-            lsn_end,
-        } => Frame::FastAppend {
-            msg: super::from_wire(msg)?,
-            lsn_start,
-            lsn_end,
-        },
-        Body::SnapshotChunk {
-            index,
-            term,
-            offset,
-            total,
-            data,
-        } => Frame::SnapshotChunk {
-            index,
-            term,
-            offset,
-            total,
-            data,
-        },
-        Body::Snapshot { msg, meta } => Frame::Snapshot {
-            msg: super::from_wire(msg)?,
-            meta,
-        },
-    })
+    Frame::from_body(super::decode(cluster_id, frame)?)
 }
 
 #[cfg(test)]
