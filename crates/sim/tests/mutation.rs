@@ -19,11 +19,11 @@ use replica::{Durability, Mutation};
 /// defect 6), reopen-fast-path-early 44 (ring integrity: a follower was sent a descriptor
 /// starting below the records it had accepted; issue 13, defect 7). `trust-log-after-lost-ring`
 /// is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
-/// has, so `replica/tests/stale_branch_after_a_failed_cut.rs` proves it with the marker taken
+/// has, so `replica/tests/integration/stale_branch_after_a_failed_cut.rs` proves it with the marker taken
 /// away. `condition-on-commit` is caught by the conditional-append seed family
 /// (`tests/conditional.rs`), which the default options do not draw. `read-without-quorum` is
 /// not here either: the simulator's clients do not read
-/// through raft's ReadIndex; `replica/tests/linearizable_reads.rs` catches it deterministically
+/// through raft's ReadIndex; `replica/tests/integration/linearizable_reads.rs` catches it deterministically
 /// (a deposed leader answers below the new commit index). use-connection-before-announced (a rule of the in-process fabric's) is caught at 928
 /// (ring integrity), within the CI budget but past `WITHIN`.
 ///
@@ -203,7 +203,7 @@ fn reopening_the_fast_path_before_a_follower_holds_what_was_sent_is_caught() {
 }
 
 /// The fabric's rule that a connection is usable only once its owner polled its `Connected`
-/// (`fabric/tests/unannounced_connection.rs`): without it, seed 928's leader, paused through its
+/// (`fabric/tests/integration/unannounced_connection.rs`): without it, seed 928's leader, paused through its
 /// follower's reconnect, writes from the fast-path end of the old connection over records the
 /// follower accepted (ring integrity). The first catching seed lies past [`WITHIN`], so this
 /// one searches the whole CI budget.

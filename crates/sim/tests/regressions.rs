@@ -2,7 +2,7 @@
 //! options it failed with: the first version's 2 s fault phase and 60 appends. The driver has
 //! gained faults since (power loss, leader-targeted torn writes), so a seed's run is no longer
 //! byte-identical to the failing one; the bugs also have focused tests
-//! (`replica/tests/joiner_membership.rs`).
+//! (`replica/tests/integration/joiner_membership.rs`).
 //!
 //! Method: `sim::run(seed, options)` must pass all checkers.
 
@@ -103,10 +103,10 @@ fn seed_76_truncation_rewound_past_padding() {
 ///   then).
 /// - 414: under Memory a checkpoint, then kills: the next start took the checkpoint for an
 ///   interrupted snapshot install before it took the ring's entries over, and lost committed
-///   entries (`replica/tests/memory_durability.rs` has the focused test).
+///   entries (`replica/tests/integration/memory_durability.rs` has the focused test).
 /// - 524: a node added after the leader's checkpoint was refused the checkpoint's snapshot by
 ///   raft-rs, whose membership lacked it, and never joined
-///   (`replica/tests/joiner_after_checkpoint.rs`).
+///   (`replica/tests/integration/joiner_after_checkpoint.rs`).
 #[test]
 fn seeds_20_106_414_524_checkpoints_and_power_cuts() {
     for seed in [20, 106, 414, 524] {
@@ -163,7 +163,7 @@ fn seed_20514_recovering_nodes_and_a_removal_in_flight() {
 /// follower, hearing nothing, stayed a pre-candidate. RC delivers a connection's requests in
 /// order or not at all: `fabric::sim` now drops everything after a lost request on that
 /// connection, so the oldest fails `RetryExceeded` and the connection is rebuilt
-/// (`fabric/tests/dead_peer.rs` has the focused test).
+/// (`fabric/tests/integration/dead_peer.rs` has the focused test).
 #[test]
 fn seeds_44395_55510_a_lost_send_overtaken_leaks_a_credit() {
     for seed in [44395, 55510] {
@@ -229,7 +229,7 @@ fn seed_2697_replicated_an_ack_only_a_skipped_leader_could_show() {
 /// connection at once, and the leader, waking, proposed and wrote from the fast-path end it
 /// kept for the old connection before it polled the `Connected` of the new one, whose grant
 /// the follower had already given. A connection is now usable only once its owner polled its
-/// `Connected` (`fabric/tests/unannounced_connection.rs` has the focused test).
+/// `Connected` (`fabric/tests/integration/unannounced_connection.rs` has the focused test).
 #[test]
 fn seed_928_a_leader_woke_and_wrote_on_a_connection_it_had_not_seen() {
     if let Err(f) = sim::run(928, sim::Options::default(), false) {
@@ -249,8 +249,8 @@ fn seed_928_a_leader_woke_and_wrote_on_a_connection_it_had_not_seen() {
 ///   open clamped the commit into it.
 ///
 /// The poisoned wal now leaves a marker and the next open rewrites every segment
-/// (`wal/tests/failed_sync.rs`), and a node that lost its ring no longer trusts its commit
-/// index (`replica/tests/stale_branch_after_a_failed_cut.rs`).
+/// (`wal/tests/integration/failed_sync.rs`), and a node that lost its ring no longer trusts its commit
+/// index (`replica/tests/integration/stale_branch_after_a_failed_cut.rs`).
 #[test]
 fn seeds_319_62767_bytes_read_back_after_a_failed_fdatasync() {
     for seed in [319, 62767] {

@@ -792,7 +792,7 @@ impl Producer {
     /// Test-only mutation: the copy that [`Producer::verified`] hands to the wal reads the
     /// shared memory again instead of the bytes that passed the checks, and is still trusted
     /// (no checksum), so a write that lands after the checks reaches the wal unchecked.
-    /// `wal/tests/verified_copy.rs` proves the tests notice.
+    /// `wal/tests/integration/verified_copy.rs` proves the tests notice.
     #[doc(hidden)]
     pub fn reread_after_checks_for_test(&mut self) {
         self.reread_after_checks = true;

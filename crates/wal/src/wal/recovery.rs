@@ -168,7 +168,7 @@ pub(super) fn recover(
 /// no fdatasync would write them; a write does. So every segment is read whole and written
 /// back, then fdatasynced, before the marker goes: from here on the disk holds what recovery
 /// read, and a machine crash cannot bring back a cut branch or leave a hole before records
-/// synced later (simulator seeds 319 and 62767, `wal/tests/failed_sync.rs`).
+/// synced later (simulator seeds 319 and 62767, `wal/tests/integration/failed_sync.rs`).
 fn rewrite_after_failed_sync(
     fs: &dyn FileSystem,
     dir: &Path,

@@ -3,7 +3,7 @@
 //! checks (a write that breaks the protocol, standing in here for a deposed leader's late RDMA
 //! Write). The mutation that reads the copy again from the shared memory is caught here.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! RetryExceeded after the retry bound and the rest Flushed; a lost ack fails a write that did
 //! land; healing and reconnecting restores service.
 
-mod common;
+use crate::common;
 
 use common::*;
 use fabric::sim::SimConfig;

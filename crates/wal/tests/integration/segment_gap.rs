@@ -10,7 +10,7 @@
 //! directory fsync is all or nothing, cannot produce), by writing the marker and removing a
 //! later doomed segment but not an earlier one.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

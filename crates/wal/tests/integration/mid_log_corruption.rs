@@ -2,7 +2,7 @@
 //! (one batch) away cannot be a torn write. Recovery refuses with `WalError::Corrupt`, names
 //! the segment, Lsn and last good index, and truncates nothing.
 
-mod common;
+use crate::common;
 
 use common::{DIR, open, payload};
 use std::path::Path;

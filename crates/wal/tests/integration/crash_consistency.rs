@@ -4,7 +4,7 @@
 //! of the unsynced sectors), reopen, and check that the recovered log is a prefix of what was
 //! attempted that contains every entry acknowledged under `Durability::Fsync`.
 
-mod common;
+use crate::common;
 
 use common::{open, payload, read_all};
 use wal::fs::FaultFs;

@@ -6,7 +6,7 @@
 //! the owner polled the new connection's `Connected`, it reads as `Connecting` and refuses
 //! writes and sends.
 
-mod common;
+use crate::common;
 
 use common::*;
 use fabric::{ConnState, Event, Fabric, FabricError, WriteRequest};

@@ -11,7 +11,7 @@
 //! into the log it found and so called the old branch committed.
 //!
 //! Two fixes, each tested on its own. The wal now leaves a marker when an fdatasync fails,
-//! and the next open rewrites every segment from what it reads (`wal/tests/failed_sync.rs`),
+//! and the next open rewrites every segment from what it reads (`wal/tests/integration/failed_sync.rs`),
 //! so the cut becomes durable. And a log read back after a lost ring is not known to be a
 //! prefix of what the commit index covered, so open clamps the commit to the last applied
 //! checkpoint and lets the leader teach it again (the node is recovering anyway). This test
@@ -113,7 +113,7 @@ fn scenario(mutation: Mutation) -> Option<String> {
     assert!(failed, "X's cut did not fail");
     c.failed.clear();
     // The wal left its sync-failure marker, so the next open would rewrite the segments and
-    // make the cut durable (`wal/tests/failed_sync.rs`). Take it away, as a disk that failed
+    // make the cut durable (`wal/tests/integration/failed_sync.rs`). Take it away, as a disk that failed
     // its creation too would: the commit clamp below must hold on its own.
     let marker = c.configs[&x]
         .data_dir

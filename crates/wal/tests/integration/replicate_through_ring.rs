@@ -4,7 +4,7 @@
 //! its own ring, and both logs then hold the same entries at the same Lsns. A conflicting
 //! suffix on the follower is truncated and rewritten.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! `WalError::NoSpace`, nothing of the failed batch is committed (not in memory, not after a
 //! crash), and appends resume once space is freed.
 
-mod common;
+use crate::common;
 
 use common::{open, payload, read_all};
 use wal::fs::FaultFs;

@@ -21,7 +21,7 @@
 //! written is at most the number of appends, and no fdatasync comes without a write before it
 //! on its file (a flush with nothing to write, the spin of defect 5).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! decoders, and random truncations and bit flips of real segment files into recovery. No
 //! input may panic or allocate without bound; each yields a valid prefix or a typed error.
 
-mod common;
+use crate::common;
 
 use common::{DIR, open, payload, read_all};
 use proptest::prelude::*;

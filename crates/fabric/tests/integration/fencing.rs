@@ -2,7 +2,7 @@
 //! completes RemoteAccess, the target bytes are unchanged, later operations are flushed, and
 //! after reconnecting and re-granting writes work again. A guessed rkey is refused the same way.
 
-mod common;
+use crate::common;
 
 use common::*;
 use fabric::{

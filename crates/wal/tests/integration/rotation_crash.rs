@@ -4,7 +4,7 @@
 //! reboot exactly one consistent tail must result: no `.tmp` left, contiguous segments, the
 //! acknowledged prefix intact, and appends continue into a single next segment.
 
-mod common;
+use crate::common;
 
 use common::{DIR, open, payload, read_all};
 use std::path::Path;

@@ -10,7 +10,7 @@
 //! 319: "valid entries follow the bad one") and the second a cut branch back in the log
 //! (seed 62767).
 
-mod common;
+use crate::common;
 
 use common::{DIR, open, payload, read_all};
 use wal::Durability;

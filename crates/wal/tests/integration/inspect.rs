@@ -5,7 +5,7 @@
 //! interrupted truncation's marker dooms are not; the verdict agrees with what
 //! recovery then does; and nothing is ever written.
 
-mod common;
+use crate::common;
 
 use common::{DIR, open, payload, small_config};
 use std::path::{Path, PathBuf};

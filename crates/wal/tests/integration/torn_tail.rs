@@ -2,7 +2,7 @@
 //! very end of the log. Recovery cuts it, keeps the cut bytes in a `.broken` file, reports it,
 //! and the log continues from the last good entry.
 
-mod common;
+use crate::common;
 
 use common::{DIR, open, payload, read_all, small_config};
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Scenario: credits bound sends to posted receive buffers (no RNR in normal operation), reposts
 //! return them, oversize messages are refused, and a run replays exactly from its seed.
 
-mod common;
+use crate::common;
 
 use common::*;
 use fabric::sim::SimConfig;

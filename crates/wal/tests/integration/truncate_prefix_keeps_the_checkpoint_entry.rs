@@ -4,7 +4,7 @@
 //! next entry. With that segment deleted the log could only go on at the next segment's start
 //! (simulator seed 1765: Lsn agreement broken between two replicas).
 
-mod common;
+use crate::common;
 
 use common::{open, payload, read_all};
 use wal::{Durability, Index, Term};

@@ -1,7 +1,7 @@
 //! Scenario: on one connection, a send posted after a write is received only after the write's
 //! bytes are visible, for many random sizes and jittered timing.
 
-mod common;
+use crate::common;
 
 use common::*;
 use fabric::{Event, Fabric, WcOp, WcStatus, WriteRequest, read_bytes, write_bytes};

@@ -2,7 +2,7 @@
 //! and starts again, empty, at the snapshot's end; `position_after` gives that end on the
 //! node that made the snapshot.
 
-mod common;
+use crate::common;
 
 use common::{DIR, open, payload, small_config};
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! later append, sync and truncation fails with `WalError::Poisoned`. Reopening recovers the
 //! durable prefix.
 
-mod common;
+use crate::common;
 
 use common::{open, payload, read_all};
 use wal::fs::FaultFs;

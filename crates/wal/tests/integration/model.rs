@@ -4,7 +4,7 @@
 //! must equal the model; after a crash it must equal a prefix of the model that keeps every
 //! entry made durable.
 
-mod common;
+use crate::common;
 
 use common::{open, payload, read_all};
 use proptest::prelude::*;

@@ -1,0 +1,23 @@
+//! The wal crate's host integration tests, one module per scenario file, in one test binary:
+//! one link and one build of what they share instead of one per file. Lab tests (`lab_*.rs`)
+//! and host-driven boots (`host_*.rs`) stay binaries of their own, as `ops/test` runs them
+//! by name.
+
+mod common;
+mod concurrent_truncation;
+mod crash_consistency;
+mod decode_fuzz;
+mod enospc;
+mod failed_sync;
+mod fsync_poison;
+mod group_commit;
+mod inspect;
+mod mid_log_corruption;
+mod model;
+mod replicate_through_ring;
+mod restart_at;
+mod rotation_crash;
+mod segment_gap;
+mod torn_tail;
+mod truncate_prefix_keeps_the_checkpoint_entry;
+mod verified_copy;
