@@ -23,6 +23,10 @@ use super::{RecoveryReport, WalConfig};
 /// the index; 64 Ki entries is 1.5 MiB of index.
 const INITIAL_INDEX_CAPACITY: usize = 1 << 16;
 
+/// Bytes past a bad record that the torn-tail check tests for zero at once (a multiple of
+/// the 8-byte word it otherwise steps by).
+const ZERO_RUN: u64 = 4096;
+
 pub(super) struct Recovered {
     /// Where the log's records begin: the first segment's first Lsn, or the end of its
     /// leading start record.
@@ -234,10 +238,16 @@ fn hole_error(dir: &Path, segments: &VecDeque<Arc<Segment>>, hole: Hole) -> WalE
 }
 
 /// Reads a segment's data area (missing bytes read as zero).
+///
+/// Writes each byte of `buf` once: a buffer of another size is replaced by a zeroed
+/// allocation (for a segment-sized one the allocator maps pages the kernel zeroed, with no
+/// memset), and a reused one gets only its bytes past the file's end zeroed. Under the lab's
+/// TCG a memset of a 64 MiB segment before reading it over cost about a second per open.
 fn load(segment: &Segment, buf: &mut Vec<u8>) -> Result<(), WalError> {
     let data = segment.header.data_bytes as usize;
-    buf.clear();
-    buf.resize(data, 0);
+    if buf.len() != data {
+        *buf = vec![0; data];
+    }
     let len = segment
         .file
         .size_bytes()
@@ -254,7 +264,9 @@ fn load(segment: &Segment, buf: &mut Vec<u8>) -> Result<(), WalError> {
             segment: segment.first_lsn(),
             lsn: segment.first_lsn(),
             source,
-        })
+        })?;
+    buf[have..].fill(0);
+    Ok(())
 }
 
 fn scan(
@@ -342,19 +354,37 @@ fn scan(
         let mut last_valid_end = None;
         let mut last_nonzero_end = bad_at;
         for (k, segment) in segments.iter().enumerate().skip(i) {
-            load(segment, &mut data)?;
+            // `data` still holds segment `i`, where the scan above stopped.
+            if k > i {
+                load(segment, &mut data)?;
+            }
             let base = segment.first_lsn().0;
             let from = if k == i { bad_at } else { base };
-            for pos in (from..segment.end_lsn().0).step_by(8) {
-                let off = (pos - base) as usize;
-                if data[off..off + 8] == [0; 8] {
+            let end = segment.end_lsn().0;
+            let mut pos = from;
+            while pos < end {
+                // A preallocated segment is mostly zeros past its last record: skip 4 KiB of
+                // them at once (an OR over the run, which vectorises) before looking word by
+                // word. The words visited, and what is found, are the same.
+                let run_end = (pos + ZERO_RUN).min(end);
+                let run = &data[(pos - base) as usize..(run_end - base) as usize];
+                if run.iter().fold(0u8, |acc, &b| acc | b) == 0 {
+                    pos = run_end;
                     continue;
                 }
-                last_nonzero_end = pos + 8;
-                if pos > bad_at && format::block_rest(pos, block) >= HEADER_BYTES as u64 {
-                    if let Ok(decoded) = format::decode_record(&data[off..], Lsn(pos), block) {
-                        last_valid_end = Some(pos + decoded.record_len);
+                while pos < run_end {
+                    let off = (pos - base) as usize;
+                    if data[off..off + 8] != [0; 8] {
+                        last_nonzero_end = pos + 8;
+                        if pos > bad_at && format::block_rest(pos, block) >= HEADER_BYTES as u64 {
+                            if let Ok(decoded) =
+                                format::decode_record(&data[off..], Lsn(pos), block)
+                            {
+                                last_valid_end = Some(pos + decoded.record_len);
+                            }
+                        }
                     }
+                    pos += 8;
                 }
             }
         }
