@@ -1,6 +1,6 @@
 //! The replica crate's host integration tests, one module per scenario file, in one test
 //! binary: one link and one monomorphisation of the replica crate instead of one per file
-//! (a cold `cargo test --workspace --no-run` spent 297 CPU-seconds on 24 binaries here). The
+//! (a cold `cargo test --workspace --no-run` spent 297 CPU-seconds on its 25 binaries here). The
 //! lab test (`lab_rdma_replication.rs`) stays a binary of its own, as `ops/test` runs every
 //! `lab_*` binary inside the lab.
 
