@@ -10,7 +10,9 @@
 //! Each test prints what it injected and what it verified.
 //!
 //! Long versions for off-CI runs: `RDMALOG_LAB_STEADY_APPENDS` (default 3000; the full
-//! run is 100000) and `RDMALOG_LAB_FAULT_APPENDS` (default 600) scale the workloads.
+//! run is 100000) and `RDMALOG_LAB_FAULT_APPENDS` (default 600) scale the workloads. The nodes
+//! use 4 MiB segments, not the default 64 MiB (`RDMALOG_LAB_SEGMENT_MIB`; `Setup::segment_mib`
+//! says why).
 //!
 //! The scenarios live in `common/cluster_scenarios.rs`; `tcp_cluster.rs` runs those that need
 //! no network fault over TCP on the host. Here each runs twice in one boot: over RDMA, and
