@@ -300,11 +300,8 @@ impl Cluster {
     /// wrote to them; a real crash would lose that too.) Returns the files it deleted.
     pub fn crash_machine(&mut self, i: u64) -> anyhow::Result<Vec<PathBuf>> {
         self.kill(i);
-        let ring =
-            replica::ReplicaConfig::new(i, Vec::new(), self.cfg.cluster_id, self.data_dir(i))
-                .ring_file();
         let mut removed = Vec::new();
-        for f in [ring.with_extension("tail"), ring] {
+        for f in self.ring_files(i) {
             match std::fs::remove_file(&f) {
                 Ok(()) => removed.push(f),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -312,6 +309,15 @@ impl Cluster {
             }
         }
         Ok(removed)
+    }
+
+    /// Node `i`'s shared-memory ring files, the ring and its tail page, where a node under
+    /// `memory` or `replicated` durability keeps them (`ReplicaConfig::ring_file`).
+    fn ring_files(&self, i: u64) -> [PathBuf; 2] {
+        let ring =
+            replica::ReplicaConfig::new(i, Vec::new(), self.cfg.cluster_id, self.data_dir(i))
+                .ring_file();
+        [ring.with_extension("tail"), ring]
     }
 
     /// CPU time the running node processes have used so far, all their threads, in ns (the
@@ -649,6 +655,14 @@ impl Drop for Cluster {
             }
         }
         self.kill_all();
+        // A killed node leaves its ring in shared memory for its next start to recover, outside
+        // the data directory the test deletes: the cluster that owns the rings deletes them
+        // (host test runs had left 240 MB of them in /dev/shm).
+        for i in 1..=self.cfg.nodes {
+            for f in self.ring_files(i) {
+                let _ = std::fs::remove_file(f);
+            }
+        }
         let mut active = lock_active();
         if active
             .as_ref()
