@@ -323,6 +323,59 @@ enum LeftRing {
     Corrupt,
 }
 
+/// What a driver pass that found nothing to do saw: every input of raft-rs's `has_ready` that
+/// can change without a `Ready` being handled (its queues, its soft and hard state, the
+/// committed, persisted and applied indices), and ours: the term made durable, the granted
+/// connection, whether an outbox is queued. While they stay the same, the rest of a pass would
+/// do nothing either (no `Ready`, the fencing and the fast paths' epoch unchanged, nothing to
+/// flush), so `process` returns after its poll when the poll brought nothing, and skips the
+/// rest when the events it brought changed none of them (a send's completion, a write's under
+/// `Memory`): an idle pass is a poll and this comparison, not `has_ready` and a connection
+/// look-up. Anything that changes one of them (a tick, a proposal, a step, a read) makes the
+/// next pass a full one; a `Ready` clears the mark, and debug builds (every test and simulator
+/// seed) check each skip against `has_ready`. A connection's state is not here: its change
+/// arrives as an event, and `Connected` runs the fencing itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Quiet {
+    msgs: usize,
+    read_states: usize,
+    unstable: usize,
+    snapshot: bool,
+    term: u64,
+    vote: u64,
+    commit: u64,
+    leader: u64,
+    role: StateRole,
+    persisted: u64,
+    applied: u64,
+    durable_term: u64,
+    granted: Option<u64>,
+    outboxes_queued: bool,
+}
+
+impl Quiet {
+    fn of<F: Fabric>(r: &Replica<F>) -> Quiet {
+        let raft = &r.raw.raft;
+        let log = &raft.raft_log;
+        Quiet {
+            msgs: raft.msgs.len(),
+            read_states: raft.read_states.len(),
+            unstable: log.unstable.entries.len(),
+            snapshot: log.unstable.snapshot.is_some(),
+            term: raft.term,
+            vote: raft.vote,
+            commit: log.committed,
+            leader: raft.leader_id,
+            role: raft.state,
+            persisted: log.persisted,
+            applied: log.applied,
+            durable_term: r.persisted_hs.term,
+            granted: r.granted,
+            outboxes_queued: r.outboxes_queued,
+        }
+    }
+}
+
 /// One replica of the log.
 pub struct Replica<F: Fabric> {
     cfg: ReplicaConfig,
@@ -366,6 +419,9 @@ pub struct Replica<F: Fabric> {
     /// Whether some peer's outbox may hold frames: set when one is queued, recomputed by
     /// `flush_outboxes`, so that a pass with nothing queued does not walk the peers.
     outboxes_queued: bool,
+    /// Set by a pass that ended with nothing to do: what it saw. A later pass that polls no
+    /// event and finds the same returns at once ([`Quiet`]).
+    quiet: Option<Quiet>,
     encode_buf: Vec<u8>,
     scratch: Vec<u8>,
     /// Linearizable reads in flight (raft's ReadIndex).
@@ -588,6 +644,7 @@ impl<F: Fabric> Replica<F> {
             recovering,
             work: 0,
             outboxes_queued: false,
+            quiet: None,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             scratch: Vec::new(),
             reads: Reads::default(),
@@ -1844,7 +1901,15 @@ impl<F: Fabric> Replica<F> {
 
     /// Polls the fabric and handles every `Ready` until there is nothing left to do.
     pub fn process(&mut self) -> Result<(), ReplicaError> {
-        self.fail_stop_on_read_error(Self::process_inner)
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        let n = self.fabric.poll(&mut self.events);
+        if n == 0 && self.quiet.is_some() && self.quiet == Some(Quiet::of(self)) {
+            debug_assert!(!self.raw.has_ready(), "a quiet pass would skip a Ready");
+            return Ok(());
+        }
+        self.fail_stop_on_read_error(|r| r.process_inner(n))
     }
 
     /// Runs `f`, turning raft-rs's panic on a failed read of the log (it panics on any storage
@@ -1868,12 +1933,9 @@ impl<F: Fabric> Replica<F> {
         }
     }
 
-    fn process_inner(&mut self) -> Result<(), ReplicaError> {
-        if let Some(p) = &self.poisoned {
-            return Err(ReplicaError::Poisoned(p.clone()));
-        }
+    /// The driver loop, with the first poll's `n` events already in `self.events`.
+    fn process_inner(&mut self, mut n: usize) -> Result<(), ReplicaError> {
         loop {
-            let n = self.fabric.poll(&mut self.events);
             self.work += n as u64;
             for i in 0..n {
                 let e = self.events[i];
@@ -1881,6 +1943,16 @@ impl<F: Fabric> Replica<F> {
                     self.poisoned.get_or_insert_with(|| err.to_string());
                     return Err(err);
                 }
+            }
+            if n > 0 && self.quiet.is_some() && self.quiet == Some(Quiet::of(self)) {
+                // Events that changed nothing the rest of a pass looks at (a send's or, under
+                // Memory, a write's completion): poll again.
+                debug_assert!(!self.raw.has_ready(), "a quiet pass would skip a Ready");
+                n = self.fabric.poll(&mut self.events);
+                if n == 0 {
+                    return Ok(());
+                }
+                continue;
             }
             // Grant the new leader's connection before our answers to it leave in the Ready
             // below, so its first fast write does not race the grant.
@@ -1907,8 +1979,10 @@ impl<F: Fabric> Replica<F> {
             }
             self.flush_outboxes();
             if n == 0 && !ready {
+                self.quiet = (!self.outboxes_queued).then(|| Quiet::of(self));
                 return Ok(());
             }
+            n = self.fabric.poll(&mut self.events);
         }
     }
 
@@ -2189,6 +2263,7 @@ impl<F: Fabric> Replica<F> {
     }
 
     fn handle_ready(&mut self) -> Result<(), ReplicaError> {
+        self.quiet = None;
         let mut rd = self.raw.ready();
         self.reads.confirm(rd.take_read_states());
         if !rd.snapshot().is_empty() {
