@@ -15,6 +15,13 @@
 //! followers'. `SimNet::step` (the simulated wire) and the `SimEndpoint` methods (the
 //! in-process fabric's own bookkeeping) are test scaffolding and are subtracted by name.
 //!
+//! `commit_cost critical N [durability]` measures the leader's critical path alone: each commit
+//! runs from `critical_propose` through `critical_pass` (the leader's passes) until
+//! `critical_status` reports it committed, then everything still in flight is delivered and
+//! handled by `settle_pass`, outside that window, before the next proposal. `critical_*`'s
+//! inclusive cost per commit is the leader's work from propose to commit (including the rest
+//! of the pass that commits it).
+//!
 //! `commit_cost idle N` instead runs N driver passes of every replica with nothing to do (no
 //! packet, no tick, no proposal): the difference between two values of N, divided by 3 N, is
 //! the cost of one idle pass of `Replica::process`.
@@ -47,6 +54,61 @@ fn leader_status(r: &Replica<SimEndpoint>, t: Ticket) -> Option<Result<u64, Repl
     r.ticket_status(t)
 }
 
+#[inline(never)]
+fn critical_propose(r: &mut Replica<SimEndpoint>, payload: &[u8]) -> Result<Ticket, ReplicaError> {
+    std::hint::black_box(3u8);
+    r.propose(payload)
+}
+
+#[inline(never)]
+fn critical_pass(r: &mut Replica<SimEndpoint>) -> Result<(), ReplicaError> {
+    std::hint::black_box(4u8);
+    r.process()
+}
+
+#[inline(never)]
+fn critical_status(r: &Replica<SimEndpoint>, t: Ticket) -> Option<Result<u64, ReplicaError>> {
+    std::hint::black_box(5u8);
+    r.ticket_status(t)
+}
+
+#[inline(never)]
+fn settle_pass(r: &mut Replica<SimEndpoint>) -> Result<(), ReplicaError> {
+    std::hint::black_box(6u8);
+    r.process()
+}
+
+/// One commit measured for the leader's critical path (see the module's documentation).
+fn critical_commit(c: &mut SimCluster, leader: u64, payload: &[u8]) -> Result<(), ReplicaError> {
+    let t = critical_propose(c.node(leader), payload)?;
+    loop {
+        c.net.step();
+        for (&id, r) in c.nodes.iter_mut() {
+            let r = r.as_mut().expect("no node is killed here");
+            if id == leader {
+                critical_pass(r)?;
+            } else {
+                follower_pass(r)?;
+            }
+        }
+        if let Some(r) = critical_status(c.node(leader), t) {
+            r?;
+            break;
+        }
+    }
+    // Deliver and handle what is still in flight (the other follower's write and answer),
+    // so that the next commit's window holds none of this one's work.
+    loop {
+        let more = c.net.step();
+        for r in c.nodes.values_mut() {
+            settle_pass(r.as_mut().expect("no node is killed here"))?;
+        }
+        if !more && c.net.next_time().is_none() {
+            return Ok(());
+        }
+    }
+}
+
 /// One driver pass over every replica, the leader first, each through its role's function.
 fn pass_all(c: &mut SimCluster, leader: u64) -> Result<(), ReplicaError> {
     for (&id, r) in c.nodes.iter_mut() {
@@ -63,7 +125,8 @@ fn pass_all(c: &mut SimCluster, leader: u64) -> Result<(), ReplicaError> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().collect();
     let idle = args.get(1).is_some_and(|a| a == "idle");
-    if idle {
+    let critical = args.get(1).is_some_and(|a| a == "critical");
+    if idle || critical {
         args.remove(1);
     }
     let n: u64 = args.get(1).map(|a| a.parse()).transpose()?.unwrap_or(1000);
@@ -90,6 +153,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let payload = vec![7u8; bytes];
+    if critical {
+        for _ in 0..n {
+            critical_commit(&mut c, leader, &payload)?;
+        }
+        let nic = c.node(leader).stats().nic_acks;
+        println!(
+            "{n} commits, critical path ({durability}; {nic} counted on a write's completion)"
+        );
+        return Ok(());
+    }
     for _ in 0..n {
         let t = leader_propose(c.node(leader), &payload)?;
         loop {
