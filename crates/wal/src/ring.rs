@@ -683,6 +683,18 @@ impl Producer {
     /// may still fit before the block's end. Never fails: a record that is not valid is
     /// where the placed bytes end. Returns the new end and how many entries were taken.
     pub fn accept_placed(&mut self, max_term: Term) -> (Position, u64) {
+        self.accept_placed_each(max_term, |_, _| {})
+    }
+
+    /// [`Producer::accept_placed`], handing each entry it took to `each` with its Lsn, in
+    /// order, from the very copy that passed the checks (as
+    /// [`Producer::accept_written_each`] does): a follower building raft's entries from them
+    /// reads and checksums nothing a second time.
+    pub fn accept_placed_each(
+        &mut self,
+        max_term: Term,
+        mut each: impl FnMut(Lsn, &Decoded<'_>),
+    ) -> (Position, u64) {
         let head = self.shared.head.load(Ordering::Acquire);
         let limit = head + self.shared.capacity;
         let block = self.shared.block;
@@ -719,6 +731,7 @@ impl Producer {
             if chain.advance(&header).is_err() {
                 break;
             }
+            each(Lsn(pos), &decoded);
             let (len, checked) = (decoded.record_len, HEADER_BYTES + decoded.payload.len());
             self.keep_checked(pos, checked);
             pos += len;
@@ -1347,6 +1360,31 @@ mod tests {
         let (mut f, _c) = ring(surviving(1024), CFG, start).unwrap();
         write_words(&*f.memory().clone(), 0, &bytes);
         assert_eq!(f.accept_placed(Term(9)), (start, 0));
+    }
+
+    #[test]
+    fn each_placed_record_taken_is_handed_over_in_order() {
+        let (bytes, starts, _end) = leader_bytes();
+        let memory = surviving(1024);
+        let (mut f, _c) = ring(memory.clone(), CFG, Position::default()).unwrap();
+        let mut torn = bytes.clone();
+        torn[starts[3].0 as usize + 40] ^= 1;
+        write_words(&*memory, 0, &torn);
+        let mut seen = Vec::new();
+        let (_, n) = f.accept_placed_each(Term(9), |lsn, d| {
+            seen.push((lsn, d.header.index, d.payload.to_vec()));
+        });
+        assert_eq!(n, 3);
+        let want: Vec<_> = (0..3u64)
+            .map(|i| {
+                (
+                    starts[i as usize],
+                    Index(i + 1),
+                    vec![i as u8; 40 + i as usize * 9],
+                )
+            })
+            .collect();
+        assert_eq!(seen, want);
     }
 
     #[test]

@@ -510,37 +510,41 @@ impl<F: Fabric> Replica<F> {
         if pos.last_index.0 != log.last_index() {
             return;
         }
-        let (_, n) = self.producer.accept_placed(Term(self.raw.raft.term));
+        // Raft's entries come from the very copy the checks saw, as the other modes' do: no
+        // second read of the ring, no second checksum.
+        let mut entries = Vec::new();
+        let mut good = pos;
+        let mut not_entry = false;
+        let ring_entries = &mut self.ring_entries;
+        let (_, n) = self
+            .producer
+            .accept_placed_each(Term(self.raw.raft.term), |lsn, d| {
+                if not_entry {
+                    return;
+                }
+                let (index, term) = (d.header.index.0, d.header.term.0);
+                let end = Lsn(lsn.0 + d.record_len);
+                let Ok(e) = entry_from_payload(index, term, d.payload) else {
+                    not_entry = true;
+                    return;
+                };
+                entries.push(e);
+                ring_entries.push_back(RingEntry {
+                    index: Index(index),
+                    term: Term(term),
+                    start: lsn,
+                    end,
+                });
+                good = wal::Position {
+                    lsn: end,
+                    last_index: wal::Index(index),
+                    last_term: Term(term),
+                };
+            });
         if n == 0 {
             return;
         }
-        let mut entries = Vec::with_capacity(n as usize);
-        let mut at = pos.lsn;
-        let mut good = pos;
-        while (entries.len() as u64) < n {
-            let Ok(Some((lsn, d))) = self.consumer.next_entry(at) else {
-                break;
-            };
-            let (index, term) = (d.header.index.0, d.header.term.0);
-            let end = lsn.0 + d.record_len;
-            let Ok(e) = entry_from_payload(index, term, d.payload) else {
-                break;
-            };
-            entries.push(e);
-            self.ring_entries.push_back(RingEntry {
-                index: Index(index),
-                term: Term(term),
-                start: lsn,
-                end: Lsn(end),
-            });
-            good = wal::Position {
-                lsn: Lsn(end),
-                last_index: wal::Index(index),
-                last_term: Term(term),
-            };
-            at = Lsn(end);
-        }
-        if (entries.len() as u64) < n {
+        if not_entry {
             // A checked record whose payload is not an entry: the log ends before it.
             let _ = self.producer.rewind(good);
         }
