@@ -299,6 +299,10 @@ pub(crate) struct Pending {
 impl Pending {
     /// Forgets what is applied now (at or below `applied`).
     pub fn applied(&mut self, applied: u64) {
+        if self.opened.is_empty() && self.entries.is_empty() {
+            // The common case, appends outside sessions: no walk of empty collections.
+            return;
+        }
         self.opened.retain(|&i| i > applied);
         self.entries.retain(|_, q| {
             while q.front().is_some_and(|&(_, i, _)| i <= applied) {

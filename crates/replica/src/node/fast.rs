@@ -8,7 +8,7 @@
 //! follower's side answers each descriptor with its entries or a [`FastReject`] that names
 //! the cause.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::fmt;
 
 use fabric::{ConnState, Fabric, NodeId, WcStatus, WriteRequest};
@@ -118,33 +118,83 @@ pub(super) struct InflightWrite {
     pub(super) last: Option<Index>,
 }
 
-/// The leader's in-flight fast writes, by work-request id.
+/// The leader's in-flight fast writes, by work-request id, in id order. Ids are handed out in
+/// increasing order and complete mostly in it, so a short ordered queue beats a map: an
+/// insert is a push, a completion usually takes the front.
 #[derive(Debug, Default)]
-pub(super) struct Inflight(BTreeMap<u64, InflightWrite>);
+pub(super) struct Inflight(VecDeque<(u64, InflightWrite)>);
 
 impl Inflight {
     fn insert(&mut self, wr_id: u64, w: InflightWrite) {
-        self.0.insert(wr_id, w);
+        match self.0.back() {
+            Some(&(last, _)) if last >= wr_id => {
+                // Not in order after all: keep the queue sorted (one entry per id).
+                match self.0.binary_search_by_key(&wr_id, |&(id, _)| id) {
+                    Ok(i) => self.0[i].1 = w,
+                    Err(i) => self.0.insert(i, (wr_id, w)),
+                }
+            }
+            _ => self.0.push_back((wr_id, w)),
+        }
     }
 
     /// The write a completion belongs to.
     fn complete(&mut self, wr_id: u64) -> Option<InflightWrite> {
-        self.0.remove(&wr_id)
+        if self.0.front().is_some_and(|&(id, _)| id == wr_id) {
+            return self.0.pop_front().map(|(_, w)| w);
+        }
+        let i = self.0.binary_search_by_key(&wr_id, |&(id, _)| id).ok()?;
+        self.0.remove(i).map(|(_, w)| w)
     }
 
     /// Forgets the writes to `peer` (its connection is gone, so they never complete).
     pub(super) fn forget_peer(&mut self, peer: u64) {
-        self.0.retain(|_, w| w.peer != peer);
+        self.0.retain(|(_, w)| w.peer != peer);
     }
 
     /// Forgets every write, returning them.
     pub(super) fn take_all(&mut self) -> Vec<InflightWrite> {
-        std::mem::take(&mut self.0).into_values().collect()
+        std::mem::take(&mut self.0)
+            .into_iter()
+            .map(|(_, w)| w)
+            .collect()
     }
 
     /// The lowest Lsn an in-flight write still reads from.
     pub(super) fn pinned_from(&self) -> Option<Lsn> {
-        self.0.values().map(|w| w.lsn).min()
+        self.0.iter().map(|(_, w)| w.lsn).min()
+    }
+}
+
+#[cfg(test)]
+mod inflight_tests {
+    use super::*;
+
+    fn write(peer: u64, lsn: u64) -> InflightWrite {
+        InflightWrite {
+            peer,
+            lsn: Lsn(lsn),
+            term: Term(1),
+            last: None,
+        }
+    }
+
+    #[test]
+    fn completions_find_their_write_in_any_order() {
+        let mut f = Inflight::default();
+        for id in [1, 2, 3, 5, 4] {
+            f.insert(id, write(id % 2, id * 8));
+        }
+        f.insert(3, write(7, 99));
+        assert_eq!(f.pinned_from(), Some(Lsn(8)));
+        assert_eq!(f.complete(3), Some(write(7, 99)));
+        assert_eq!(f.complete(3), None);
+        assert_eq!(f.complete(1), Some(write(1, 8)));
+        assert_eq!(f.complete(9), None);
+        assert_eq!(f.pinned_from(), Some(Lsn(16)));
+        f.forget_peer(0);
+        assert_eq!(f.take_all(), vec![write(1, 40)]);
+        assert_eq!(f.pinned_from(), None);
     }
 }
 

@@ -36,27 +36,33 @@ impl Wal {
                 lsn: Lsn(loc.lsn),
             };
             let block = self.config.block_bytes;
-            let segment = Arc::clone(
-                st.segment_for(loc.lsn)
-                    .expect("every entry lies in a segment"),
-            );
-            let corrupt = |source| WalError::ReadCorrupt {
-                segment: segment.first_lsn(),
-                lsn: entry.lsn,
-                index,
-                source,
-            };
+            let segment = st
+                .segment_for(loc.lsn)
+                .expect("every entry lies in a segment");
             if loc.lsn >= st.buf_start {
                 // The write buffer is this process's memory, and a record is placed in it
                 // only once checked (`persist_from`) or encoded here (`append`): its checksum
                 // is not computed again on the way to raft.
                 let at = (loc.lsn - st.buf_start) as usize;
                 let decoded = format::decode_verified(&st.buf[at..st.buf_len], entry.lsn, block)
-                    .map_err(corrupt)?;
+                    .map_err(|source| WalError::ReadCorrupt {
+                        segment: segment.first_lsn(),
+                        lsn: entry.lsn,
+                        index,
+                        source,
+                    })?;
                 payload.clear();
                 payload.extend_from_slice(decoded.payload);
                 return Ok(entry);
             }
+            // The segment outlives the lock for the file read below.
+            let segment = Arc::clone(segment);
+            let corrupt = |source| WalError::ReadCorrupt {
+                segment: segment.first_lsn(),
+                lsn: entry.lsn,
+                index,
+                source,
+            };
             if loc.lsn >= st.durable {
                 // In the batch a sync leader is writing right now.
                 st = self.wait(st);
