@@ -22,6 +22,11 @@
 //! inclusive cost per commit is the leader's work from propose to commit (including the rest
 //! of the pass that commits it).
 //!
+//! `commit_cost pipelined N [durability]` keeps [`PIPELINE`] appends in flight instead of one:
+//! the leader proposes until that many wait, and proposes again as the oldest commit. Its
+//! difference between two values of N, divided, is the cost per entry with raft batching
+//! what is pending (issue 14's goal at 64 in flight).
+//!
 //! `commit_cost idle N` instead runs N driver passes of every replica with nothing to do (no
 //! packet, no tick, no proposal): the difference between two values of N, divided by 3 N, is
 //! the cost of one idle pass of `Replica::process`.
@@ -109,6 +114,34 @@ fn critical_commit(c: &mut SimCluster, leader: u64, payload: &[u8]) -> Result<()
     }
 }
 
+/// Appends in flight in `commit_cost pipelined`.
+const PIPELINE: usize = 64;
+
+/// N commits with up to [`PIPELINE`] in flight, through the same role functions as the
+/// one-at-a-time run.
+fn pipelined(c: &mut SimCluster, leader: u64, payload: &[u8], n: u64) -> Result<(), ReplicaError> {
+    let mut waiting = std::collections::VecDeque::with_capacity(PIPELINE);
+    let mut proposed = 0;
+    while proposed < n || !waiting.is_empty() {
+        while proposed < n && waiting.len() < PIPELINE {
+            waiting.push_back(leader_propose(c.node(leader), payload)?);
+            proposed += 1;
+        }
+        c.net.step();
+        pass_all(c, leader)?;
+        while let Some(&t) = waiting.front() {
+            match leader_status(c.node(leader), t) {
+                Some(r) => {
+                    r?;
+                    waiting.pop_front();
+                }
+                None => break,
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One driver pass over every replica, the leader first, each through its role's function.
 fn pass_all(c: &mut SimCluster, leader: u64) -> Result<(), ReplicaError> {
     for (&id, r) in c.nodes.iter_mut() {
@@ -126,7 +159,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().collect();
     let idle = args.get(1).is_some_and(|a| a == "idle");
     let critical = args.get(1).is_some_and(|a| a == "critical");
-    if idle || critical {
+    let pipeline = args.get(1).is_some_and(|a| a == "pipelined");
+    if idle || critical || pipeline {
         args.remove(1);
     }
     let n: u64 = args.get(1).map(|a| a.parse()).transpose()?.unwrap_or(1000);
@@ -153,6 +187,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let payload = vec![7u8; bytes];
+    if pipeline {
+        pipelined(&mut c, leader, &payload, n)?;
+        let nic = c.node(leader).stats().nic_acks;
+        println!(
+            "{n} commits, {PIPELINE} in flight ({durability}; {nic} counted on a write's completion)"
+        );
+        return Ok(());
+    }
     if critical {
         for _ in 0..n {
             critical_commit(&mut c, leader, &payload)?;
