@@ -88,14 +88,7 @@ fn critical_commit(c: &mut SimCluster, leader: u64, payload: &[u8]) -> Result<()
     let t = critical_propose(c.node(leader), payload)?;
     loop {
         c.net.step();
-        for (&id, r) in c.nodes.iter_mut() {
-            let r = r.as_mut().expect("no node is killed here");
-            if id == leader {
-                critical_pass(r)?;
-            } else {
-                follower_pass(r)?;
-            }
-        }
+        pass_each(c, leader, critical_pass, follower_pass)?;
         if let Some(r) = critical_status(c.node(leader), t) {
             r?;
             break;
@@ -105,9 +98,7 @@ fn critical_commit(c: &mut SimCluster, leader: u64, payload: &[u8]) -> Result<()
     // so that the next commit's window holds none of this one's work.
     loop {
         let more = c.net.step();
-        for r in c.nodes.values_mut() {
-            settle_pass(r.as_mut().expect("no node is killed here"))?;
-        }
+        pass_each(c, leader, settle_pass, settle_pass)?;
         if !more && c.net.next_time().is_none() {
             return Ok(());
         }
@@ -142,17 +133,24 @@ fn pipelined(c: &mut SimCluster, leader: u64, payload: &[u8], n: u64) -> Result<
     Ok(())
 }
 
-/// One driver pass over every replica, the leader first, each through its role's function.
-fn pass_all(c: &mut SimCluster, leader: u64) -> Result<(), ReplicaError> {
+/// One driver pass over every replica in id order: the leader through `lead`, the others
+/// through `follow` (role-named functions above, called directly: each is its own type).
+fn pass_each(
+    c: &mut SimCluster,
+    leader: u64,
+    lead: impl Fn(&mut Replica<SimEndpoint>) -> Result<(), ReplicaError>,
+    follow: impl Fn(&mut Replica<SimEndpoint>) -> Result<(), ReplicaError>,
+) -> Result<(), ReplicaError> {
     for (&id, r) in c.nodes.iter_mut() {
         let r = r.as_mut().expect("no node is killed here");
-        if id == leader {
-            leader_pass(r)?;
-        } else {
-            follower_pass(r)?;
-        }
+        if id == leader { lead(r)? } else { follow(r)? }
     }
     Ok(())
+}
+
+/// One driver pass over every replica, each through its role's function.
+fn pass_all(c: &mut SimCluster, leader: u64) -> Result<(), ReplicaError> {
+    pass_each(c, leader, leader_pass, follower_pass)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
