@@ -271,6 +271,19 @@ struct RingEntry {
     end: Lsn,
 }
 
+impl RingEntry {
+    /// The entry of a record the ring checked at `start`.
+    #[inline]
+    fn checked(start: Lsn, d: &wal::format::Decoded<'_>) -> RingEntry {
+        RingEntry {
+            index: d.header.index,
+            term: d.header.term,
+            start,
+            end: Lsn(start.0 + d.record_len),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Peer {
     remote: Option<RemoteRegion>,
@@ -1905,8 +1918,7 @@ impl<F: Fabric> Replica<F> {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
         let n = self.fabric.poll(&mut self.events);
-        if n == 0 && self.quiet.is_some() && self.quiet == Some(Quiet::of(self)) {
-            debug_assert!(!self.raw.has_ready(), "a quiet pass would skip a Ready");
+        if n == 0 && self.still_quiet() {
             return Ok(());
         }
         self.fail_stop_on_read_error(|r| r.process_inner(n))
@@ -1933,6 +1945,18 @@ impl<F: Fabric> Replica<F> {
         }
     }
 
+    /// Whether nothing a pass looks at changed since the last pass that found nothing to do
+    /// ([`Quiet`]). Debug builds check that raft then has no `Ready`.
+    #[inline]
+    fn still_quiet(&self) -> bool {
+        let quiet = self.quiet.is_some() && self.quiet == Some(Quiet::of(self));
+        debug_assert!(
+            !quiet || !self.raw.has_ready(),
+            "a quiet pass would skip a Ready"
+        );
+        quiet
+    }
+
     /// The driver loop, with the first poll's `n` events already in `self.events`.
     fn process_inner(&mut self, mut n: usize) -> Result<(), ReplicaError> {
         loop {
@@ -1944,10 +1968,9 @@ impl<F: Fabric> Replica<F> {
                     return Err(err);
                 }
             }
-            if n > 0 && self.quiet.is_some() && self.quiet == Some(Quiet::of(self)) {
+            if n > 0 && self.still_quiet() {
                 // Events that changed nothing the rest of a pass looks at (a send's or, under
                 // Memory, a write's completion): poll again.
-                debug_assert!(!self.raw.has_ready(), "a quiet pass would skip a Ready");
                 n = self.fabric.poll(&mut self.events);
                 if n == 0 {
                     return Ok(());

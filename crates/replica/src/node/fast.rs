@@ -495,14 +495,9 @@ impl<F: Fabric> Replica<F> {
                         return;
                     }
                 }
-                let end = lsn.0 + d.record_len;
-                ring_entries.push_back(RingEntry {
-                    index: Index(index),
-                    term: Term(term),
-                    start: lsn,
-                    end: Lsn(end),
-                });
-                pos = Lsn(end);
+                let entry = RingEntry::checked(lsn, d);
+                ring_entries.push_back(entry);
+                pos = entry.end;
             })
             .map_err(|e| FastReject::Records(e.to_string()))?;
         let want_last = m.entries.last().map(|e| e.index).unwrap_or(0);
@@ -572,23 +567,17 @@ impl<F: Fabric> Replica<F> {
                 if not_entry {
                     return;
                 }
-                let (index, term) = (d.header.index.0, d.header.term.0);
-                let end = Lsn(lsn.0 + d.record_len);
-                let Ok(e) = entry_from_payload(index, term, d.payload) else {
+                let Ok(e) = entry_from_payload(d.header.index.0, d.header.term.0, d.payload) else {
                     not_entry = true;
                     return;
                 };
                 entries.push(e);
-                ring_entries.push_back(RingEntry {
-                    index: Index(index),
-                    term: Term(term),
-                    start: lsn,
-                    end,
-                });
+                let entry = RingEntry::checked(lsn, d);
+                ring_entries.push_back(entry);
                 good = wal::Position {
-                    lsn: end,
-                    last_index: wal::Index(index),
-                    last_term: Term(term),
+                    lsn: entry.end,
+                    last_index: entry.index,
+                    last_term: entry.term,
                 };
             });
         if n == 0 {
