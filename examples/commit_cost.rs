@@ -187,9 +187,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let payload = vec![7u8; bytes];
     if pipeline {
         pipelined(&mut c, leader, &payload, n)?;
-        let nic = c.node(leader).stats().nic_acks;
+        let s = c.node(leader).stats();
         println!(
-            "{n} commits, {PIPELINE} in flight ({durability}; {nic} counted on a write's completion)"
+            "{n} commits, {PIPELINE} in flight ({durability}; {} counted on a write's completion; \
+             {} appends sent by the fast path, {} by the slow)",
+            s.nic_acks, s.fast_appends, s.slow_appends
         );
         return Ok(());
     }

@@ -266,6 +266,15 @@ pub enum Mutation {
     /// index into the log it reads back, as if that log were a prefix of the one the index
     /// covered: it may call entries of a branch it had cut committed.
     TrustLogAfterLostRing,
+    /// A leader merges a follower's appends of one `Ready` into one message without checking
+    /// that the second continues the first (`node::send::coalesce`): a follower gets entries
+    /// that do not follow each other as one append.
+    MergeDisjointAppends,
+    /// raft's storage keeps the entries it already holds in memory when raft hands over
+    /// entries from a lower index (a conflicting suffix replaced) or the wal is cut, and
+    /// serves them without checking the wal's term: raft may read back entries this node's
+    /// log no longer holds.
+    StaleEntryCache,
     /// Not a rule of the replica's: the simulator's in-process fabric lets a connection be
     /// used as soon as it is up, before its owner polled its `Connected`
     /// (`fabric::sim::SimConfig::use_before_announced`). The replica ignores it.

@@ -1191,6 +1191,7 @@ impl<F: Fabric> Replica<F> {
             .position_after(Index(first.0 - 1))
             .map_or(pos.last_term.0, |p| p.last_term.0);
         self.raw.mut_store().set_prefix(first.0, prefix_term);
+        self.raw.mut_store().forget_below(first.0);
         self.conf_history.compact(index);
         self.store_state()?;
         Ok(first.0)
@@ -1873,14 +1874,13 @@ impl<F: Fabric> Replica<F> {
         if let Some((first, last)) = range {
             step!(self.cfg.id, "ready", first, last);
         }
-        for m in rd.take_messages() {
-            self.send_raft(m);
-        }
+        self.send_all(rd.take_messages());
         let committed = rd.take_committed_entries();
         self.apply(committed)?;
         if let Some((first, last)) = range {
             self.persist()?;
             step!(self.cfg.id, "persisted", first, last);
+            self.raw.mut_store().remember(entries);
         }
         if let Some(hs) = rd.hs() {
             step!(self.cfg.id, "committed", hs.commit, hs.commit);
@@ -1888,19 +1888,16 @@ impl<F: Fabric> Replica<F> {
         }
         // A new term is durable now: grant its leader before our answers to it leave.
         self.update_fencing();
-        for m in rd.take_persisted_messages() {
-            self.send_raft(m);
-        }
+        self.send_all(rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
         if let Some(commit) = light.commit_index() {
             step!(self.cfg.id, "committed", commit, commit);
         }
-        for m in light.take_messages() {
-            self.send_raft(m);
-        }
+        self.send_all(light.take_messages());
         let committed = light.take_committed_entries();
         self.apply(committed)?;
         self.raw.advance_apply();
+        self.raw.mut_store().forget_applied(self.applied);
         self.release_ring()?;
         Ok(())
     }
@@ -1932,6 +1929,7 @@ impl<F: Fabric> Replica<F> {
             last_term: Term(meta.term),
         };
         self.wal.restart_at(start)?;
+        self.raw.mut_store().forget_all();
         if self.cfg.durability.commits_on_nic_ack() {
             // The ring starts over: close it (the next grant clears and opens the new one).
             self.fence_ring();
@@ -2066,6 +2064,7 @@ impl<F: Fabric> Replica<F> {
         if index <= self.wal.last_index().0 {
             self.wal.truncate_suffix(Index(index))?;
         }
+        self.raw.mut_store().forget_from(index);
         let prev_term = prev
             .map(|p| p.term.0)
             .or_else(|| self.wal.term(Index(index - 1)).map(|t| t.0))

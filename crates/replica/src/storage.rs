@@ -6,6 +6,7 @@
 //! an empty payload is raft's own no-op entry. Session entries ([`TAG_SESSION_OPEN`],
 //! [`TAG_SESSION`], see [`crate::sessions`]) are raft's normal entries.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -678,6 +679,98 @@ pub struct WalStorage {
     /// panics on any storage error it does not expect; the replica catches that panic and
     /// fails stop with this cause (see `Replica::process`).
     read_error: std::sync::Mutex<Option<String>>,
+    /// The entries this node persisted and has not applied yet, as raft handed them over, so
+    /// that raft's reads of them (the committed entries a `Ready` carries for applying, an
+    /// append to a follower just behind) cost a clone, not a read, a decode and a checksum
+    /// of the wal's copy. See [`RecentEntries`].
+    recent: RecentEntries,
+    /// Test-only: [`crate::Mutation::StaleEntryCache`].
+    mutation: crate::Mutation,
+}
+
+/// A contiguous run of the entries at the end of this node's log, each the very entry the
+/// wal holds at its index: filled only from raft's `Ready` entries once they are persisted,
+/// in raft's own rule for its unstable log (entries from index `i` replace whatever was held
+/// from `i` on), and cut wherever the wal is cut.
+///
+/// Served only where the wal holds the last entry served with the same term: by raft's log
+/// matching (one leader per term, which never writes an index twice), two logs that agree
+/// on an entry's index and term hold the same entries up to it. A run that does not agree
+/// is read from the wal instead.
+#[derive(Debug, Default)]
+struct RecentEntries {
+    entries: VecDeque<Entry>,
+    /// The payload bytes held, bounded by [`RECENT_ENTRIES_BYTES`] (and their number by
+    /// [`RECENT_ENTRIES`]).
+    bytes: usize,
+}
+
+/// Payload bytes and entries [`RecentEntries`] holds at most (the oldest go first).
+const RECENT_ENTRIES_BYTES: usize = 8 << 20;
+const RECENT_ENTRIES: usize = 1 << 16;
+
+impl RecentEntries {
+    fn first(&self) -> Option<u64> {
+        self.entries.front().map(|e| e.index)
+    }
+
+    fn forget_from(&mut self, index: u64) {
+        while self.entries.back().is_some_and(|e| e.index >= index) {
+            let e = self.entries.pop_back().expect("not empty");
+            self.bytes -= e.data.len();
+        }
+    }
+
+    fn forget_below(&mut self, index: u64) {
+        while self.entries.front().is_some_and(|e| e.index < index) {
+            let e = self.entries.pop_front().expect("not empty");
+            self.bytes -= e.data.len();
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    fn remember(&mut self, entries: Vec<Entry>, keep_suffix: bool) {
+        let Some(first) = entries.first().map(|e| e.index) else {
+            return;
+        };
+        if keep_suffix {
+            // Test-only: the entries already held stay, later ones go after them.
+            let after = self.entries.back().map_or(0, |e| e.index);
+            self.push(entries.into_iter().filter(|e| e.index > after));
+            return;
+        }
+        self.forget_from(first);
+        if self.entries.back().is_some_and(|e| e.index + 1 != first) {
+            self.clear();
+        }
+        self.push(entries.into_iter());
+    }
+
+    fn push(&mut self, entries: impl Iterator<Item = Entry>) {
+        for e in entries {
+            self.bytes += e.data.len();
+            self.entries.push_back(e);
+        }
+        while self.bytes > RECENT_ENTRIES_BYTES || self.entries.len() > RECENT_ENTRIES {
+            let e = self.entries.pop_front().expect("not empty");
+            self.bytes -= e.data.len();
+        }
+    }
+
+    /// The entries `low..high` if all of them are held.
+    fn get(&self, low: u64, high: u64) -> Option<impl Iterator<Item = &Entry>> {
+        let first = self.first()?;
+        let last = self.entries.back()?.index;
+        if low < first || high > last + 1 || low >= high {
+            return None;
+        }
+        let k = (low - first) as usize;
+        Some(self.entries.range(k..k + (high - low) as usize))
+    }
 }
 
 impl WalStorage {
@@ -695,7 +788,70 @@ impl WalStorage {
             prefix,
             snapshot: None,
             read_error: std::sync::Mutex::new(None),
+            recent: RecentEntries::default(),
+            mutation: crate::Mutation::None,
         }
+    }
+
+    /// Test-only: breaks one rule on purpose (see [`crate::Mutation`]).
+    pub fn set_mutation(&mut self, mutation: crate::Mutation) {
+        self.mutation = mutation;
+    }
+
+    /// Keeps `entries`, which raft handed over in a `Ready` and the wal now holds, for raft's
+    /// next reads of them ([`RecentEntries`]).
+    pub fn remember(&mut self, entries: Vec<Entry>) {
+        let keep_suffix = self.mutation == crate::Mutation::StaleEntryCache;
+        self.recent.remember(entries, keep_suffix);
+    }
+
+    /// The wal was cut from `index` on (a conflicting suffix).
+    pub fn forget_from(&mut self, index: u64) {
+        if self.mutation != crate::Mutation::StaleEntryCache {
+            self.recent.forget_from(index);
+        }
+    }
+
+    /// Entries up to `index` are applied: raft reads them again only for a follower far
+    /// behind, from the wal.
+    pub fn forget_applied(&mut self, index: u64) {
+        self.recent.forget_below(index + 1);
+    }
+
+    /// The wal lost its entries below `index` (a compaction).
+    pub fn forget_below(&mut self, index: u64) {
+        self.recent.forget_below(index);
+    }
+
+    /// The wal restarted empty (a snapshot installed).
+    pub fn forget_all(&mut self) {
+        self.recent.clear();
+    }
+
+    /// Entries held in memory for raft's reads (for tests and stats).
+    pub fn recent_len(&self) -> usize {
+        self.recent.entries.len()
+    }
+
+    /// The entries `low..high` from [`RecentEntries`] within raft's size rule, if it holds
+    /// them all and the wal agrees on the last one's term.
+    fn recent_entries(&self, low: u64, high: u64, max_size: u64) -> Option<Vec<Entry>> {
+        let run = self.recent.get(low, high)?;
+        let last = self.recent.get(high - 1, high)?.next()?;
+        let trusted = self.mutation == crate::Mutation::StaleEntryCache;
+        if !trusted && self.wal.term(Index(last.index)).map(|t| t.0) != Some(last.term) {
+            return None;
+        }
+        let mut out = Vec::with_capacity((high - low).min(1024) as usize);
+        let mut size = 0u64;
+        for e in run {
+            size += e.data.len() as u64 + 24;
+            if !out.is_empty() && size > max_size {
+                break;
+            }
+            out.push(e.clone());
+        }
+        Some(out)
     }
 
     /// Records the latest snapshot (the caller persisted it).
@@ -786,6 +942,9 @@ impl raft::Storage for WalStorage {
         }
         if high > self.wal.last_index().0 + 1 {
             return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        if let Some(out) = self.recent_entries(low, high, max_size) {
+            return Ok(out);
         }
         let mut out = Vec::with_capacity((high - low).min(1024) as usize);
         let mut size = 0u64;

@@ -13,6 +13,10 @@
 //! - **Durability:** an acknowledged append is in the committed log at its index, forever.
 //! - **Monotonicity:** per incarnation of a node, its commit and applied indexes never go back,
 //!   and it never applies past its commit index.
+//! - **Well-formed messages:** no node refuses a frame (undecodable, from the wrong peer, an
+//!   append whose entries do not follow its index): the simulated network corrupts RDMA
+//!   Writes, never Sends, so every such frame was a correct peer's mistake. Checked by the
+//!   driver beside ring integrity (`stats().bad_frames`).
 //! - **Linearizability** of the client's appends against a sequential log, with the committed
 //!   log as the witness order: see [`Checker::check_history`].
 //!

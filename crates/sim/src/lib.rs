@@ -1389,6 +1389,16 @@ impl Run {
                          accepted ({overwrites} descriptors)"
                     ));
                 }
+                // The simulated network corrupts RDMA Writes, never Sends: every frame a node
+                // refuses (undecodable, from the wrong peer, an append whose entries do not
+                // follow its index) was sent malformed by a correct node.
+                let refused = r.stats().bad_frames;
+                if refused > 0 {
+                    return Err(format!(
+                        "well-formed messages: node {id} refused {refused} frames a correct \
+                         peer sent it"
+                    ));
+                }
                 self.checker.check_node(id, r)?;
                 self.checker.check_checkpoint(id, r)?;
             }

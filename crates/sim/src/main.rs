@@ -42,8 +42,8 @@ struct Args {
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
     /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early,
-    /// trust-log-after-lost-ring, use-connection-before-announced, condition-on-commit (with
-    /// --conditional) or dedup-committed-only (with --sessions).
+    /// merge-disjoint-appends, stale-entry-cache, trust-log-after-lost-ring, use-connection-before-announced,
+    /// condition-on-commit (with --conditional) or dedup-committed-only (with --sessions).
     #[arg(long)]
     mutation: Option<String>,
     /// Run every seed in this durability mode (fsync, memory or replicated) instead of the
@@ -78,6 +78,8 @@ fn main() -> anyhow::Result<()> {
         Some("no-placed-take") => replica::Mutation::NoPlacedTake,
         Some("rewind-to-cut-record") => replica::Mutation::RewindToCutRecord,
         Some("reopen-fast-path-early") => replica::Mutation::ReopenFastPathEarly,
+        Some("merge-disjoint-appends") => replica::Mutation::MergeDisjointAppends,
+        Some("stale-entry-cache") => replica::Mutation::StaleEntryCache,
         Some("trust-log-after-lost-ring") => replica::Mutation::TrustLogAfterLostRing,
         Some("use-connection-before-announced") => replica::Mutation::UseConnectionBeforeAnnounced,
         Some("condition-on-commit") => replica::Mutation::ConditionOnCommit,

@@ -96,6 +96,7 @@ impl<F: Fabric> Replica<F> {
         };
         hs.commit = hs.commit.clamp(applied, trusted_end);
         let mut storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, prefix_term));
+        storage.set_mutation(cfg.mutation);
         // The sessions as of the checkpoint; the entries after it are applied again below.
         let sessions = match &snapshot {
             Some(snap) => CheckpointData::decode(&snap.data)
@@ -279,6 +280,9 @@ impl<F: Fabric> Replica<F> {
             check_quorum: true,
             pre_vote: true,
             skip_bcast_commit: !cfg.broadcast_commit,
+            // One append per follower for every proposal made between two driver passes;
+            // `send::coalesce` bounds its size.
+            batch_append: true,
             max_uncommitted_size: (cfg.ring_bytes / 2).max(1 << 20),
             ..Default::default()
         };

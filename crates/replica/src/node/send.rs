@@ -4,6 +4,15 @@
 use super::*;
 
 impl<F: Fabric> Replica<F> {
+    /// Sends a `Ready`'s messages, merged first where one can do the work of several
+    /// ([`coalesce`]).
+    pub(super) fn send_all(&mut self, mut msgs: Vec<Message>) {
+        coalesce(&mut msgs, self.cfg.max_size_per_msg, self.cfg.mutation);
+        for m in msgs {
+            self.send_raft(m);
+        }
+    }
+
     pub(super) fn send_raft(&mut self, m: Message) {
         let to = m.to;
         if !self.peers.contains_key(&to) {
@@ -177,5 +186,359 @@ impl<F: Fabric> Replica<F> {
             queued |= !p.outbox.is_empty();
         }
         self.outboxes_queued = queued;
+    }
+}
+
+/// What one entry counts for against `max_size_per_msg` when appends are merged: its bytes
+/// and a fixed 32 for its framing, more than a slow-path frame (22) or a descriptor (30)
+/// spends on it, so that a merged message fits wherever its parts did.
+fn merged_size(e: &Entry) -> u64 {
+    (e.data.len() + e.context.len()) as u64 + 32
+}
+
+/// Shapes raft's messages of one `Ready`, in place, so that a batch of entries costs one
+/// RDMA Write and one descriptor per follower (and one answer back), not one per proposal,
+/// and no message is larger than `max_bytes` (see [`merged_size`]).
+///
+/// raft-rs merges the appends of proposals made between two driver passes itself
+/// (`batch_append`, on in [`Replica::open`]'s configuration), without a size bound: an
+/// append over `max_bytes` is split here into appends that each continue the previous one.
+/// raft-rs counted an in-flight slot per proposal; the answer to the merged message frees
+/// them all (`Inflights::free_to`).
+///
+/// Then messages merge where one does the work of several. Only a message's last
+/// predecessor to the same peer is a candidate, so what each peer receives keeps its order
+/// (different peers' messages go over different connections).
+/// - An append merges into the previous one if both carry entries, in the same term, and its
+///   entries continue the previous one's exactly (its `index`/`log_term` are the previous
+///   one's last entry) and together they stay within `max_bytes`. The merged message
+///   carries the later commit index.
+/// - An accepting append answer replaces the previous accepting answer of the same term if
+///   its index is no lower: the leader takes the highest index it hears of, and dropping an
+///   answer is a loss raft tolerates anyway (a follower answers each append of a batch that
+///   reached it in one poll). Rejections and snapshot requests are kept.
+pub(super) fn coalesce(msgs: &mut Vec<Message>, max_bytes: u64, mutation: crate::Mutation) {
+    split_oversized(msgs, max_bytes);
+    // The common case at one append in flight, a message per peer, costs a scan, not a pass
+    // that moves every message (a short `Ready` is checked pair by pair).
+    let shares_a_peer = msgs.len() > 16
+        || msgs
+            .iter()
+            .enumerate()
+            .any(|(i, m)| msgs[..i].iter().any(|p| p.to == m.to));
+    if !shares_a_peer {
+        return;
+    }
+    // The merged size of each kept append so far (kept in step with the kept messages), so
+    // that a run of merges costs one pass over its entries, not one per merge.
+    let mut sizes: Vec<u64> = Vec::with_capacity(msgs.len());
+    let mut kept = 0;
+    for i in 0..msgs.len() {
+        let m = std::mem::take(&mut msgs[i]);
+        let prev = (0..kept).rev().find(|&j| msgs[j].to == m.to);
+        let m = match prev {
+            Some(j) => match merge(&mut msgs[j], sizes[j], m, max_bytes, mutation) {
+                Merged::Into(size) => {
+                    sizes[j] = size;
+                    continue;
+                }
+                Merged::Not(m) => m,
+            },
+            None => m,
+        };
+        sizes.push(m.entries.iter().map(merged_size).sum());
+        msgs[kept] = m;
+        kept += 1;
+    }
+    msgs.truncate(kept);
+}
+
+/// Splits every append over `max_bytes` with more than one entry into appends within it,
+/// each continuing the one before (raft-rs's own rule: at least one entry per message).
+fn split_oversized(msgs: &mut Vec<Message>, max_bytes: u64) {
+    let oversized = |m: &Message| {
+        m.get_msg_type() == MessageType::MsgAppend
+            && m.entries.len() > 1
+            && m.entries.iter().map(merged_size).sum::<u64>() > max_bytes
+    };
+    if !msgs.iter().any(oversized) {
+        return;
+    }
+    let mut out = Vec::with_capacity(msgs.len() + 1);
+    for mut m in msgs.drain(..) {
+        if !oversized(&m) {
+            out.push(m);
+            continue;
+        }
+        let entries: Vec<Entry> = m.take_entries().into();
+        let (mut index, mut log_term) = (m.index, m.log_term);
+        let mut part: Vec<Entry> = Vec::new();
+        let mut size = 0;
+        let mut flush = |part: &mut Vec<Entry>, out: &mut Vec<Message>| {
+            let last = part.last().expect("a part holds an entry");
+            let mut piece = m.clone();
+            piece.index = index;
+            piece.log_term = log_term;
+            (index, log_term) = (last.index, last.term);
+            piece.set_entries(std::mem::take(part).into());
+            out.push(piece);
+        };
+        for e in entries {
+            let s = merged_size(&e);
+            if !part.is_empty() && size + s > max_bytes {
+                flush(&mut part, &mut out);
+                size = 0;
+            }
+            size += s;
+            part.push(e);
+        }
+        flush(&mut part, &mut out);
+    }
+    *msgs = out;
+}
+
+/// What [`merge`] did.
+enum Merged {
+    /// `m` is part of the previous message now, which counts this many bytes.
+    Into(u64),
+    /// `m` stays a message of its own.
+    Not(Message),
+}
+
+/// Merges `m` into `prev` (its peer's previous message, whose entries count `prev_size`
+/// bytes) where [`coalesce`] allows it.
+fn merge(
+    prev: &mut Message,
+    prev_size: u64,
+    mut m: Message,
+    max_bytes: u64,
+    mutation: crate::Mutation,
+) -> Merged {
+    if m.get_msg_type() != prev.get_msg_type() || m.term != prev.term {
+        return Merged::Not(m);
+    }
+    match m.get_msg_type() {
+        MessageType::MsgAppend => {
+            let Some(last) = prev.entries.last() else {
+                return Merged::Not(m);
+            };
+            let continues = m.index == last.index && m.log_term == last.term;
+            let continues = continues || mutation == crate::Mutation::MergeDisjointAppends;
+            let size = prev_size + m.entries.iter().map(merged_size).sum::<u64>();
+            if m.entries.is_empty() || !continues || size > max_bytes {
+                return Merged::Not(m);
+            }
+            prev.commit = prev.commit.max(m.commit);
+            for e in m.take_entries() {
+                prev.mut_entries().push(e);
+            }
+            Merged::Into(size)
+        }
+        MessageType::MsgAppendResponse => {
+            let accepts = |x: &Message| !x.reject && x.request_snapshot == raft::INVALID_INDEX;
+            if accepts(prev) && accepts(&m) && m.index >= prev.index {
+                *prev = m;
+                return Merged::Into(0);
+            }
+            Merged::Not(m)
+        }
+        _ => Merged::Not(m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Mutation;
+
+    fn entry(index: u64, term: u64, bytes: usize) -> Entry {
+        let mut e = Entry::default();
+        e.index = index;
+        e.term = term;
+        e.data = vec![7u8; bytes].into();
+        e
+    }
+
+    /// An append to `to` in `term` of entries `first..=last` (of term `term`), after an entry
+    /// of `log_term`.
+    fn append(to: u64, term: u64, log_term: u64, first: u64, last: u64, commit: u64) -> Message {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgAppend);
+        m.to = to;
+        m.term = term;
+        m.index = first - 1;
+        m.log_term = log_term;
+        m.commit = commit;
+        m.set_entries(
+            (first..=last)
+                .map(|i| entry(i, term, 8))
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        m
+    }
+
+    fn answer(to: u64, term: u64, index: u64, reject: bool) -> Message {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgAppendResponse);
+        m.to = to;
+        m.term = term;
+        m.index = index;
+        m.reject = reject;
+        m
+    }
+
+    fn indexes(m: &Message) -> Vec<u64> {
+        m.entries.iter().map(|e| e.index).collect()
+    }
+
+    fn run(mut msgs: Vec<Message>, max: u64) -> Vec<Message> {
+        coalesce(&mut msgs, max, Mutation::None);
+        msgs
+    }
+
+    #[test]
+    fn appends_that_continue_each_other_become_one_per_peer_in_order() {
+        let out = run(
+            vec![
+                append(2, 3, 3, 10, 10, 8),
+                append(3, 3, 3, 10, 10, 8),
+                append(2, 3, 3, 11, 11, 9),
+                append(3, 3, 3, 11, 12, 9),
+                append(2, 3, 3, 12, 12, 9),
+            ],
+            1 << 20,
+        );
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            (out[0].to, out[0].index, indexes(&out[0])),
+            (2, 9, vec![10, 11, 12])
+        );
+        assert_eq!(
+            (out[1].to, out[1].index, indexes(&out[1])),
+            (3, 9, vec![10, 11, 12])
+        );
+        assert_eq!(
+            (out[0].commit, out[1].commit),
+            (9, 9),
+            "the later commit index goes"
+        );
+    }
+
+    #[test]
+    fn appends_that_do_not_continue_stay_apart() {
+        // A gap, a probe from lower down, a different term, a log term that does not match.
+        for second in [
+            append(2, 3, 3, 12, 12, 0),
+            append(2, 3, 2, 5, 6, 0),
+            append(2, 4, 3, 11, 11, 0),
+            append(2, 3, 2, 11, 11, 0),
+        ] {
+            let out = run(vec![append(2, 3, 3, 10, 10, 0), second.clone()], 1 << 20);
+            assert_eq!(out.len(), 2, "{second:?} merged");
+            assert_eq!(indexes(&out[1]), indexes(&second));
+        }
+        // An empty append (a commit index going out) merges into nothing, nor anything into it.
+        let mut empty = append(2, 3, 3, 11, 11, 9);
+        empty.take_entries();
+        assert_eq!(
+            run(vec![append(2, 3, 3, 10, 10, 0), empty.clone()], 1 << 20).len(),
+            2
+        );
+        assert_eq!(
+            run(vec![empty, append(2, 3, 3, 11, 11, 0)], 1 << 20).len(),
+            2
+        );
+        // Another message to the same peer in between keeps both where they are.
+        let out = run(
+            vec![
+                append(2, 3, 3, 10, 10, 0),
+                answer(2, 3, 4, false),
+                append(2, 3, 3, 11, 11, 0),
+            ],
+            1 << 20,
+        );
+        assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn merged_appends_stay_within_the_message_size_limit() {
+        // Each 8-byte entry counts 40 against the limit: room for three.
+        let msgs: Vec<Message> = (10..=16).map(|i| append(2, 3, 3, i, i, 0)).collect();
+        let out = run(msgs, 120);
+        let sizes: Vec<usize> = out.iter().map(|m| m.entries.len()).collect();
+        assert_eq!(sizes, vec![3, 3, 1]);
+        let all: Vec<u64> = out.iter().flat_map(indexes).collect();
+        assert_eq!(all, (10..=16).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_append_over_the_limit_is_split_into_appends_that_continue_each_other() {
+        // raft-rs's batch_append merged seven proposals into one message; 40 bytes each.
+        let big = append(2, 3, 2, 10, 16, 9);
+        let out = run(vec![big, append(3, 3, 2, 10, 10, 9)], 120);
+        let parts: Vec<(u64, u64, u64, Vec<u64>, u64)> = out
+            .iter()
+            .map(|m| (m.to, m.index, m.log_term, indexes(m), m.commit))
+            .collect();
+        assert_eq!(
+            parts,
+            vec![
+                (2, 9, 2, vec![10, 11, 12], 9),
+                (2, 12, 3, vec![13, 14, 15], 9),
+                (2, 15, 3, vec![16], 9),
+                (3, 9, 2, vec![10], 9),
+            ]
+        );
+        // One entry over the limit goes as it is.
+        let mut huge = append(2, 3, 3, 10, 10, 0);
+        huge.mut_entries()[0].data = vec![0u8; 500].into();
+        assert_eq!(run(vec![huge], 120).len(), 1);
+    }
+
+    #[test]
+    fn a_later_accepting_answer_replaces_the_earlier_one() {
+        let out = run(
+            vec![
+                answer(1, 3, 10, false),
+                answer(1, 3, 11, false),
+                answer(1, 3, 13, false),
+            ],
+            1 << 20,
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].index, 13);
+        // Rejections, snapshot requests, lower indexes and other terms are kept.
+        let mut asks = answer(1, 3, 12, false);
+        asks.request_snapshot = 12;
+        for second in [
+            answer(1, 3, 12, true),
+            asks,
+            answer(1, 3, 9, false),
+            answer(1, 4, 12, false),
+        ] {
+            assert_eq!(
+                run(vec![answer(1, 3, 10, false), second.clone()], 1 << 20).len(),
+                2,
+                "{second:?} replaced an answer"
+            );
+        }
+        let out = run(
+            vec![answer(1, 3, 10, true), answer(1, 3, 11, false)],
+            1 << 20,
+        );
+        assert_eq!(
+            out.len(),
+            2,
+            "an accepting answer does not replace a rejection"
+        );
+    }
+
+    #[test]
+    fn the_mutation_merges_appends_that_do_not_continue() {
+        let mut msgs = vec![append(2, 3, 3, 10, 10, 0), append(2, 3, 2, 5, 6, 0)];
+        coalesce(&mut msgs, 1 << 20, Mutation::MergeDisjointAppends);
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(indexes(&msgs[0]), vec![10, 5, 6]);
     }
 }
