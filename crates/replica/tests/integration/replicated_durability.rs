@@ -46,8 +46,9 @@ fn warm_up(c: &mut SimCluster) -> (u64, Vec<(u64, Vec<u8>)>) {
 }
 
 /// Stalls both followers' processes (their NICs keep placing and acknowledging writes) and
-/// proposes `n` entries on the leader; returns the entries acknowledged within 2 s of
-/// virtual time.
+/// proposes `n` entries on the leader, each followed by a pass of the leader's, so that each
+/// goes out as its own write and descriptor (proposals of one pass leave as one append);
+/// returns the entries acknowledged within 2 s of virtual time.
 fn append_with_followers_stalled(c: &mut SimCluster, leader: u64, n: u64) -> Vec<(u64, Vec<u8>)> {
     for id in (1..=3).filter(|&id| id != leader) {
         c.paused.insert(id);
@@ -55,7 +56,9 @@ fn append_with_followers_stalled(c: &mut SimCluster, leader: u64, n: u64) -> Vec
     let tickets: Vec<_> = (100..100 + n)
         .map(|i| {
             let data = payload(i);
-            (c.node(leader).propose(&data).unwrap(), data)
+            let ticket = c.node(leader).propose(&data).unwrap();
+            c.node(leader).process().unwrap();
+            (ticket, data)
         })
         .collect();
     let done = c
