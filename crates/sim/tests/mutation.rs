@@ -204,3 +204,25 @@ fn reopening_the_fast_path_before_a_follower_holds_what_was_sent_is_caught() {
          for {WITHIN} seeds"
     );
 }
+
+#[test]
+fn serving_entries_of_a_replaced_suffix_is_caught() {
+    let caught = first_failure(Mutation::StaleEntryCache);
+    eprintln!("stale entry cache: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "raft reading entries its log no longer holds from the in-memory cache went unnoticed \
+         for {WITHIN} seeds"
+    );
+}
+
+#[test]
+fn merging_appends_that_do_not_continue_each_other_is_caught() {
+    let caught = first_failure_in(Mutation::MergeDisjointAppends, Some(Durability::Memory));
+    eprintln!("merge disjoint appends: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "a leader merging a follower's appends that do not continue each other went \
+         unnoticed for {WITHIN} Memory seeds"
+    );
+}
