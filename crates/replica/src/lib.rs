@@ -270,6 +270,9 @@ pub enum Mutation {
     /// that the second continues the first (`node::send::coalesce`): a follower gets entries
     /// that do not follow each other as one append.
     MergeDisjointAppends,
+    /// A leader sends raft-rs's batched appends as raft-rs made them (`node::send::repair_batched`
+    /// skipped): entries batched onto an empty append keep that append's index.
+    UnrepairedRaftBatches,
     /// raft's storage keeps the entries it already holds in memory when raft hands over
     /// entries from a lower index (a conflicting suffix replaced) or the wal is cut, and
     /// serves them without checking the wal's term: raft may read back entries this node's

@@ -22,13 +22,14 @@ use replica::{Durability, Mutation};
 /// do not follow the append's index). merge-disjoint-appends is caught at 505 of the default
 /// draw and at 182 with every seed in `Durability::Memory` (well-formed messages: the
 /// merged append's entries do not follow its index); the test runs the latter.
-/// `trust-log-after-lost-ring` is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
+/// unrepaired-raft-batches is caught only by the seed that found it (1,088; see
+/// `sending_raft_batches_unrepaired_is_caught`). `trust-log-after-lost-ring` is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
 /// has, so `replica/tests/integration/stale_branch_after_a_failed_cut.rs` proves it with the marker taken
 /// away. `condition-on-commit` is caught by the conditional-append seed family
 /// (`tests/conditional.rs`), which the default options do not draw. use-connection-before-announced
 /// (a rule of the in-process fabric's) was caught at seed 928 once; since a leader coalesces
-/// its appends the default draw first catches it at 1,088 (well-formed messages), past the CI
-/// budget, so `replica/tests/integration/woken_leader_after_reconnect.rs` sets up its one
+/// its appends no seed of the CI budget catches it, so
+/// `replica/tests/integration/woken_leader_after_reconnect.rs` sets up its one
 /// situation on purpose and catches it on 5 of its 6 seeds. `read-without-quorum` is
 /// not here either: the simulator's clients do not read
 /// through raft's ReadIndex; `replica/tests/integration/linearizable_reads.rs` catches it deterministically
@@ -224,5 +225,23 @@ fn merging_appends_that_do_not_continue_each_other_is_caught() {
         caught.is_some(),
         "a leader merging a follower's appends that do not continue each other went \
          unnoticed for {WITHIN} Memory seeds"
+    );
+}
+
+/// raft-rs's batching onto an empty append happens in few schedules: the default draw first
+/// meets it at seed 1,088, past the CI budget, and every durability's 1,000 seeds miss it. The
+/// seed that found it is a regression (`tests/regressions.rs`); with the repair taken away it
+/// must fail again.
+#[test]
+fn sending_raft_batches_unrepaired_is_caught() {
+    let options = sim::Options {
+        mutation: Mutation::UnrepairedRaftBatches,
+        ..sim::Options::default()
+    };
+    let caught = sim::run(1088, options, false).err().map(|f| f.violation);
+    eprintln!("unrepaired raft batches, seed 1088: {caught:?}");
+    assert!(
+        caught.is_some_and(|v| v.starts_with("well-formed messages")),
+        "entries batched onto an empty append went unnoticed at seed 1088"
     );
 }

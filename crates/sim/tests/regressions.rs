@@ -259,3 +259,17 @@ fn seeds_319_62767_bytes_read_back_after_a_failed_fdatasync() {
         }
     }
 }
+
+/// Well-formed messages (the check that fails a seed on any frame a node refuses): raft-rs's
+/// `batch_append` added the entries from 100, sent after a rejection, to the empty append at
+/// 118 it had queued to the same follower in the same round, and the follower refused an
+/// append with index 118 and entries 100..=118. Fixed in `replica` (`node::send::repair_batched`
+/// gives such entries the index before them); the mutation `unrepaired-raft-batches` takes the
+/// fix away and this seed fails again (`tests/mutation.rs`). Runs with the default options it
+/// failed with.
+#[test]
+fn seed_1088_entries_batched_onto_an_empty_append() {
+    if let Err(f) = sim::run(1088, sim::Options::default(), false) {
+        panic!("\n{f}\n");
+    }
+}

@@ -7,6 +7,10 @@ impl<F: Fabric> Replica<F> {
     /// Sends a `Ready`'s messages, merged first where one can do the work of several
     /// ([`coalesce`]).
     pub(super) fn send_all(&mut self, mut msgs: Vec<Message>) {
+        if self.cfg.mutation != crate::Mutation::UnrepairedRaftBatches {
+            let log = &self.raw.raft.raft_log;
+            repair_batched(&mut msgs, |index| log.term(index).ok());
+        }
         coalesce(&mut msgs, self.cfg.max_size_per_msg, self.cfg.mutation);
         for m in msgs {
             self.send_raft(m);
@@ -187,6 +191,37 @@ impl<F: Fabric> Replica<F> {
         }
         self.outboxes_queued = queued;
     }
+}
+
+/// Repairs the appends raft-rs's `batch_append` got wrong. raft-rs adds a follower's entries
+/// to the first append to that follower already queued in the same round, and it takes any
+/// entries as continuing an append that carries none (`util::is_continuous_ents`), whatever
+/// their index: an empty append at 118 (a probe, a commit index going out) and then, after a
+/// rejection, the entries from 100 leave as one message with index 118 and entries
+/// 100..=118, which the follower refuses (simulator seed 1088). Such an append becomes what
+/// raft sends for those entries on their own: the index and term of the entry before the
+/// first (`term_of`, raft's log). Where that term is gone (compacted) the message is
+/// dropped, a loss raft recovers from. The entries themselves always follow each other:
+/// raft-rs checks that when the queued append carries entries.
+fn repair_batched(msgs: &mut Vec<Message>, term_of: impl Fn(u64) -> Option<u64>) {
+    msgs.retain_mut(|m| {
+        let Some(first) = m.entries.first().map(|e| e.index) else {
+            return true;
+        };
+        if m.get_msg_type() != MessageType::MsgAppend || first == m.index + 1 {
+            return true;
+        }
+        let before = first - 1;
+        match term_of(before) {
+            Some(term) => {
+                tracing::debug!(to = m.to, index = m.index, first, "raft-rs batch repaired");
+                m.index = before;
+                m.log_term = term;
+                true
+            }
+            None => false,
+        }
+    });
 }
 
 /// What one entry counts for against `max_size_per_msg` when appends are merged: its bytes
@@ -532,6 +567,27 @@ mod tests {
             2,
             "an accepting answer does not replace a rejection"
         );
+    }
+
+    #[test]
+    fn entries_batched_onto_an_empty_append_get_their_own_index() {
+        // raft-rs queued an empty append at 118, then batched the entries from 100 onto it.
+        let mut bad = append(2, 3, 3, 100, 118, 90);
+        bad.index = 118;
+        let good = append(3, 3, 3, 119, 119, 90);
+        let mut msgs = vec![bad, good.clone()];
+        repair_batched(&mut msgs, |i| (i == 99).then_some(2));
+        assert_eq!(msgs.len(), 2);
+        assert_eq!((msgs[0].index, msgs[0].log_term), (99, 2));
+        assert_eq!(indexes(&msgs[0]), (100..=118).collect::<Vec<_>>());
+        assert_eq!(msgs[0].commit, 90);
+        assert_eq!(msgs[1], good, "a well-formed append is left alone");
+        // The term before the first entry is gone: the message goes, nothing else.
+        let mut bad = append(2, 3, 3, 100, 118, 90);
+        bad.index = 118;
+        let mut msgs = vec![bad, good.clone()];
+        repair_batched(&mut msgs, |_| None);
+        assert_eq!(msgs, vec![good]);
     }
 
     #[test]

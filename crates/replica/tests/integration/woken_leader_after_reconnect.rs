@@ -10,8 +10,8 @@
 //! `Mutation::UseConnectionBeforeAnnounced`) the woken leader posts its write and descriptor
 //! on the new connection from the old connection's state, and the follower refuses the
 //! descriptor: `the_rule_removed_is_caught` shows this test fails then. The simulator's seeds
-//! reach this only by chance (seed 928 once; 1,088 of the default draw since appends are
-//! coalesced, past the CI budget), so this scenario is the mutation's check.
+//! reach this only by chance (seed 928 once; since appends are coalesced, no seed of the CI
+//! budget), so this scenario is the mutation's check.
 
 use fabric::NodeId;
 use fabric::sim::SimConfig;
