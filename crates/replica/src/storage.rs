@@ -762,7 +762,7 @@ impl RecentEntries {
     }
 
     /// The entries `low..high` if all of them are held.
-    fn get(&self, low: u64, high: u64) -> Option<impl Iterator<Item = &Entry>> {
+    fn get(&self, low: u64, high: u64) -> Option<std::collections::vec_deque::Iter<'_, Entry>> {
         let first = self.first()?;
         let last = self.entries.back()?.index;
         if low < first || high > last + 1 || low >= high {
@@ -828,16 +828,11 @@ impl WalStorage {
         self.recent.clear();
     }
 
-    /// Entries held in memory for raft's reads (for tests and stats).
-    pub fn recent_len(&self) -> usize {
-        self.recent.entries.len()
-    }
-
     /// The entries `low..high` from [`RecentEntries`] within raft's size rule, if it holds
     /// them all and the wal agrees on the last one's term.
     fn recent_entries(&self, low: u64, high: u64, max_size: u64) -> Option<Vec<Entry>> {
         let run = self.recent.get(low, high)?;
-        let last = self.recent.get(high - 1, high)?.next()?;
+        let last = run.clone().next_back()?;
         let trusted = self.mutation == crate::Mutation::StaleEntryCache;
         if !trusted && self.wal.term(Index(last.index)).map(|t| t.0) != Some(last.term) {
             return None;
