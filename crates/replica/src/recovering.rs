@@ -76,7 +76,7 @@ impl Recovering {
             ),
         };
         format!(
-            "recovering: this node started without the shared-memory ring it used before, so it may have lost entries it acknowledged in term {} or earlier; it does not vote or campaign until it has caught up; {waiting}",
+            "recovering: this node started without a usable shared-memory ring (the one it used before was gone, or held records that failed their checks), so it may have lost entries it acknowledged in term {} or earlier; it does not vote or campaign until it has caught up; {waiting}",
             self.lost_term
         )
     }
