@@ -2051,58 +2051,85 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// Removes entries from `index` on (a raft conflict), in the ring and durably in the wal.
+    ///
+    /// The ring goes back first, then the wal. After a process crash the next open checks
+    /// the ring's records from the wal's end up to the ring's published end; records the
+    /// ring already handed to the wal are gone from it (its free part is zeroed or written
+    /// over). Cut the wal first and a crash (or a failed fdatasync of the cut) between the
+    /// two leaves a published end past the wal's new end over bytes the ring no longer
+    /// holds: the node reads its own intact ring as corrupt and comes back recovering,
+    /// which with a second node down stalls the cluster (simulator seed 501055,
+    /// `Durability::Replicated`). Rewound first, every crash point leaves a published end
+    /// at or below the wal's end: the wal's old suffix, or the cut, and a prefix either way.
     fn truncate_from(&mut self, index: u64) -> Result<(), ReplicaError> {
         // Under Replicated the cut records must not be taken back as placed ones: close the
         // ring first; the next grant clears its free part before it opens it again.
         if self.cfg.durability.commits_on_nic_ack() {
             self.fence_ring();
         }
+        let wal_first = self.cfg.mutation == crate::Mutation::CutWalBeforeRing;
+        if wal_first && index <= self.wal.last_index().0 {
+            self.wal.truncate_suffix(Index(index))?;
+        }
+        self.rewind_ring_before(index)?;
+        if !wal_first && index <= self.wal.last_index().0 {
+            self.wal.truncate_suffix(Index(index))?;
+        }
+        self.raw.mut_store().forget_from(index);
+        self.ring_entries.retain(|r| r.index.0 < index);
+        self.fast_accepted_to = self.fast_accepted_to.min(index - 1);
+        Ok(())
+    }
+
+    /// Moves the ring's end to right after entry `index - 1` ([`Replica::truncate_from`]).
+    fn rewind_ring_before(&mut self, index: u64) -> Result<(), ReplicaError> {
         let prev = self.ring_entry(index - 1).map(|(_, r)| r);
         let cut = (self.cfg.mutation == crate::Mutation::RewindToCutRecord)
             .then(|| self.ring_entry(index).map(|(_, r)| r.start.0))
             .flatten();
-        if index <= self.wal.last_index().0 {
-            self.wal.truncate_suffix(Index(index))?;
-        }
-        self.raw.mut_store().forget_from(index);
-        let prev_term = prev
-            .map(|p| p.term.0)
-            .or_else(|| self.wal.term(Index(index - 1)).map(|t| t.0))
-            .unwrap_or(0);
         // The log goes on right after entry `index - 1`: the end of its ring record, or, once
-        // the ring released it, the wal's end after the truncation above. Never the start of
-        // the cut record: padding may lie between the two, and the leader places the next
-        // entry right after `index - 1`, so a follower rewound past the padding would hold
-        // every later entry at other Lsns than the leader's (and refuse every fast append).
-        let target = match prev {
-            Some(p) => Some(p.end.0),
-            None if cut.is_some_and(|c| c >= self.consumer.head().0) => cut,
+        // the ring released it, its end in the wal. Never the start of the cut record:
+        // padding may lie between the two, and the leader places the next entry right after
+        // `index - 1`, so a follower rewound past the padding would hold every later entry at
+        // other Lsns than the leader's (and refuse every fast append).
+        let (after, in_ring) = match prev {
+            Some(p) => (
+                Position {
+                    lsn: p.end,
+                    last_index: p.index,
+                    last_term: p.term,
+                },
+                true,
+            ),
             None => {
-                let end = self.wal.position();
-                debug_assert_eq!(end.last_index.0, index - 1);
-                (end.last_index.0 == index - 1 && end.lsn.0 >= self.consumer.head().0)
-                    .then_some(end.lsn.0)
+                let Some(after) = self.wal.position_after(Index(index - 1)) else {
+                    return Err(ReplicaError::Poisoned(format!(
+                        "cannot cut the log at entry {index}: neither the ring nor the wal holds entry {} (the wal holds {}..={})",
+                        index - 1,
+                        self.wal.first_index().0,
+                        self.wal.last_index().0
+                    )));
+                };
+                let head = self.consumer.head().0;
+                let at = match cut {
+                    Some(c) if c >= head => Lsn(c),
+                    _ => after.lsn,
+                };
+                (Position { lsn: at, ..after }, at.0 >= head)
             }
         };
-        match target {
-            Some(lsn) => self.producer.rewind(Position {
-                lsn: Lsn(lsn),
-                last_index: Index(index - 1),
-                last_term: Term(prev_term),
-            })?,
-            None => {
-                // The cut is below the ring's window: start a fresh ring at the wal's new end.
-                let ring_cfg = RingConfig {
-                    capacity_bytes: self.cfg.ring_bytes,
-                    block_bytes: self.cfg.block_bytes,
-                };
-                let (p, c) = wal::ring(self.memory.clone(), ring_cfg, self.wal.position())?;
-                self.producer = p;
-                self.consumer = c;
-            }
+        if in_ring {
+            self.producer.rewind(after)?;
+        } else {
+            // The cut is below the ring's window: start a fresh ring where the log goes on.
+            let ring_cfg = RingConfig {
+                capacity_bytes: self.cfg.ring_bytes,
+                block_bytes: self.cfg.block_bytes,
+            };
+            let (p, c) = wal::ring(self.memory.clone(), ring_cfg, after)?;
+            self.producer = p;
+            self.consumer = c;
         }
-        self.ring_entries.retain(|r| r.index.0 < index);
-        self.fast_accepted_to = self.fast_accepted_to.min(index - 1);
         Ok(())
     }
 

@@ -42,7 +42,8 @@ struct Args {
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
     /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early,
-    /// merge-disjoint-appends, stale-entry-cache, unrepaired-raft-batches, trust-log-after-lost-ring, use-connection-before-announced,
+    /// merge-disjoint-appends, stale-entry-cache, unrepaired-raft-batches, trust-log-after-lost-ring,
+    /// cut-wal-before-ring, use-connection-before-announced,
     /// condition-on-commit (with --conditional) or dedup-committed-only (with --sessions).
     #[arg(long)]
     mutation: Option<String>,
@@ -82,6 +83,7 @@ fn main() -> anyhow::Result<()> {
         Some("stale-entry-cache") => replica::Mutation::StaleEntryCache,
         Some("unrepaired-raft-batches") => replica::Mutation::UnrepairedRaftBatches,
         Some("trust-log-after-lost-ring") => replica::Mutation::TrustLogAfterLostRing,
+        Some("cut-wal-before-ring") => replica::Mutation::CutWalBeforeRing,
         Some("use-connection-before-announced") => replica::Mutation::UseConnectionBeforeAnnounced,
         Some("condition-on-commit") => replica::Mutation::ConditionOnCommit,
         Some("dedup-committed-only") => replica::Mutation::DedupCommittedOnly,

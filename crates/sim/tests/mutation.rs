@@ -23,7 +23,9 @@ use replica::{Durability, Mutation};
 /// draw and at 182 with every seed in `Durability::Memory` (well-formed messages: the
 /// merged append's entries do not follow its index); the test runs the latter.
 /// unrepaired-raft-batches is caught only by the seed that found it (1,088; see
-/// `sending_raft_batches_unrepaired_is_caught`). `trust-log-after-lost-ring` is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
+/// `sending_raft_batches_unrepaired_is_caught`), cut-wal-before-ring likewise (501,055 of
+/// `Durability::Replicated`, liveness; `cutting_the_wal_before_the_ring_is_caught`, and
+/// `replica/tests/integration/failed_cut_keeps_the_ring.rs` deterministically). `trust-log-after-lost-ring` is not here: the wal's rewrite after a failed fdatasync removes the only cause the simulator
 /// has, so `replica/tests/integration/stale_branch_after_a_failed_cut.rs` proves it with the marker taken
 /// away. `condition-on-commit` is caught by the conditional-append seed family
 /// (`tests/conditional.rs`), which the default options do not draw. use-connection-before-announced
@@ -243,5 +245,26 @@ fn sending_raft_batches_unrepaired_is_caught() {
     assert!(
         caught.is_some_and(|v| v.starts_with("well-formed messages")),
         "entries batched onto an empty append went unnoticed at seed 1088"
+    );
+}
+
+/// A follower that cuts its wal before it rewinds its ring reads its own ring as corrupt after
+/// a crash between the two: the simulator meets that crash (a failed fdatasync of the cut)
+/// only at seed 501,055 of `Durability::Replicated`, where it left two of three voters
+/// recovering. That seed is a regression (`tests/regressions.rs`); with the order turned back
+/// it must stall again. `replica/tests/integration/failed_cut_keeps_the_ring.rs` builds the
+/// situation on purpose.
+#[test]
+fn cutting_the_wal_before_the_ring_is_caught() {
+    let options = sim::Options {
+        mutation: Mutation::CutWalBeforeRing,
+        durability: Some(Durability::Replicated),
+        ..sim::Options::default()
+    };
+    let caught = sim::run(501055, options, false).err().map(|f| f.violation);
+    eprintln!("cut wal before ring, seed 501055: {caught:?}");
+    assert!(
+        caught.is_some_and(|v| v.starts_with("liveness")),
+        "a follower cutting its wal before its ring went unnoticed at seed 501055"
     );
 }

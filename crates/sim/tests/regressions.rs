@@ -273,3 +273,22 @@ fn seed_1088_entries_batched_onto_an_empty_append() {
         panic!("\n{f}\n");
     }
 }
+
+/// Liveness, found by a 3,000-seed `Durability::Replicated` run from seed 500,000: no leader
+/// after the faults stopped. One node's machine had crashed (it came back recovering, as it
+/// must); another's cut of a conflicting suffix failed at its fdatasync after the wal was cut
+/// and before the ring was rewound, so the ring's published end claimed records the ring no
+/// longer held. That node read its intact ring as corrupt and came back recovering too: two
+/// of three voters would not vote. A follower now rewinds its ring before it cuts its wal
+/// (`Replica::truncate_from`); `replica/tests/integration/failed_cut_keeps_the_ring.rs` builds
+/// the situation on purpose and catches the mutation `cut-wal-before-ring`.
+#[test]
+fn seed_501055_replicated_a_failed_cut_read_its_own_ring_as_corrupt() {
+    let options = sim::Options {
+        durability: Some(replica::Durability::Replicated),
+        ..sim::Options::default()
+    };
+    if let Err(f) = sim::run(501055, options, false) {
+        panic!("\n{f}\n");
+    }
+}

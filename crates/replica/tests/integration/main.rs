@@ -12,6 +12,7 @@ mod driver_fail_stop;
 mod election_and_replication;
 mod embedded_api;
 mod exactly_once;
+mod failed_cut_keeps_the_ring;
 mod fencing_deposed_leader;
 mod follower_catch_up;
 mod joiner_after_checkpoint;
