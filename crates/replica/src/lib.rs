@@ -278,10 +278,11 @@ pub enum Mutation {
     /// serves them without checking the wal's term: raft may read back entries this node's
     /// log no longer holds.
     StaleEntryCache,
-    /// A follower cutting a conflicting suffix cuts its wal before it rewinds its ring
-    /// (`Replica::truncate_from`): a crash between the two leaves the ring's published end
-    /// past the wal's over records the ring no longer holds, and the node comes back
-    /// recovering although it lost nothing (simulator seed 501055).
+    /// A follower cuts its wal (a conflicting suffix, `Replica::truncate_from`) or restarts
+    /// it (a snapshot install) before it lowers its ring's published end: a crash between
+    /// the two leaves the published end past the wal's over records the ring no longer
+    /// holds, and the node comes back recovering although it lost nothing (simulator seed
+    /// 501055).
     CutWalBeforeRing,
     /// Not a rule of the replica's: the simulator's in-process fabric lets a connection be
     /// used as soon as it is up, before its owner polled its `Connected`

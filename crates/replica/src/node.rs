@@ -509,6 +509,15 @@ fn persist_ring(
     Ok(done)
 }
 
+/// Publishes an empty ring (end 0) over `memory` before the wal restarts at a snapshot's
+/// position: at every crash point of the restart the ring's published end is then at or below
+/// the wal's end, so the next open takes the ring over (nothing to take) instead of reading
+/// its records past an emptied wal as corrupt and coming back recovering.
+fn publish_empty_ring(memory: &Arc<dyn RingMemory>, cfg: RingConfig) -> Result<(), ReplicaError> {
+    wal::ring(memory.clone(), cfg, Position::default())?;
+    Ok(())
+}
+
 fn poison_msg(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
@@ -1928,8 +1937,6 @@ impl<F: Fabric> Replica<F> {
             last_index: Index(meta.index),
             last_term: Term(meta.term),
         };
-        self.wal.restart_at(start)?;
-        self.raw.mut_store().forget_all();
         if self.cfg.durability.commits_on_nic_ack() {
             // The ring starts over: close it (the next grant clears and opens the new one).
             self.fence_ring();
@@ -1938,6 +1945,14 @@ impl<F: Fabric> Replica<F> {
             capacity_bytes: self.cfg.ring_bytes,
             block_bytes: self.cfg.block_bytes,
         };
+        // The ring lets go of its records before the wal does, as in a cut
+        // (`Replica::truncate_from`): a crash inside the restart may leave the old log, an
+        // empty one, or the new one, and the ring must claim nothing past any of them.
+        if self.cfg.mutation != crate::Mutation::CutWalBeforeRing {
+            publish_empty_ring(&self.memory, ring_cfg)?;
+        }
+        self.wal.restart_at(start)?;
+        self.raw.mut_store().forget_all();
         let (p, c) = wal::ring(self.memory.clone(), ring_cfg, start)?;
         self.producer = p;
         self.consumer = c;

@@ -252,11 +252,14 @@ impl<F: Fabric> Replica<F> {
             last_index: Index(meta.index),
             last_term: Term(meta.term),
         };
-        wal.restart_at(start)?;
         let ring_cfg = RingConfig {
             capacity_bytes: cfg.ring_bytes,
             block_bytes: cfg.block_bytes,
         };
+        if cfg.mutation != crate::Mutation::CutWalBeforeRing {
+            super::publish_empty_ring(memory, ring_cfg)?;
+        }
+        wal.restart_at(start)?;
         let ring = wal::ring(memory.clone(), ring_cfg, start)?;
         let cs = meta.get_conf_state().clone();
         let history = ConfHistory::new(meta.index, cs.clone());
