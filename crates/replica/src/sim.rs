@@ -252,6 +252,8 @@ impl SimCluster {
 
     /// Restarts a killed node (see [`SimCluster::kill`]): its disk as the dead process left it.
     pub fn restart_killed(&mut self, id: u64) -> Result<(), ReplicaError> {
+        // A new process: a kill armed on the disk for the old one is void.
+        self.disks[&id].revive();
         let ep = self.net.restart(NodeId(id));
         let r = Replica::open(
             self.configs[&id].clone(),

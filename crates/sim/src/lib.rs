@@ -81,6 +81,10 @@ pub struct Options {
     /// then also requires every (session, number) at most once in the committed log. For
     /// the seed family of `tests/sessions.rs`; off by default.
     pub sessions: bool,
+    /// Let half the seeds kill processes in the middle of a disk operation
+    /// ([`Fault::KillMidOp`]); on by default. A seed found before that fault existed replays
+    /// its old schedule with it off (`tests/mutation.rs`, seed 1088).
+    pub kill_mid_op: bool,
 }
 
 /// Clients with a session each, when [`Options::sessions`] is on.
@@ -97,6 +101,7 @@ impl Default for Options {
             durability: None,
             conditional: false,
             sessions: false,
+            kill_mid_op: true,
         }
     }
 }
@@ -165,6 +170,11 @@ pub enum Fault {
     /// Replicated seeds: a follower slept through two elections that took the leadership
     /// away and back, then the re-elected leader was cut off from all but it and killed.
     SleptThroughReelection,
+    /// A node's process is killed in the middle of one of its next disk operations (a cut,
+    /// a snapshot install, a checkpoint, an append): its machine stays up, so the page cache
+    /// and the shared-memory ring keep everything written before. A crash between any two
+    /// steps of a multi-step change.
+    KillMidOp,
 }
 
 /// What a run did.
@@ -300,6 +310,9 @@ struct Run {
     removed: BTreeSet<u64>,
     /// The seed's second generator: rot decisions, so seeds without rot run as before.
     rot_rng: SplitMix64,
+    /// The seed's generator for kills in the middle of a disk operation, so seeds run as
+    /// before until their first such kill.
+    kill_op_rng: SplitMix64,
     /// Per node, the Lsns of records whose stored bytes rotted.
     rotted: BTreeMap<u64, BTreeSet<u64>>,
     /// Nodes that refused to start on a rotten record, waiting for the operator's removal.
@@ -732,6 +745,21 @@ impl Run {
         if self.rot_rng.below(1_000_000) < self.rates.rot_ppm {
             self.rot();
         }
+        if self.kill_op_rng.below(1_000_000) < self.rates.kill_mid_op_ppm
+            && (self.down.len() as u64) < max_down
+        {
+            let live = self.live();
+            if !live.is_empty() {
+                let id = live[self.kill_op_rng.below(live.len() as u64) as usize];
+                let disk = &self.c.disks[&id];
+                let at = disk.ops() + 1 + self.kill_op_rng.below(40);
+                disk.kill_at_op(at);
+                self.fault(
+                    Fault::KillMidOp,
+                    format!("node {id}'s process is killed at its disk operation {at}"),
+                );
+            }
+        }
         // A power cut of one machine mid-write, under Fsync only: under Memory it is a machine
         // crash that cannot be timed against the recovering nodes' count.
         if !memory && self.chance(r.power_cut_ppm) {
@@ -971,7 +999,11 @@ impl Run {
         let live: Vec<u64> = self
             .live()
             .into_iter()
-            .filter(|id| !self.c.paused.contains(id) && !self.c.disks[id].is_crashed())
+            .filter(|id| {
+                !self.c.paused.contains(id)
+                    && !self.c.disks[id].is_crashed()
+                    && !self.c.disks[id].is_killed()
+            })
             .collect();
         if live.is_empty() {
             return;
@@ -1372,10 +1404,12 @@ impl Run {
     fn check(&mut self) -> Result<(), Violation> {
         let mut skipped = BTreeSet::new();
         for (&id, r) in self.c.nodes.iter_mut() {
-            // A machine whose power just failed (a power cut mid-operation) is dead, whether
-            // its process noticed yet or not: its disk answers nothing. A read failure armed
-            // for the node must reach the node, not the checker. Both are checked next step.
-            if self.c.disks[&id].is_crashed() || self.c.disks[&id].read_failure_armed() {
+            // A machine whose power just failed (a power cut mid-operation), or a process
+            // killed mid-operation, is dead, whether it noticed yet or not: its disk answers
+            // nothing. A read failure armed for the node must reach the node, not the checker.
+            // Each is checked next step.
+            let disk = &self.c.disks[&id];
+            if disk.is_crashed() || disk.is_killed() || disk.read_failure_armed() {
                 skipped.insert(id);
                 continue;
             }
@@ -1560,6 +1594,11 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     if rots {
         rates.rot_ppm = 5_000 + rot_rng.below(15_001);
     }
+    // Kills in the middle of a disk operation, from a third generator: half the seeds.
+    let mut kill_op_rng = SplitMix64::new(seed ^ 0x6b11_1ed0_0d15_c0de);
+    if options.kill_mid_op && options.rates.is_none() && kill_op_rng.below(2) == 0 {
+        rates.kill_mid_op_ppm = 1 + kill_op_rng.below(6_000);
+    }
     let (block_bytes, segment_bytes) = if rots {
         (16 << 10, 32 << 10)
     } else {
@@ -1619,6 +1658,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         removed: BTreeSet::new(),
         incarnations: BTreeMap::new(),
         rot_rng,
+        kill_op_rng,
         rotted: BTreeMap::new(),
         lost: BTreeSet::new(),
         replaced: 0,

@@ -59,6 +59,10 @@ struct Args {
     /// tests/sessions.rs).
     #[arg(long)]
     sessions: bool,
+    /// Never kill a process in the middle of a disk operation (the schedule seeds had before
+    /// that fault existed).
+    #[arg(long)]
+    no_kill_mid_op: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -96,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         durability: args.durability,
         conditional: args.conditional,
         sessions: args.sessions,
+        kill_mid_op: !args.no_kill_mid_op,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {

@@ -47,6 +47,10 @@ pub struct FaultRates {
     /// A byte of a stored record rots (Fsync seeds only; drawn from the seed's second
     /// generator, so older seeds keep their runs until the first rot).
     pub rot_ppm: u64,
+    /// A node's process is killed at one of its next disk operations, in the middle of a
+    /// cut, an install, a checkpoint or an append (drawn from the seed's own generator for
+    /// it, so seeds without it run as before until its first kill).
+    pub kill_mid_op_ppm: u64,
     /// A client starts an append.
     pub append_ppm: u64,
 }
@@ -64,6 +68,7 @@ impl FaultRates {
             power_cut_ppm: 0,
             read_eio_ppm: 0,
             rot_ppm: 0,
+            kill_mid_op_ppm: 0,
             restart_ppm: r(20_000, 200_000),
             torn_write_ppm: r(0, 1_000_000),
             partition_ppm: r(0, 20_000),
@@ -100,6 +105,7 @@ impl FaultRates {
             power_cut_ppm: 0,
             read_eio_ppm: 0,
             rot_ppm: 0,
+            kill_mid_op_ppm: 0,
             restart_ppm: 0,
             torn_write_ppm: 0,
             partition_ppm: 0,
@@ -123,7 +129,7 @@ impl std::fmt::Display for FaultRates {
             f,
             "ppm/step: crash {} power-loss {} kill {} restart {} torn-write {} partition {} heal {} break {} delay {} \
              pause {} resume {} eio {} enospc {} transfer {} membership {} checkpoint {} \
-             power-cut {} read-eio {} rot {} append {}",
+             power-cut {} read-eio {} rot {} kill-mid-op {} append {}",
             self.crash_ppm,
             self.power_loss_ppm,
             self.kill_ppm,
@@ -143,6 +149,7 @@ impl std::fmt::Display for FaultRates {
             self.power_cut_ppm,
             self.read_eio_ppm,
             self.rot_ppm,
+            self.kill_mid_op_ppm,
             self.append_ppm
         )
     }

@@ -269,8 +269,16 @@ fn seeds_319_62767_bytes_read_back_after_a_failed_fdatasync() {
 /// failed with.
 #[test]
 fn seed_1088_entries_batched_onto_an_empty_append() {
-    if let Err(f) = sim::run(1088, sim::Options::default(), false) {
-        panic!("\n{f}\n");
+    // Both schedules: the one it was found with (before kills in the middle of a disk
+    // operation existed) and today's default.
+    for kill_mid_op in [false, true] {
+        let options = sim::Options {
+            kill_mid_op,
+            ..sim::Options::default()
+        };
+        if let Err(f) = sim::run(1088, options, false) {
+            panic!("\n{f}\n");
+        }
     }
 }
 

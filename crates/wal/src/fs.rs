@@ -157,6 +157,10 @@ struct FaultState {
     /// Crash when `ops` reaches this number: that operation and all later ones fail.
     crash_at_op: Option<u64>,
     crashed: bool,
+    /// Kill the process when `ops` reaches this number: that operation and all later ones
+    /// fail until [`FaultFs::revive`], and nothing written is lost.
+    kill_at_op: Option<u64>,
+    killed: bool,
     /// Fail the next fdatasync with EIO.
     fail_next_sync: bool,
     /// Fail the next fdatasync of a file whose name ends with this, with EIO.
@@ -184,17 +188,31 @@ impl FaultState {
         self.files.values().map(|f| f.data.len() as u64).sum()
     }
 
-    /// Counts one mutating operation and fails it if the machine has "crashed".
+    /// Counts one mutating operation and fails it if the machine has "crashed" or the process
+    /// was "killed".
     fn step(&mut self) -> io::Result<()> {
-        if self.crashed {
-            return Err(crashed());
-        }
+        self.up()?;
         self.ops += 1;
         if self.crash_at_op.is_some_and(|at| self.ops >= at) {
             self.crashed = true;
             return Err(crashed());
         }
+        if self.kill_at_op.is_some_and(|at| self.ops >= at) {
+            self.killed = true;
+            return Err(killed());
+        }
         Ok(())
+    }
+
+    /// Fails if the machine is down or the process using the disk was killed.
+    fn up(&self) -> io::Result<()> {
+        if self.crashed {
+            Err(crashed())
+        } else if self.killed {
+            Err(killed())
+        } else {
+            Ok(())
+        }
     }
 
     fn gc(&mut self) {
@@ -210,6 +228,10 @@ impl FaultState {
 
 fn crashed() -> io::Error {
     io::Error::other("simulated power loss: the machine is down")
+}
+
+fn killed() -> io::Error {
+    io::Error::other("simulated kill -9: the process using this disk is dead")
 }
 
 fn no_space() -> io::Error {
@@ -247,6 +269,28 @@ impl FaultFs {
     /// Whether the simulated machine is down.
     pub fn is_crashed(&self) -> bool {
         self.lock().crashed
+    }
+
+    /// Simulates a kill -9 of the process using this disk at its `op`-th mutating operation of
+    /// this boot (1-based), in the middle of whatever it was doing (a cut, a snapshot install,
+    /// a checkpoint, an append): that operation and every later one, reads included, fail
+    /// until [`FaultFs::revive`]. The machine stays up, so nothing written before is lost
+    /// (the page cache survives).
+    pub fn kill_at_op(&self, op: u64) {
+        self.lock().kill_at_op = Some(op);
+    }
+
+    /// Whether the process using this disk was killed by [`FaultFs::kill_at_op`].
+    pub fn is_killed(&self) -> bool {
+        self.lock().killed
+    }
+
+    /// A new process takes the disk over after a kill: clears the kill, and one armed but not
+    /// reached.
+    pub fn revive(&self) {
+        let mut state = self.lock();
+        state.killed = false;
+        state.kill_at_op = None;
     }
 
     /// Makes the next fdatasync fail with EIO.
@@ -323,6 +367,8 @@ impl FaultFs {
         state.ops = 0;
         state.crash_at_op = None;
         state.crashed = false;
+        state.kill_at_op = None;
+        state.killed = false;
         state.fail_next_sync = false;
         state.fail_next_sync_of = None;
         state.fail_next_read = false;
@@ -386,8 +432,8 @@ impl FaultHandle {
         }
         if mutating {
             state.step()?;
-        } else if state.crashed {
-            return Err(crashed());
+        } else {
+            state.up()?;
         }
         if !state.files.contains_key(&self.id) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
@@ -501,18 +547,12 @@ impl WalFile for FaultHandle {
 impl FileSystem for FaultFs {
     fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
         // Directories are implicit: a path's parent is its directory.
-        if self.lock().crashed {
-            Err(crashed())
-        } else {
-            Ok(())
-        }
+        self.lock().up()
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let state = self.lock();
-        if state.crashed {
-            return Err(crashed());
-        }
+        state.up()?;
         Ok(state
             .entries
             .keys()
@@ -523,9 +563,7 @@ impl FileSystem for FaultFs {
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn WalFile>> {
         let state = self.lock();
-        if state.crashed {
-            return Err(crashed());
-        }
+        state.up()?;
         let id = *state
             .entries
             .get(path)
@@ -626,6 +664,26 @@ mod tests {
         assert!(crate::WalError::is_no_space(
             &f.write_all_at(&[1], 100).unwrap_err()
         ));
+    }
+
+    #[test]
+    fn kill_at_op_fails_that_op_and_later_ones_and_loses_nothing() {
+        let fs = FaultFs::new();
+        let f = fs.create(Path::new("/d/f")).unwrap();
+        fs.kill_at_op(3);
+        f.write_all_at(b"written", 0).unwrap();
+        assert!(f.write_all_at(b"never", 0).is_err(), "the third op");
+        assert!(fs.is_killed() && !fs.is_crashed());
+        let mut buf = [0u8; 7];
+        assert!(
+            f.read_exact_at(&mut buf, 0).is_err(),
+            "a dead process reads nothing"
+        );
+        fs.revive();
+        let g = fs.open(Path::new("/d/f")).unwrap();
+        g.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"written", "the page cache survives a kill");
+        g.write_all_at(b"again", 0).unwrap();
     }
 
     #[test]
