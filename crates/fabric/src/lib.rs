@@ -385,14 +385,38 @@ pub trait Fabric {
     }
 }
 
-/// Reads `len` bytes at byte offset `offset` of `memory` into `out` (little-endian words).
+/// Reads `out.len()` bytes at byte offset `offset` of `memory` into `out` (little-endian
+/// words): one load per word, not per byte. The TCP back-end sends every write's source bytes
+/// through it, and a load per byte cost about 10 instructions per byte (40,000 per 4 KiB).
 pub fn read_bytes(memory: &dyn Memory, offset: u64, out: &mut [u8]) {
+    read_words(memory.words(), offset, out);
+}
+
+/// Reads `out.len()` bytes at byte offset `offset` of a slice of little-endian words: the
+/// partial words at the edges, and whole words between them.
+pub fn read_words(words: &[AtomicU64], offset: u64, out: &mut [u8]) {
     use std::sync::atomic::Ordering;
-    let words = memory.words();
-    for (i, b) in out.iter_mut().enumerate() {
-        let pos = offset + i as u64;
-        let w = words[(pos / 8) as usize].load(Ordering::Acquire);
-        *b = (w >> ((pos % 8) * 8)) as u8;
+    let mut pos = offset;
+    let mut out = out;
+    let within = (pos % 8) as usize;
+    if within != 0 && !out.is_empty() {
+        let take = (8 - within).min(out.len());
+        let w = words[(pos / 8) as usize]
+            .load(Ordering::Acquire)
+            .to_le_bytes();
+        out[..take].copy_from_slice(&w[within..within + take]);
+        pos += take as u64;
+        out = &mut out[take..];
+    }
+    let first = (pos / 8) as usize;
+    let whole = out.len() / 8;
+    let (body, tail) = out.split_at_mut(whole * 8);
+    for (chunk, word) in body.chunks_exact_mut(8).zip(&words[first..first + whole]) {
+        chunk.copy_from_slice(&word.load(Ordering::Acquire).to_le_bytes());
+    }
+    if !tail.is_empty() {
+        let w = words[first + whole].load(Ordering::Acquire).to_le_bytes();
+        tail.copy_from_slice(&w[..tail.len()]);
     }
 }
 
@@ -464,6 +488,20 @@ mod tests {
             let mut back = vec![0u8; data.len()];
             read_bytes(&m, off, &mut back);
             assert_eq!(back, data, "offset {off}");
+        }
+    }
+
+    #[test]
+    fn reads_match_a_byte_by_byte_read_at_every_offset_and_length() {
+        let m = VecMemory::new(64);
+        let data: Vec<u8> = (0..64).map(|i| (i * 7 + 3) as u8).collect();
+        write_bytes(&m, 0, &data);
+        for off in 0..24u64 {
+            for len in 0..=(64 - off as usize).min(40) {
+                let mut got = vec![0xEEu8; len];
+                read_bytes(&m, off, &mut got);
+                assert_eq!(got, data[off as usize..off as usize + len], "{off}+{len}");
+            }
         }
     }
 
