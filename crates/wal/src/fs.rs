@@ -286,11 +286,13 @@ impl FaultFs {
     }
 
     /// A new process takes the disk over after a kill: clears the kill, and one armed but not
-    /// reached.
+    /// reached. Handles the dead process opened fail from now on, as after a reboot: nothing
+    /// it left running can write behind the new process's back.
     pub fn revive(&self) {
         let mut state = self.lock();
         state.killed = false;
         state.kill_at_op = None;
+        state.boot += 1;
     }
 
     /// Makes the next fdatasync fail with EIO.
@@ -427,7 +429,7 @@ impl FaultHandle {
         let mut state = self.fs.lock();
         if state.boot != self.boot {
             return Err(io::Error::other(
-                "stale handle from before a simulated reboot",
+                "stale handle of a dead process (from before a simulated reboot or kill)",
             ));
         }
         if mutating {
@@ -684,6 +686,10 @@ mod tests {
         g.read_exact_at(&mut buf, 0).unwrap();
         assert_eq!(&buf, b"written", "the page cache survives a kill");
         g.write_all_at(b"again", 0).unwrap();
+        assert!(
+            f.write_all_at(b"stale", 0).is_err(),
+            "the dead process's handle must not write behind the new one's back"
+        );
     }
 
     #[test]
