@@ -24,19 +24,11 @@
 //! Method: 5 nodes (so that a leader without X's stale suffix can be elected), on the
 //! in-process fabric, `Durability::Replicated`; and 3 nodes for the snapshot install.
 
-use fabric::NodeId;
 use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
 use replica::{Durability, Mutation, ReplicaConfig};
 
-const SECOND_NS: u64 = 1_000_000_000;
-
-fn isolate(c: &mut SimCluster, id: u64, from: &[u64], on: bool) {
-    for &o in from {
-        c.net.set_link(NodeId(id), NodeId(o), on);
-        c.net.set_link(NodeId(o), NodeId(id), on);
-    }
-}
+use crate::stale_suffix::{SECOND_NS, StaleSuffix, isolate, stale_suffix_on_a_follower};
 
 #[test]
 fn a_failed_cut_leaves_a_ring_the_next_open_takes_over() {
@@ -85,42 +77,7 @@ fn scenario(mutation: Mutation) -> Option<String> {
     )
     .unwrap();
     c.fail_stop = true;
-    let a = c.elect().unwrap();
-    for i in 0..5 {
-        c.append(format!("committed-{i}").as_bytes()).unwrap();
-    }
-    let x = (1..=5).find(|&i| i != a).unwrap();
-    let rest: Vec<u64> = (1..=5).filter(|&i| i != a && i != x).collect();
-
-    // A and X alone: A's next entries reach X only and cannot commit.
-    isolate(&mut c, a, &rest, false);
-    isolate(&mut c, x, &rest, false);
-    let first_stale = c.node(a).status().last_index + 1;
-    for i in 0..3 {
-        c.node(a).propose(format!("stale-{i}").as_bytes()).unwrap();
-    }
-    let a_last = c.node(a).status().last_index;
-    let got = c
-        .run_until(5 * SECOND_NS, |c| c.node(x).status().last_index >= a_last)
-        .unwrap();
-    assert!(got, "X did not receive A's uncommitted entries");
-    // A clean stop puts them in X's segment files; the ring X restarts on starts past them.
-    c.stop(x).unwrap();
-    c.restart_killed(x).unwrap();
-    assert!(c.node(x).persisted_term(first_stale).is_some());
-
-    // The other three elect a leader and commit entries at those indexes.
-    isolate(&mut c, a, &[x], false);
-    let ok = c
-        .run_until(30 * SECOND_NS, |c| {
-            c.leader().is_some_and(|l| l != a && l != x)
-        })
-        .unwrap();
-    assert!(ok, "the other three elected no leader");
-    c.kill(a);
-    for i in 0..5 {
-        c.append(format!("new-{i}").as_bytes()).unwrap();
-    }
+    let StaleSuffix { x, rest, .. } = stale_suffix_on_a_follower(&mut c);
 
     // X rejoins; its cut of the stale entries fails at the fdatasync of its segment file: it
     // fail-stops, its machine up and its ring intact.

@@ -29,4 +29,5 @@ mod ring_full_late_reads;
 mod sim_add_node;
 mod snapshot_transfer;
 mod stale_branch_after_a_failed_cut;
+mod stale_suffix;
 mod woken_leader_after_reconnect;
