@@ -509,15 +509,6 @@ fn persist_ring(
     Ok(done)
 }
 
-/// Publishes an empty ring (end 0) over `memory` before the wal restarts at a snapshot's
-/// position: at every crash point of the restart the ring's published end is then at or below
-/// the wal's end, so the next open takes the ring over (nothing to take) instead of reading
-/// its records past an emptied wal as corrupt and coming back recovering.
-fn publish_empty_ring(memory: &Arc<dyn RingMemory>, cfg: RingConfig) -> Result<(), ReplicaError> {
-    wal::ring(memory.clone(), cfg, Position::default())?;
-    Ok(())
-}
-
 fn poison_msg(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
@@ -1947,9 +1938,11 @@ impl<F: Fabric> Replica<F> {
         };
         // The ring lets go of its records before the wal does, as in a cut
         // (`Replica::truncate_from`): a crash inside the restart may leave the old log, an
-        // empty one, or the new one, and the ring must claim nothing past any of them.
+        // empty one, or the new one, and the ring must claim nothing past any of them (the
+        // next open then takes nothing from it instead of reading its records past an
+        // emptied wal as corrupt and coming back recovering).
         if self.cfg.mutation != crate::Mutation::CutWalBeforeRing {
-            publish_empty_ring(&self.memory, ring_cfg)?;
+            wal::clear_published(self.memory.as_ref());
         }
         self.wal.restart_at(start)?;
         self.raw.mut_store().forget_all();

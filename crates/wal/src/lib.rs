@@ -33,7 +33,7 @@ pub use error::WalError;
 pub use format::{DecodeError, EntryHeader, RecordKind};
 pub use ring::{
     AnonymousMemory, Consumer, Producer, RecordSource, RingConfig, RingMemory, Verified,
-    open_to_remote, published_tail, ring, ring_recovering,
+    clear_published, open_to_remote, published_tail, ring, ring_recovering,
 };
 pub use wal::{Entry, RecoveryReport, Wal, WalConfig};
 

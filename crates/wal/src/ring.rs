@@ -99,6 +99,16 @@ pub fn published_tail(memory: &dyn RingMemory) -> Option<Lsn> {
         .map(|w| Lsn(w.load(Ordering::Acquire) & !OPEN_TO_REMOTE))
 }
 
+/// Marks `memory` as holding no published records (end 0, closed to remote writes), as a new
+/// ring at Lsn 0 would, without building one. For a caller about to restart its log somewhere
+/// else (a snapshot install): until the new ring is built over the memory, a crash leaves
+/// nothing claimed past any state of the log, so recovery takes nothing.
+pub fn clear_published(memory: &dyn RingMemory) {
+    if let Some(mirror) = memory.tail_mirror() {
+        mirror.store(0, Ordering::Release);
+    }
+}
+
 /// Whether a crashed process left `memory` open to remote writes
 /// ([`Producer::set_open_to_remote`]): records past the published tail may then have been
 /// placed by a writer that counted them as held, and recovery must take them with
@@ -1235,6 +1245,27 @@ mod tests {
         capacity_bytes: 1024,
         block_bytes: 256,
     };
+
+    #[test]
+    fn a_cleared_ring_claims_nothing_and_is_closed_to_remote_writes() {
+        let memory = surviving(1024);
+        let (mut p, _c) = ring(memory.clone(), CFG, Position::default()).unwrap();
+        p.append_next(Term(1), b"one").unwrap();
+        p.set_open_to_remote(true);
+        assert!(published_tail(memory.as_ref()).unwrap() > Lsn(0));
+        assert!(open_to_remote(memory.as_ref()));
+        clear_published(memory.as_ref());
+        assert_eq!(published_tail(memory.as_ref()), Some(Lsn(0)));
+        assert!(!open_to_remote(memory.as_ref()));
+        // A process starting now over a log that ends anywhere takes nothing from the ring.
+        let end = Position {
+            lsn: Lsn(64),
+            last_index: Index(1),
+            last_term: Term(1),
+        };
+        let (mut p, _c) = ring_recovering(memory.clone(), CFG, end).unwrap();
+        assert_eq!(p.recover_published(Lsn(0), Term(1)).unwrap(), (end, 0));
+    }
 
     #[test]
     fn a_crashed_producers_published_records_are_recovered_and_nothing_past_them() {

@@ -257,7 +257,7 @@ impl<F: Fabric> Replica<F> {
             block_bytes: cfg.block_bytes,
         };
         if cfg.mutation != crate::Mutation::CutWalBeforeRing {
-            super::publish_empty_ring(memory, ring_cfg)?;
+            wal::clear_published(memory.as_ref());
         }
         wal.restart_at(start)?;
         let ring = wal::ring(memory.clone(), ring_cfg, start)?;
