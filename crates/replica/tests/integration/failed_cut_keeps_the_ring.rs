@@ -125,8 +125,10 @@ fn install_scenario(mutation: Mutation) -> Option<String> {
         |cfg: &mut ReplicaConfig| {
             cfg.durability = Durability::Replicated;
             cfg.mutation = mutation;
-            // Small segments, so that a checkpoint really deletes entries.
+            // Small segments, so that a checkpoint really deletes entries, and a ring smaller
+            // than X's log (below).
             cfg.segment_bytes = 512 << 10;
+            cfg.ring_bytes = 1 << 20;
         },
     )
     .unwrap();
