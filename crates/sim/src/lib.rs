@@ -999,11 +999,7 @@ impl Run {
         let live: Vec<u64> = self
             .live()
             .into_iter()
-            .filter(|id| {
-                !self.c.paused.contains(id)
-                    && !self.c.disks[id].is_crashed()
-                    && !self.c.disks[id].is_killed()
-            })
+            .filter(|id| !self.c.paused.contains(id) && !self.c.disks[id].is_down())
             .collect();
         if live.is_empty() {
             return;
@@ -1409,7 +1405,7 @@ impl Run {
             // nothing. A read failure armed for the node must reach the node, not the checker.
             // Each is checked next step.
             let disk = &self.c.disks[&id];
-            if disk.is_crashed() || disk.is_killed() || disk.read_failure_armed() {
+            if disk.is_down() || disk.read_failure_armed() {
                 skipped.insert(id);
                 continue;
             }

@@ -285,6 +285,11 @@ impl FaultFs {
         self.lock().killed
     }
 
+    /// Whether nothing can use the disk now: its machine crashed or its process was killed.
+    pub fn is_down(&self) -> bool {
+        self.lock().up().is_err()
+    }
+
     /// A new process takes the disk over after a kill: clears the kill, and one armed but not
     /// reached. Handles the dead process opened fail from now on, as after a reboot: nothing
     /// it left running can write behind the new process's back.
