@@ -23,9 +23,9 @@ use crate::reads::{ReadTicket, Reads};
 use crate::recovering::Recovering;
 use crate::sessions::{Applied, Pending, Sessions};
 use crate::storage::{
-    CheckpointData, ConfHistory, Guard, PayloadKind, SnapshotFile, StateFile, StoredState,
-    TAG_NORMAL, TAG_SESSION_OPEN, WalStorage, payload_kind, payload_of, session_payload,
-    snapshot_lsn,
+    CheckpointData, ConfHistory, Guard, PayloadArena, PayloadKind, SnapshotFile, StateFile,
+    StoredState, TAG_NORMAL, TAG_SESSION_OPEN, WalStorage, payload_kind, payload_of,
+    session_header, snapshot_lsn,
 };
 use crate::wire::{self, Body, Frame, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{ReplicaConfig, ReplicaError};
@@ -442,6 +442,8 @@ pub struct Replica<F: Fabric> {
     /// event and finds the same returns at once ([`Quiet`]).
     quiet: Option<Quiet>,
     encode_buf: Vec<u8>,
+    /// Where proposed and accepted entries' payloads are cut from ([`PayloadArena`]).
+    arena: PayloadArena,
     scratch: Vec<u8>,
     /// Linearizable reads in flight (raft's ReadIndex).
     reads: Reads,

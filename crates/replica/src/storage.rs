@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use raft::prelude::{ConfState, Entry, EntryType, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, StorageError};
 use wal::fs::FileSystem;
@@ -33,14 +33,14 @@ pub const SESSION_HEADER_BYTES: usize = 17;
 /// The most bytes a stored payload adds to the application's.
 pub const MAX_ENTRY_OVERHEAD: usize = SESSION_HEADER_BYTES;
 
-/// The payload of an application entry `data` appended as number `seq` of session `session`.
-pub fn session_payload(session: u64, seq: u64, data: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(SESSION_HEADER_BYTES + data.len());
-    v.push(TAG_SESSION);
-    v.extend_from_slice(&session.to_le_bytes());
-    v.extend_from_slice(&seq.to_le_bytes());
-    v.extend_from_slice(data);
-    v
+/// The first bytes of the payload of an application entry appended as number `seq` of session
+/// `session` (the application's bytes follow).
+pub fn session_header(session: u64, seq: u64) -> [u8; SESSION_HEADER_BYTES] {
+    let mut h = [0u8; SESSION_HEADER_BYTES];
+    h[0] = TAG_SESSION;
+    h[1..9].copy_from_slice(&session.to_le_bytes());
+    h[9..17].copy_from_slice(&seq.to_le_bytes());
+    h
 }
 
 /// What a stored payload is, to the application.
@@ -103,21 +103,72 @@ pub fn entry_from_owned(index: u64, term: u64, payload: Vec<u8>) -> Result<Entry
     entry_from_payload(index, term, &payload)
 }
 
+/// Bytes a [`PayloadArena`] takes from the allocator at a time.
+const ARENA_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Entry payloads cut from shared chunks: each payload is a [`Bytes`] view of a chunk, so
+/// building an entry allocates once per chunk instead of once per entry, and raft-rs's clones
+/// of the entry (its unstable log, its messages, the recent-entries cache) count a reference
+/// instead of first moving a `Vec`'s bytes behind a shared header (one more allocation per
+/// entry). A chunk is freed when the last entry cut from it is dropped; entries are dropped
+/// roughly in log order, so the memory held beyond the live entries is about one chunk. A
+/// payload of half a chunk or more gets a buffer of its own.
+#[derive(Debug, Default)]
+pub struct PayloadArena {
+    chunk: BytesMut,
+}
+
+impl PayloadArena {
+    /// The concatenation of `parts` as one payload.
+    pub fn copy(&mut self, parts: &[&[u8]]) -> Bytes {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len >= ARENA_CHUNK_BYTES / 2 {
+            let mut own = BytesMut::with_capacity(len);
+            parts.iter().for_each(|p| own.extend_from_slice(p));
+            return own.freeze();
+        }
+        if self.chunk.capacity() - self.chunk.len() < len {
+            self.chunk = BytesMut::with_capacity(ARENA_CHUNK_BYTES);
+        }
+        parts.iter().for_each(|p| self.chunk.extend_from_slice(p));
+        self.chunk.split().freeze()
+    }
+}
+
 /// Builds raft's entry from a stored payload.
 pub fn entry_from_payload(index: u64, term: u64, payload: &[u8]) -> Result<Entry, String> {
+    build_entry(index, term, payload, Bytes::copy_from_slice)
+}
+
+/// [`entry_from_payload`] with the entry's data cut from `arena` (the fast path's accept).
+pub fn entry_from_payload_in(
+    arena: &mut PayloadArena,
+    index: u64,
+    term: u64,
+    payload: &[u8],
+) -> Result<Entry, String> {
+    build_entry(index, term, payload, |data| arena.copy(&[data]))
+}
+
+fn build_entry(
+    index: u64,
+    term: u64,
+    payload: &[u8],
+    copy: impl FnOnce(&[u8]) -> Bytes,
+) -> Result<Entry, String> {
     let mut e = Entry::default();
     e.index = index;
     e.term = term;
     match payload.first() {
         None => {}
-        Some(_) if normal_payload_ok(payload) => e.data = Bytes::copy_from_slice(payload),
+        Some(_) if normal_payload_ok(payload) => e.data = copy(payload),
         Some(&TAG_CONF_CHANGE_V2) => {
             e.set_entry_type(EntryType::EntryConfChangeV2);
-            e.data = Bytes::copy_from_slice(&payload[1..]);
+            e.data = copy(&payload[1..]);
         }
         Some(&TAG_CONF_CHANGE) => {
             e.set_entry_type(EntryType::EntryConfChange);
-            e.data = Bytes::copy_from_slice(&payload[1..]);
+            e.data = copy(&payload[1..]);
         }
         Some(t) => {
             return Err(format!(
@@ -1023,6 +1074,40 @@ mod tests {
             (app.index, app.term, &app.data[..]),
             (8, 3, &[TAG_NORMAL, 7, 7][..])
         );
+    }
+
+    #[test]
+    fn an_arena_cuts_independent_payloads_from_shared_chunks() {
+        let mut arena = PayloadArena::default();
+        let a = arena.copy(&[&[TAG_NORMAL], b"first"]);
+        let b = arena.copy(&[&[TAG_SESSION], &[9; 16], b"second"]);
+        let empty = arena.copy(&[]);
+        assert_eq!(&a[..], b"\x01first");
+        assert_eq!(b.len(), 1 + 16 + 6);
+        assert!(empty.is_empty());
+        // Cut one after the other from one chunk: the second starts where the first ends.
+        assert_eq!(a.as_ptr().wrapping_add(a.len()), b.as_ptr());
+        // A clone is a view of the same bytes, not a copy.
+        let a2 = a.clone();
+        assert_eq!(a2.as_ptr(), a.as_ptr());
+        drop(a);
+        assert_eq!(&a2[..], b"\x01first");
+        // Filling a chunk starts another; earlier payloads keep their bytes.
+        let many: Vec<Bytes> = (0..200u32)
+            .map(|k| arena.copy(&[&k.to_le_bytes(), &[k as u8; 1000]]))
+            .collect();
+        for (k, p) in many.iter().enumerate() {
+            assert_eq!(&p[..4], &(k as u32).to_le_bytes());
+            assert!(p[4..].iter().all(|&x| x == k as u8));
+        }
+        assert_eq!(b[0], TAG_SESSION);
+        // A payload of half a chunk or more has a buffer of its own.
+        let big = arena.copy(&[&vec![5u8; ARENA_CHUNK_BYTES]]);
+        let next = arena.copy(&[b"x"]);
+        assert_eq!(big.len(), ARENA_CHUNK_BYTES);
+        assert_ne!(big.as_ptr().wrapping_add(big.len()), next.as_ptr());
+        let e = entry_from_payload_in(&mut arena, 3, 2, &[TAG_NORMAL, 1, 2]).unwrap();
+        assert_eq!(e, entry_from_payload(3, 2, &[TAG_NORMAL, 1, 2]).unwrap());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use raft::prelude::{Entry, Message, MessageType};
 use wal::{Index, Lsn, Term};
 
 use super::{MAX_OUTBOX, Replica, RingEntry};
-use crate::storage::entry_from_payload;
+use crate::storage::entry_from_payload_in;
 use crate::wire::{self, RingInfo};
 use crate::{Mutation, ReplicaError};
 
@@ -472,6 +472,7 @@ impl<F: Fabric> Replica<F> {
         let mut mismatch = None;
         let mut pos = before.lsn;
         let ring_entries = &mut self.ring_entries;
+        let arena = &mut self.arena;
         let after = self
             .producer
             .accept_written_each(Lsn(lsn_end), |lsn, d| {
@@ -488,7 +489,7 @@ impl<F: Fabric> Replica<F> {
                     });
                     return;
                 }
-                match entry_from_payload(index, term, d.payload) {
+                match entry_from_payload_in(arena, index, term, d.payload) {
                     Ok(entry) => out.push(entry),
                     Err(e) => {
                         mismatch = Some(FastReject::Payload(e));
@@ -561,13 +562,16 @@ impl<F: Fabric> Replica<F> {
         let mut good = pos;
         let mut not_entry = false;
         let ring_entries = &mut self.ring_entries;
+        let arena = &mut self.arena;
         let (_, n) = self
             .producer
             .accept_placed_each(Term(self.raw.raft.term), |lsn, d| {
                 if not_entry {
                     return;
                 }
-                let Ok(e) = entry_from_payload(d.header.index.0, d.header.term.0, d.payload) else {
+                let Ok(e) =
+                    entry_from_payload_in(arena, d.header.index.0, d.header.term.0, d.payload)
+                else {
                     not_entry = true;
                     return;
                 };

@@ -152,6 +152,7 @@ impl<F: Fabric> Replica<F> {
             outboxes_queued: false,
             quiet: None,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
+            arena: PayloadArena::default(),
             scratch: Vec::new(),
             reads: Reads::default(),
         };

@@ -1,6 +1,8 @@
 //! Proposals and their tickets: single entries, batches (conditional or not), session
 //! entries, membership changes and leader transfer, and how a ticket resolves.
 
+use bytes::Bytes;
+
 use super::*;
 
 impl<F: Fabric> Replica<F> {
@@ -11,23 +13,8 @@ impl<F: Fabric> Replica<F> {
 
     pub(super) fn propose_inner(&mut self, data: &[u8]) -> Result<Ticket, ReplicaError> {
         self.check_proposal(&[data])?;
-        let before = self.raw.raft.raft_log.last_index();
-        let mut v = Vec::with_capacity(data.len() + 1);
-        v.push(TAG_NORMAL);
-        v.extend_from_slice(data);
-        self.raw
-            .propose(Vec::new(), v)
-            .map_err(|e| ReplicaError::Dropped(e.to_string()))?;
-        let after = self.raw.raft.raft_log.last_index();
-        if after != before + 1 {
-            return Err(ReplicaError::Dropped(
-                "raft did not append the proposal".into(),
-            ));
-        }
-        Ok(Ticket {
-            index: after,
-            term: self.raw.raft.term,
-        })
+        let entry = entry_of(self.arena.copy(&[&[TAG_NORMAL], data]));
+        Ok(self.propose_entries(vec![entry])?.first())
     }
 
     /// Proposes `items` as one raft proposal: they get consecutive indexes, or none of them
@@ -91,41 +78,30 @@ impl<F: Fabric> Replica<F> {
                 return Err(ReplicaError::ConditionFailed { expected, last });
             }
         }
-        let payloads = items
-            .iter()
-            .map(|data| {
-                let mut v = Vec::with_capacity(data.len() + 1);
-                v.push(TAG_NORMAL);
-                v.extend_from_slice(data);
-                v
-            })
-            .collect();
-        self.propose_payloads(payloads)
+        let mut entries = Vec::with_capacity(items.len());
+        for data in items {
+            entries.push(entry_of(self.arena.copy(&[&[TAG_NORMAL], data])));
+        }
+        Ok(self.propose_entries(entries)?.collect())
     }
 
-    /// Steps stored payloads into raft as one proposal: consecutive indexes for all, or none
-    /// in the log and an error.
-    pub(super) fn propose_payloads(
-        &mut self,
-        payloads: Vec<Vec<u8>>,
-    ) -> Result<Vec<Ticket>, ReplicaError> {
-        if payloads.is_empty() {
-            return Ok(Vec::new());
+    /// Steps new entries into raft as one proposal: consecutive indexes for all, or none in
+    /// the log and an error.
+    pub(super) fn propose_entries(&mut self, entries: Vec<Entry>) -> Result<Tickets, ReplicaError> {
+        let before = self.raw.raft.raft_log.last_index();
+        let term = self.raw.raft.term;
+        let n = entries.len() as u64;
+        if n == 0 {
+            return Ok(Tickets {
+                first: before + 1,
+                last: before,
+                term,
+            });
         }
-        let n = payloads.len() as u64;
-        let entries: Vec<Entry> = payloads
-            .into_iter()
-            .map(|v| {
-                let mut e = Entry::default();
-                e.data = v.into();
-                e
-            })
-            .collect();
         let mut m = Message::default();
         m.set_msg_type(MessageType::MsgPropose);
         m.from = self.cfg.id;
         m.set_entries(entries.into());
-        let before = self.raw.raft.raft_log.last_index();
         // raft-rs appends a proposal's entries together or not at all (its uncommitted-size
         // check covers the whole message).
         self.raw
@@ -142,10 +118,11 @@ impl<F: Fabric> Replica<F> {
                 "raft did not append the proposal".into(),
             ));
         }
-        let term = self.raw.raft.term;
-        Ok((before + 1..=after)
-            .map(|index| Ticket { index, term })
-            .collect())
+        Ok(Tickets {
+            first: before + 1,
+            last: after,
+            term,
+        })
     }
 
     /// Proposes the opening of a client session (see [`crate::sessions`]); once the ticket
@@ -154,7 +131,9 @@ impl<F: Fabric> Replica<F> {
         self.fail_stop_on_read_error(|r| {
             r.check_proposal(&[])?;
             r.refresh_pending_sessions()?;
-            let t = r.propose_payloads(vec![vec![TAG_SESSION_OPEN]])?[0];
+            let t = r
+                .propose_entries(vec![entry_of(Bytes::from_static(&[TAG_SESSION_OPEN]))])?
+                .first();
             r.pending_sessions.opened.insert(t.index);
             Ok(t)
         })
@@ -223,7 +202,9 @@ impl<F: Fabric> Replica<F> {
                 };
                 tickets.push(ticket);
             } else if seq == last_seq + 1 + fresh.len() as u64 {
-                fresh.push(session_payload(session, seq, data));
+                fresh.push(entry_of(
+                    self.arena.copy(&[&session_header(session, seq), data]),
+                ));
             } else {
                 return Err(ReplicaError::SessionSequence {
                     session,
@@ -234,7 +215,7 @@ impl<F: Fabric> Replica<F> {
         }
         self.stats.session_duplicates_refused += tickets.len() as u64;
         let first_fresh = last_seq + 1;
-        let proposed = self.propose_payloads(fresh)?;
+        let proposed: Vec<Ticket> = self.propose_entries(fresh)?.collect();
         let q = self.pending_sessions.entries.entry(session).or_default();
         for (k, t) in proposed.iter().enumerate() {
             q.push_back((first_fresh + k as u64, t.index, t.term));
@@ -394,4 +375,43 @@ impl<F: Fabric> Replica<F> {
             term: self.raw.raft.term,
         })
     }
+}
+
+/// The tickets of one proposal: indexes `first..=last` in `term` (none if `last < first`).
+pub(super) struct Tickets {
+    first: u64,
+    last: u64,
+    term: u64,
+}
+
+impl Tickets {
+    /// The first entry's ticket (a proposal that returned `Ok` holds at least one).
+    fn first(&self) -> Ticket {
+        debug_assert!(self.first <= self.last);
+        Ticket {
+            index: self.first,
+            term: self.term,
+        }
+    }
+}
+
+impl Iterator for Tickets {
+    type Item = Ticket;
+
+    fn next(&mut self) -> Option<Ticket> {
+        (self.first <= self.last).then(|| {
+            self.first += 1;
+            Ticket {
+                index: self.first - 1,
+                term: self.term,
+            }
+        })
+    }
+}
+
+/// An application entry (raft's `EntryNormal`) holding `data`.
+fn entry_of(data: Bytes) -> Entry {
+    let mut e = Entry::default();
+    e.data = data;
+    e
 }
