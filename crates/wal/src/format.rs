@@ -448,6 +448,10 @@ pub fn encode_entry(out: &mut [u8], lsn: Lsn, index: Index, term: Term, payload:
 /// and returns the gap length. Gaps smaller than a header are left as zeros (implicit skip).
 pub fn encode_padding(out: &mut [u8], lsn: Lsn, last: (Index, Term)) -> usize {
     let gap = out.len();
+    if gap == 0 {
+        // The common case (a record right after the last): not even a call to memset.
+        return 0;
+    }
     out.fill(0);
     if gap >= HEADER_BYTES {
         out[..HEADER_BYTES].copy_from_slice(&padding_header(lsn, gap as u64, last));
