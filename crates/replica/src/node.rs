@@ -444,6 +444,8 @@ pub struct Replica<F: Fabric> {
     encode_buf: Vec<u8>,
     /// Where proposed and accepted entries' payloads are cut from ([`PayloadArena`]).
     arena: PayloadArena,
+    /// The entries a follower takes as placed, before raft's log copies them (kept empty).
+    placed_scratch: Vec<Entry>,
     scratch: Vec<u8>,
     /// Linearizable reads in flight (raft's ReadIndex).
     reads: Reads,

@@ -21,6 +21,10 @@ use crate::storage::entry_from_payload_in;
 use crate::wire::{self, RingInfo};
 use crate::{Mutation, ReplicaError};
 
+/// The most entries' room a follower keeps between takes of placed records (a larger take,
+/// rare, gives its vector back to the allocator).
+const PLACED_SCRATCH_KEPT: usize = 1024;
+
 /// Where a follower's log ends as far as the leader may write after it: `index` is its last
 /// entry (our match for it), `lsn` where its next record goes in its ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -558,7 +562,9 @@ impl<F: Fabric> Replica<F> {
         }
         // Raft's entries come from the very copy the checks saw, as the other modes' do: no
         // second read of the ring, no second checksum.
-        let mut entries = Vec::new();
+        // raft's log clones what it appends: the vector is ours and kept for the next take.
+        let mut entries = std::mem::take(&mut self.placed_scratch);
+        entries.clear();
         let mut good = pos;
         let mut not_entry = false;
         let ring_entries = &mut self.ring_entries;
@@ -584,19 +590,19 @@ impl<F: Fabric> Replica<F> {
                     last_term: entry.term,
                 };
             });
-        if n == 0 {
-            return;
-        }
-        if not_entry {
+        if n > 0 && not_entry {
             // A checked record whose payload is not an entry: the log ends before it.
             let _ = self.producer.rewind(good);
         }
-        let Some(last) = entries.last().map(|e| e.index) else {
-            return;
-        };
-        self.raw.raft.raft_log.append(&entries);
-        self.fast_accepted_to = last;
-        self.stats.placed_taken += entries.len() as u64;
+        if let Some(last) = entries.last().map(|e| e.index) {
+            self.raw.raft.raft_log.append(&entries);
+            self.fast_accepted_to = last;
+            self.stats.placed_taken += entries.len() as u64;
+        }
+        entries.clear();
+        if entries.capacity() <= PLACED_SCRATCH_KEPT {
+            self.placed_scratch = entries;
+        }
     }
 
     /// Follower: ends remote write on our ring (the grant's connection is revoked, or gone),

@@ -153,6 +153,7 @@ impl<F: Fabric> Replica<F> {
             quiet: None,
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             arena: PayloadArena::default(),
+            placed_scratch: Vec::new(),
             scratch: Vec::new(),
             reads: Reads::default(),
         };
