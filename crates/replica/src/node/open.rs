@@ -64,53 +64,17 @@ impl<F: Fabric> Replica<F> {
             (ring, tail)
         });
         fabric.advertise(remote);
-
-        let first = wal.first_index().0.max(1);
-        let applied = first - 1;
-        let prefix_term = wal
-            .position_after(Index(applied))
-            .map_or(0, |p| p.last_term.0);
-        let rc = Self::raft_config(&cfg, applied)?;
-        let mut peers = BTreeMap::new();
-        for id in members_of(&cs) {
-            if id != cfg.id {
-                peers.insert(id, Peer::default());
-            }
-        }
-        // raft-rs refuses to start when the persisted commit index lies outside the log it
-        // finds: below it after a prefix truncation (commit-only changes are not written to
-        // raft-state), above it if a machine crash lost a Memory-durability tail. Commit is
-        // re-learned from the leader, so clamping it into the log is safe.
-        //
-        // After a lost ring the log read back is not even known to be a prefix of the one the
-        // commit index covered: the ring held entries the segment files did not, and the files
-        // may hold entries of a branch the node had cut, when that cut's fdatasync failed and
-        // a later process read the cut from the page cache (simulator seed 62767;
-        // `stale_branch_after_a_failed_cut.rs`). So the commit goes back to what the latest
-        // checkpoint covers, and the leader teaches the rest again.
-        let mut hs = hs;
-        let trusted_end = if ring_lost && cfg.mutation != crate::Mutation::TrustLogAfterLostRing {
-            applied
-        } else {
-            wal.last_index().0.max(applied)
-        };
-        hs.commit = hs.commit.clamp(applied, trusted_end);
-        let mut storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, prefix_term));
-        storage.set_mutation(cfg.mutation);
-        // The sessions as of the checkpoint; the entries after it are applied again below.
-        let sessions = match &snapshot {
-            Some(snap) => CheckpointData::decode(&snap.data)
-                .and_then(|d| d.session_table())
-                .map_err(|e| {
-                    ReplicaError::Poisoned(format!("the snapshot's session table: {e}"))
-                })?,
-            None => Sessions::default(),
-        };
-        if let Some(snap) = snapshot {
-            storage.set_snapshot(snap);
-        }
-        let logger = crate::logging::raft_logger();
-        let raw = RawNode::new(&rc, storage, &logger)?;
+        let peers = members_of(&cs)
+            .into_iter()
+            .filter(|&id| id != cfg.id)
+            .map(|id| (id, Peer::default()))
+            .collect();
+        let Started {
+            raw,
+            applied,
+            sessions,
+            hs,
+        } = Self::start_raft(&cfg, &wal, hs, cs, snapshot, ring_lost)?;
         let dummy = Event::Disconnected {
             peer: NodeId(0),
             reason: fabric::DisconnectReason::Closed,
@@ -159,6 +123,64 @@ impl<F: Fabric> Replica<F> {
         };
         r.maintain_connections();
         Ok(r)
+    }
+
+    /// Starts raft-rs on the recovered log: the applied index at the log's first entry, the
+    /// commit index clamped into what the log can be trusted to hold, the sessions as of the
+    /// latest checkpoint, and the checkpoint as raft's snapshot.
+    fn start_raft(
+        cfg: &ReplicaConfig,
+        wal: &Arc<Wal>,
+        mut hs: HardState,
+        cs: ConfState,
+        snapshot: Option<Snapshot>,
+        ring_lost: bool,
+    ) -> Result<Started, ReplicaError> {
+        let first = wal.first_index().0.max(1);
+        let applied = first - 1;
+        let prefix_term = wal
+            .position_after(Index(applied))
+            .map_or(0, |p| p.last_term.0);
+        let rc = Self::raft_config(cfg, applied)?;
+        // raft-rs refuses to start when the persisted commit index lies outside the log it
+        // finds: below it after a prefix truncation (commit-only changes are not written to
+        // raft-state), above it if a machine crash lost a Memory-durability tail. Commit is
+        // re-learned from the leader, so clamping it into the log is safe.
+        //
+        // After a lost ring the log read back is not even known to be a prefix of the one the
+        // commit index covered: the ring held entries the segment files did not, and the files
+        // may hold entries of a branch the node had cut, when that cut's fdatasync failed and
+        // a later process read the cut from the page cache (simulator seed 62767;
+        // `stale_branch_after_a_failed_cut.rs`). So the commit goes back to what the latest
+        // checkpoint covers, and the leader teaches the rest again.
+        let trusted_end = if ring_lost && cfg.mutation != crate::Mutation::TrustLogAfterLostRing {
+            applied
+        } else {
+            wal.last_index().0.max(applied)
+        };
+        hs.commit = hs.commit.clamp(applied, trusted_end);
+        let mut storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, prefix_term));
+        storage.set_mutation(cfg.mutation);
+        // The sessions as of the checkpoint; the entries after it are applied again below.
+        let sessions = match &snapshot {
+            Some(snap) => CheckpointData::decode(&snap.data)
+                .and_then(|d| d.session_table())
+                .map_err(|e| {
+                    ReplicaError::Poisoned(format!("the snapshot's session table: {e}"))
+                })?,
+            None => Sessions::default(),
+        };
+        if let Some(snap) = snapshot {
+            storage.set_snapshot(snap);
+        }
+        let logger = crate::logging::raft_logger();
+        let raw = RawNode::new(&rc, storage, &logger)?;
+        Ok(Started {
+            raw,
+            applied,
+            sessions,
+            hs,
+        })
     }
 
     /// Opens the data dir's raft-state (term, vote, commit, membership, guard), creating it
@@ -445,4 +467,15 @@ impl<F: Fabric> Replica<F> {
                 .map(|lost_term| Recovering { lost_term }),
         ))
     }
+}
+
+/// What [`Replica::start_raft`] gives [`Replica::open`].
+struct Started {
+    raw: RawNode<WalStorage>,
+    /// The index before the log's first entry: applied (a checkpoint covers it).
+    applied: u64,
+    /// The sessions as of the latest checkpoint.
+    sessions: Sessions,
+    /// The hard state raft started from (its commit clamped into the log).
+    hs: HardState,
 }
