@@ -20,7 +20,7 @@ use wal::fs::FileSystem;
 use wal::{Consumer, Index, Lsn, Position, Producer, RingConfig, RingMemory, Term, Wal, WalConfig};
 
 use crate::reads::{ReadTicket, Reads};
-use crate::recovering::Recovering;
+use crate::recovering::{LostRing, Recovering};
 use crate::sessions::{Applied, Pending, Sessions};
 use crate::storage::{
     CheckpointData, ConfHistory, Guard, PayloadArena, PayloadKind, SnapshotFile, StateFile,

@@ -42,6 +42,37 @@ use raft::prelude::MessageType;
 pub struct Recovering {
     /// Every acknowledgement this node may have lost was given at or below this term.
     pub lost_term: u64,
+    /// What this process found at its start.
+    pub cause: LostRing,
+}
+
+/// Why a node is recovering, as the process that runs it saw at its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostRing {
+    /// The shared-memory ring it used was gone: a machine crash, or the file moved aside.
+    Missing,
+    /// Its ring held records past the segment files that failed their checks (torn or
+    /// damaged memory): the records were not taken.
+    Corrupt,
+    /// An earlier process of this data dir found one of the above; this one started while the
+    /// node was still recovering (the state file records the term, not the cause).
+    Earlier,
+}
+
+impl LostRing {
+    fn says(self) -> &'static str {
+        match self {
+            LostRing::Missing => {
+                "the shared-memory ring it used before was gone (a machine crash, or the file was moved aside)"
+            }
+            LostRing::Corrupt => {
+                "the shared-memory ring it used before held records past its segment files that failed their checks (torn or damaged memory), and they were not taken"
+            }
+            LostRing::Earlier => {
+                "an earlier start of this data dir found its shared-memory ring gone or failing its checks, and this process started while the node was still recovering"
+            }
+        }
+    }
 }
 
 impl Recovering {
@@ -76,7 +107,8 @@ impl Recovering {
             ),
         };
         format!(
-            "recovering: this node started without a usable shared-memory ring (the one it used before was gone, or held records that failed their checks), so it may have lost entries it acknowledged in term {} or earlier; it does not vote or campaign until it has caught up; {waiting}",
+            "recovering: {}, so this node may have lost entries it acknowledged in term {} or earlier; it does not vote or campaign until it has caught up; {waiting}",
+            self.cause.says(),
             self.lost_term
         )
     }
@@ -107,11 +139,31 @@ mod tests {
 
     #[test]
     fn caught_up_needs_a_commit_of_a_later_term() {
-        let r = Recovering { lost_term: 4 };
+        let r = Recovering {
+            lost_term: 4,
+            cause: LostRing::Missing,
+        };
         assert!(!r.caught_up(3));
         assert!(!r.caught_up(4));
         assert!(r.caught_up(5));
         assert!(r.reason(None, 0).contains("waiting for a leader"));
         assert!(r.reason(Some(2), 9).contains("leader 2"));
+    }
+
+    #[test]
+    fn the_reason_names_what_the_start_found() {
+        let with = |cause| {
+            Recovering {
+                lost_term: 7,
+                cause,
+            }
+            .reason(None, 0)
+        };
+        assert!(with(LostRing::Missing).contains("was gone (a machine crash"));
+        assert!(with(LostRing::Corrupt).contains("failed their checks"));
+        assert!(with(LostRing::Earlier).contains("an earlier start"));
+        for c in [LostRing::Missing, LostRing::Corrupt, LostRing::Earlier] {
+            assert!(with(c).contains("in term 7 or earlier"), "{c:?}");
+        }
     }
 }

@@ -27,9 +27,13 @@ impl<F: Fabric> Replica<F> {
             LeftRing::Recovered(n) => n,
             _ => 0,
         };
-        let ring_lost = existed
-            && state_file.guard().ring_in_use
-            && matches!(left, LeftRing::Missing | LeftRing::Corrupt);
+        let lost = match left {
+            _ if !existed || !state_file.guard().ring_in_use => None,
+            LeftRing::Missing => Some(LostRing::Missing),
+            LeftRing::Corrupt => Some(LostRing::Corrupt),
+            LeftRing::Ignored | LeftRing::Recovered(_) => None,
+        };
+        let ring_lost = lost.is_some();
         let OpenRing {
             fabric_memory,
             memory,
@@ -54,7 +58,7 @@ impl<F: Fabric> Replica<F> {
             hs,
             &cs,
             &conf_history,
-            ring_lost,
+            lost,
             persistent,
         )?;
         let (ring_local, remote) = fabric.register(fabric_memory)?;
@@ -421,10 +425,11 @@ impl<F: Fabric> Replica<F> {
         Ok((opened, left))
     }
 
-    /// The amnesia guard at open (see [`crate::recovering`]). `ring_lost`: the node used a
-    /// shared-memory ring before and does not have it now, so it may have lost entries it
-    /// acknowledged. Then it comes back recovering, above the term it had, with its own term
-    /// moved past it; either way the `ring_in_use` mark is durable before the ring is used.
+    /// The amnesia guard at open (see [`crate::recovering`]). `lost`: the node used a
+    /// shared-memory ring before and does not have a usable one now (and why), so it may have
+    /// lost entries it acknowledged. Then it comes back recovering, above the term it had,
+    /// with its own term moved past it; either way the `ring_in_use` mark is durable before
+    /// the ring is used.
     /// Returns the HardState raft starts from and the recovery state.
     fn guard_amnesia(
         cfg: &ReplicaConfig,
@@ -432,7 +437,7 @@ impl<F: Fabric> Replica<F> {
         mut hs: HardState,
         cs: &ConfState,
         history: &ConfHistory,
-        ring_lost: bool,
+        lost: Option<LostRing>,
         persistent: bool,
     ) -> Result<(HardState, Option<Recovering>), ReplicaError> {
         let before = state_file.guard();
@@ -440,7 +445,7 @@ impl<F: Fabric> Replica<F> {
             ring_in_use: persistent,
             ..before
         };
-        let guarded = ring_lost && cfg.mutation != crate::Mutation::NoRecoveringGuard;
+        let guarded = lost.is_some() && cfg.mutation != crate::Mutation::NoRecoveringGuard;
         if guarded {
             let lost_term = hs.term.max(before.recovering_above_term.unwrap_or(0));
             guard.recovering_above_term = Some(lost_term);
@@ -450,7 +455,8 @@ impl<F: Fabric> Replica<F> {
                 node = cfg.id,
                 lost_term,
                 ring = %cfg.ring_file().display(),
-                "this node used a shared-memory ring that is gone (a machine crash, or the file was moved aside): it may have lost entries it acknowledged, so it comes back recovering and does not vote or campaign until it has caught up from a leader"
+                cause = ?lost,
+                "this node used a shared-memory ring that is gone or failed its checks: it may have lost entries it acknowledged, so it comes back recovering and does not vote or campaign until it has caught up from a leader"
             );
         }
         if guarded || guard != before {
@@ -462,9 +468,10 @@ impl<F: Fabric> Replica<F> {
         }
         Ok((
             hs,
-            guard
-                .recovering_above_term
-                .map(|lost_term| Recovering { lost_term }),
+            guard.recovering_above_term.map(|lost_term| Recovering {
+                lost_term,
+                cause: lost.filter(|_| guarded).unwrap_or(LostRing::Earlier),
+            }),
         ))
     }
 }

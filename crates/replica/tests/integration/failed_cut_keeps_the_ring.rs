@@ -40,10 +40,11 @@ fn a_failed_cut_leaves_a_ring_the_next_open_takes_over() {
 #[test]
 fn cutting_the_wal_before_the_ring_is_caught() {
     let wrong = scenario(Mutation::CutWalBeforeRing);
-    assert!(
-        wrong.is_some(),
-        "with the wal cut before the ring, X still restarted as a voter: the scenario shows nothing"
+    let wrong = wrong.expect(
+        "with the wal cut before the ring, X still restarted as a voter: the scenario shows nothing",
     );
+    // The intended failure: X's intact ring read as corrupt, not some other way back.
+    assert!(wrong.contains("failed their checks"), "{wrong}");
 }
 
 #[test]
@@ -56,11 +57,11 @@ fn a_failed_snapshot_install_leaves_a_ring_the_next_open_takes_over() {
 #[test]
 fn restarting_the_wal_before_emptying_the_ring_is_caught() {
     let wrong = install_scenario(Mutation::CutWalBeforeRing);
-    assert!(
-        wrong.is_some(),
+    let wrong = wrong.expect(
         "with the wal restarted before the ring was emptied, X still restarted as a voter: \
-         the scenario shows nothing"
+         the scenario shows nothing",
     );
+    assert!(wrong.contains("failed their checks"), "{wrong}");
 }
 
 /// Runs the steps; returns what went wrong with X after its failed cut, if anything.

@@ -17,7 +17,8 @@
 //! - a machine crash of a majority (A and B): the cluster stalls, visibly, and never serves a
 //!   log without the entries;
 //! - a ring that rots while its process is down (killed, not crashed) is unrecoverable: the
-//!   node starts without it, recovering, instead of refusing to start;
+//!   node starts without it, recovering, instead of refusing to start; the status names each
+//!   cause (a ring gone, a ring that failed its checks, a restart while still recovering);
 //! - a clean stop, and a kill that keeps the ring, do not make a node recovering.
 
 use fabric::NodeId;
@@ -122,6 +123,8 @@ fn a_node_that_lost_its_ring_does_not_let_the_others_elect_without_its_entries()
     let s = c.node(b).status();
     let why = s.recovering.expect("B still recovering");
     assert!(why.contains("waiting for a leader"), "{why}");
+    // The status names what B's start found: its ring gone, not a ring that failed checks.
+    assert!(why.contains("was gone (a machine crash"), "{why}");
     assert!(s.stats.refused_while_recovering > 0, "{:?}", s.stats);
     assert!(c.node(b).campaign().is_err(), "a recovering node campaigns");
     c.restart_killed(a).unwrap();
@@ -268,11 +271,19 @@ fn a_ring_that_rots_while_its_process_is_down_makes_the_node_recovering() {
     c.restart_killed(b).unwrap();
     let s = c.node(b).status();
     assert_eq!(s.stats.recovered_from_ring, 0);
-    assert!(
-        s.recovering.is_some(),
-        "a corrupt ring must make the node recovering (if its segment files held \
-         everything, this test proves nothing): {s:?}"
-    );
+    let why = s.recovering.clone().unwrap_or_else(|| {
+        panic!(
+            "a corrupt ring must make the node recovering (if its segment files held \
+             everything, this test proves nothing): {s:?}"
+        )
+    });
+    assert!(why.contains("failed their checks"), "{why}");
+    // Killed again before it caught up (its process only: the ring it has now is kept), B
+    // is still recovering, and says the cause was found by an earlier start.
+    c.kill(b);
+    c.restart_killed(b).unwrap();
+    let why = c.node(b).status().recovering.expect("B still recovering");
+    assert!(why.contains("an earlier start"), "{why}");
     let ok = c
         .run_until(20 * SECOND_NS, |c| {
             c.leader().is_some() && c.node(b).status().recovering.is_none()
