@@ -889,10 +889,9 @@ impl WalStorage {
             return None;
         }
         let mut out = Vec::with_capacity((high - low).min(1024) as usize);
-        let mut size = 0u64;
+        let mut limit = SizeLimit::new(max_size);
         for e in run {
-            size += e.data.len() as u64 + 24;
-            if !out.is_empty() && size > max_size {
+            if !limit.admits(e.data.len()) {
                 break;
             }
             out.push(e.clone());
@@ -963,6 +962,31 @@ impl WalStorage {
     }
 }
 
+/// raft-rs's rule for how many entries a read returns: always the first, then each while the
+/// total stays within `max_size` (an entry counts its data and 24 bytes).
+struct SizeLimit {
+    max_size: u64,
+    size: u64,
+    first: bool,
+}
+
+impl SizeLimit {
+    fn new(max_size: u64) -> SizeLimit {
+        SizeLimit {
+            max_size,
+            size: 0,
+            first: true,
+        }
+    }
+
+    /// Whether the next entry, of `data_len` bytes of data, goes in.
+    fn admits(&mut self, data_len: usize) -> bool {
+        self.size += data_len as u64 + 24;
+        let first = std::mem::replace(&mut self.first, false);
+        first || self.size <= self.max_size
+    }
+}
+
 fn store_err(e: impl std::fmt::Display) -> raft::Error {
     raft::Error::Store(StorageError::Other(e.to_string().into()))
 }
@@ -993,7 +1017,7 @@ impl raft::Storage for WalStorage {
             return Ok(out);
         }
         let mut out = Vec::with_capacity((high - low).min(1024) as usize);
-        let mut size = 0u64;
+        let mut limit = SizeLimit::new(max_size);
         for i in low..high {
             // A buffer per entry, which becomes the entry's data: one allocation and one
             // copy per entry read, not a growing scratch buffer and a second copy.
@@ -1002,9 +1026,7 @@ impl raft::Storage for WalStorage {
                 .wal
                 .read(Index(i), &mut payload)
                 .map_err(|e| self.read_failed(i, e))?;
-            size += payload.len() as u64 + 24;
-            // raft-rs's rule: always at least one entry, then stop before exceeding the limit.
-            if !out.is_empty() && size > max_size {
+            if !limit.admits(payload.len()) {
                 break;
             }
             let entry =
@@ -1051,6 +1073,20 @@ impl raft::Storage for WalStorage {
 mod tests {
     use super::*;
     use wal::fs::FaultFs;
+
+    #[test]
+    fn the_size_limit_admits_the_first_entry_then_what_fits() {
+        let mut l = SizeLimit::new(100);
+        assert!(l.admits(500), "the first entry always goes in");
+        assert!(!l.admits(0));
+        let mut l = SizeLimit::new(100);
+        assert!(l.admits(26)); // 50
+        assert!(l.admits(26)); // 100: at the limit
+        assert!(!l.admits(0)); // 124
+        let mut l = SizeLimit::new(0);
+        assert!(l.admits(0));
+        assert!(!l.admits(0));
+    }
 
     #[test]
     fn payload_tags_round_trip() {
