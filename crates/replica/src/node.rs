@@ -446,6 +446,8 @@ pub struct Replica<F: Fabric> {
     arena: PayloadArena,
     /// The entries a follower takes as placed, before raft's log copies them (kept empty).
     placed_scratch: Vec<Entry>,
+    /// [`send::coalesce`]'s merged sizes, kept between `Ready`s.
+    coalesce_sizes: Vec<u64>,
     scratch: Vec<u8>,
     /// Linearizable reads in flight (raft's ReadIndex).
     reads: Reads,

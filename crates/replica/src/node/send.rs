@@ -11,7 +11,12 @@ impl<F: Fabric> Replica<F> {
             let log = &self.raw.raft.raft_log;
             repair_batched(&mut msgs, |index| log.term(index).ok());
         }
-        coalesce(&mut msgs, self.cfg.max_size_per_msg, self.cfg.mutation);
+        coalesce(
+            &mut msgs,
+            self.cfg.max_size_per_msg,
+            self.cfg.mutation,
+            &mut self.coalesce_sizes,
+        );
         for m in msgs {
             self.send_raft(m);
         }
@@ -252,7 +257,14 @@ fn merged_size(e: &Entry) -> u64 {
 ///   its index is no lower: the leader takes the highest index it hears of, and dropping an
 ///   answer is a loss raft tolerates anyway (a follower answers each append of a batch that
 ///   reached it in one poll). Rejections and snapshot requests are kept.
-pub(super) fn coalesce(msgs: &mut Vec<Message>, max_bytes: u64, mutation: crate::Mutation) {
+///
+/// `sizes` is scratch space the caller keeps between calls, so that merging allocates nothing.
+pub(super) fn coalesce(
+    msgs: &mut Vec<Message>,
+    max_bytes: u64,
+    mutation: crate::Mutation,
+    sizes: &mut Vec<u64>,
+) {
     split_oversized(msgs, max_bytes);
     // The common case at one append in flight, a message per peer, costs a scan, not a pass
     // that moves every message (a short `Ready` is checked pair by pair).
@@ -266,7 +278,7 @@ pub(super) fn coalesce(msgs: &mut Vec<Message>, max_bytes: u64, mutation: crate:
     }
     // The merged size of each kept append so far (kept in step with the kept messages), so
     // that a run of merges costs one pass over its entries, not one per merge.
-    let mut sizes: Vec<u64> = Vec::with_capacity(msgs.len());
+    sizes.clear();
     let mut kept = 0;
     for i in 0..msgs.len() {
         let m = std::mem::take(&mut msgs[i]);
@@ -428,7 +440,7 @@ mod tests {
     }
 
     fn run(mut msgs: Vec<Message>, max: u64) -> Vec<Message> {
-        coalesce(&mut msgs, max, Mutation::None);
+        coalesce(&mut msgs, max, Mutation::None, &mut Vec::new());
         msgs
     }
 
@@ -593,7 +605,12 @@ mod tests {
     #[test]
     fn the_mutation_merges_appends_that_do_not_continue() {
         let mut msgs = vec![append(2, 3, 3, 10, 10, 0), append(2, 3, 2, 5, 6, 0)];
-        coalesce(&mut msgs, 1 << 20, Mutation::MergeDisjointAppends);
+        coalesce(
+            &mut msgs,
+            1 << 20,
+            Mutation::MergeDisjointAppends,
+            &mut Vec::new(),
+        );
         assert_eq!(msgs.len(), 1);
         assert_eq!(indexes(&msgs[0]), vec![10, 5, 6]);
     }
