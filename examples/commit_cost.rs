@@ -16,11 +16,13 @@
 //! in-process fabric's own bookkeeping) are test scaffolding and are subtracted by name.
 //!
 //! `commit_cost critical N [durability]` measures the leader's critical path alone: each commit
-//! runs from `critical_propose` through `critical_pass` (the leader's passes) until
+//! runs from `critical_propose` through `critical_pass` (the leader's passes, each made as a
+//! caller waiting on its append makes it under `PollMode::Busy`:
+//! `Replica::process_until_resolved`, which stops at the events that commit it) until
 //! `critical_status` reports it committed, then everything still in flight is delivered and
 //! handled by `settle_pass`, outside that window, before the next proposal. `critical_*`'s
-//! inclusive cost per commit is the leader's work from propose to commit (including the rest
-//! of the pass that commits it).
+//! inclusive cost per commit is the leader's work from propose to commit; the rest of the
+//! pass that commits it (raft's `Ready`, the apply) falls in the first `settle_pass`.
 //!
 //! `commit_cost pipelined N [durability]` keeps [`PIPELINE`] appends in flight instead of one:
 //! the leader proposes until that many wait, and proposes again as the oldest commit. Its
@@ -65,10 +67,12 @@ fn critical_propose(r: &mut Replica<SimEndpoint>, payload: &[u8]) -> Result<Tick
     r.propose(payload)
 }
 
+/// The leader's pass as a caller that drives its own wait makes it (`PollMode::Busy`): it
+/// stops at the events that commit `t` and leaves the rest to the next pass.
 #[inline(never)]
-fn critical_pass(r: &mut Replica<SimEndpoint>) -> Result<(), ReplicaError> {
+fn critical_pass(r: &mut Replica<SimEndpoint>, t: Ticket) -> Result<(), ReplicaError> {
     std::hint::black_box(4u8);
-    r.process()
+    r.process_until_resolved(t)
 }
 
 #[inline(never)]
@@ -88,7 +92,7 @@ fn critical_commit(c: &mut SimCluster, leader: u64, payload: &[u8]) -> Result<()
     let t = critical_propose(c.node(leader), payload)?;
     loop {
         c.net.step();
-        pass_each(c, leader, critical_pass, follower_pass)?;
+        pass_each(c, leader, |r| critical_pass(r, t), follower_pass)?;
         if let Some(r) = critical_status(c.node(leader), t) {
             r?;
             break;

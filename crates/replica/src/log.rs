@@ -23,7 +23,9 @@
 //! the entry into the ring and posts its writes and messages in the call, and a caller that
 //! waits on its handle ([`AppendHandle::wait`], [`AppendHandle::wait_for`]) polls the fabric,
 //! hands raft its `Ready`s and resolves itself, with no hand-off to the driver thread and no
-//! wake-up in between. One caller drives at a time (others wait for its progress as in the
+//! wake-up in between. Its pass stops at the events that commit its entry (an answer, or under
+//! `Replicated` a write's completion); raft's `Ready` behind them, the apply and the answers
+//! it sends are left to the next pass, the caller's next one or the driver's. One caller drives at a time (others wait for its progress as in the
 //! other modes), and the driver keeps out of the way while one does, except for raft's ticks.
 
 use std::future::Future;
@@ -189,8 +191,14 @@ impl<F: Fabric> Shared<F> {
     /// A pass of the replica's loop made on a caller's thread (`Busy`): a failure or a panic
     /// fail-stops the log exactly as it would on the driver thread, and the caller gets the
     /// cause.
-    fn caller_pass(&self, r: &mut Replica<F>) -> Result<(), ReplicaError> {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.process()));
+    /// A caller waiting on `waiting` stops its pass at the events that resolve it
+    /// ([`Replica::process_until_resolved`]); the next pass, its own or the driver's, does the
+    /// rest.
+    fn caller_pass(&self, r: &mut Replica<F>, waiting: Option<Ticket>) -> Result<(), ReplicaError> {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match waiting {
+            Some(t) => r.process_until_resolved(t),
+            None => r.process(),
+        }));
         let why = match result {
             Ok(Ok(())) => {
                 self.publish_commit(r.commit_index());
@@ -214,7 +222,7 @@ impl<F: Fabric> Shared<F> {
     /// writes it into the ring and posts it; otherwise the driver is woken to do so.
     fn after_propose(&self, mut r: MutexGuard<'_, Replica<F>>) -> Result<(), ReplicaError> {
         if self.poll == PollMode::Busy {
-            return self.caller_pass(&mut r);
+            return self.caller_pass(&mut r, None);
         }
         drop(r);
         self.kick();
@@ -889,7 +897,7 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
             Err(e) => Some(Err(e)),
             Ok(()) => {
                 let mut r = s.lock();
-                match s.caller_pass(&mut r) {
+                match s.caller_pass(&mut r, Some(self.ticket)) {
                     Ok(()) => r.ticket_status(self.ticket),
                     Err(e) => Some(Err(e)),
                 }

@@ -196,6 +196,9 @@ pub struct ReplicaStats {
     /// Follower, `Durability::Replicated`: entries taken from the ring as the leader placed
     /// them, before (or without) their descriptor.
     pub placed_taken: u64,
+    /// Passes of [`Replica::process_until_resolved`] that stopped at the events that
+    /// resolved the caller's ticket, leaving the rest to the next pass.
+    pub passes_stopped_at_resolve: u64,
     /// Leader: session appends answered with the ticket of the copy already in the log
     /// (a client's retry), instead of being appended again.
     pub session_duplicates_refused: u64,
@@ -771,7 +774,32 @@ impl<F: Fabric> Replica<F> {
         if n == 0 && self.still_quiet() {
             return Ok(());
         }
-        self.fail_stop_on_read_error(|r| r.process_inner(n))
+        self.fail_stop_on_read_error(|r| r.process_inner(n, |_| false))
+    }
+
+    /// A pass of [`Replica::process`] for a caller that waits on `t` and drives the replica
+    /// itself (`PollMode::Busy`): it returns as soon as a batch of events resolves the
+    /// ticket (a full pass if it was resolved already), and leaves the rest of the pass
+    /// (raft's `Ready`, the apply, the answers it sends) to the next one. The commit index
+    /// that resolves it is raft's own, moved by the step of the event that made it (an
+    /// append response, or under `Replicated` the write completion that stands for one), so
+    /// the caller learns of its commit at that event instead of after the bookkeeping behind
+    /// it. Until the next pass runs, committed entries may wait to be applied and followers
+    /// to hear of the commit.
+    pub fn process_until_resolved(&mut self, t: Ticket) -> Result<(), ReplicaError> {
+        // A ticket resolved before the pass stops nothing: the pass runs in full, so that a
+        // caller late to stop waiting does not hold back the work behind every event batch.
+        if self.ticket_status(t).is_some() {
+            return self.process();
+        }
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        let n = self.fabric.poll(&mut self.events);
+        if n == 0 && self.still_quiet() {
+            return Ok(());
+        }
+        self.fail_stop_on_read_error(|r| r.process_inner(n, |r| r.ticket_status(t).is_some()))
     }
 
     /// Runs `f`, turning raft-rs's panic on a failed read of the log (it panics on any storage
@@ -807,8 +835,15 @@ impl<F: Fabric> Replica<F> {
         quiet
     }
 
-    /// The driver loop, with the first poll's `n` events already in `self.events`.
-    fn process_inner(&mut self, mut n: usize) -> Result<(), ReplicaError> {
+    /// The driver loop, with the first poll's `n` events already in `self.events`. It stops
+    /// after a batch of events once `resolved` holds ([`Replica::process_until_resolved`];
+    /// [`Replica::process`] passes a constant `false`, which compiles away).
+    #[inline(never)]
+    fn process_inner(
+        &mut self,
+        mut n: usize,
+        resolved: impl Fn(&Self) -> bool,
+    ) -> Result<(), ReplicaError> {
         loop {
             self.work += n as u64;
             for i in 0..n {
@@ -817,6 +852,13 @@ impl<F: Fabric> Replica<F> {
                     self.poisoned.get_or_insert_with(|| err.to_string());
                     return Err(err);
                 }
+            }
+            if n > 0 && resolved(self) {
+                // The rest of this pass is the next one's, which runs in full even if its
+                // poll brings nothing (no quiet mark).
+                self.quiet = None;
+                self.stats.passes_stopped_at_resolve += 1;
+                return Ok(());
             }
             if n > 0 && self.still_quiet() {
                 // Events that changed nothing the rest of a pass looks at (a send's or, under

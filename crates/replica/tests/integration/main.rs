@@ -5,6 +5,7 @@
 //! `lab_*` binary inside the lab.
 
 mod batch_and_tickets;
+mod caller_driven_pass;
 mod commit_broadcast;
 mod conditional_append;
 mod divergent_suffix;
