@@ -40,6 +40,10 @@ pub struct SimCluster {
     pub fail_stop: bool,
     /// Nodes that failed in fail-stop mode, with the error, since the driver last took them.
     pub failed: BTreeMap<u64, String>,
+    /// A ticket a caller on the node waits on while driving the node's passes itself
+    /// (`PollMode::Busy`): [`SimCluster::process_all`] runs that node's pass with
+    /// [`Replica::process_until_resolved`]. Cleared when the process dies.
+    pub waiting: BTreeMap<u64, crate::Ticket>,
     next_tick: u64,
 }
 
@@ -64,6 +68,7 @@ impl SimCluster {
             paused: Default::default(),
             fail_stop: false,
             failed: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             next_tick: 10_000_000,
         };
         let spread = ReplicaConfig::new(1, Vec::new(), 0, PathBuf::new()).election_tick;
@@ -108,7 +113,11 @@ impl SimCluster {
         let mut dead = Vec::new();
         for (id, r) in self.nodes.iter_mut() {
             if let Some(r) = r.as_mut().filter(|_| !self.paused.contains(id)) {
-                if let Err(e) = r.process() {
+                let pass = match self.waiting.get(id) {
+                    Some(&t) => r.process_until_resolved(t),
+                    None => r.process(),
+                };
+                if let Err(e) = pass {
                     if !self.fail_stop {
                         return Err(e);
                     }
@@ -221,6 +230,7 @@ impl SimCluster {
         // Power first, so that nothing the dead process buffered reaches the disk on the way
         // out.
         self.disks[&id].crash_now();
+        self.waiting.remove(&id);
         if let Some(r) = self.nodes.insert(id, None).flatten() {
             r.abandon();
         }
@@ -231,6 +241,7 @@ impl SimCluster {
     /// Restart it with [`SimCluster::restart_killed`].
     pub fn stop(&mut self, id: u64) -> Result<(), ReplicaError> {
         self.paused.remove(&id);
+        self.waiting.remove(&id);
         let closed = match self.nodes.insert(id, None).flatten() {
             Some(r) => r.close(),
             None => Ok(()),
@@ -245,6 +256,7 @@ impl SimCluster {
     pub fn kill(&mut self, id: u64) {
         self.paused.remove(&id);
         self.net.kill_process(NodeId(id));
+        self.waiting.remove(&id);
         if let Some(r) = self.nodes.insert(id, None).flatten() {
             r.abandon();
         }

@@ -85,6 +85,12 @@ pub struct Options {
     /// ([`Fault::KillMidOp`]); on by default. A seed found before that fault existed replays
     /// its old schedule with it off (`tests/mutation.rs`, seed 1088).
     pub kill_mid_op: bool,
+    /// Clients drive their own waits (`PollMode::Busy`): after each attempt, the node it went
+    /// to runs its passes with `Replica::process_until_resolved` on the attempt's (last)
+    /// ticket until it resolves, so the rest of the pass that commits it (raft's `Ready`, the
+    /// apply, the answers) runs one pass later. The seed family of `tests/callers_drive.rs`;
+    /// off by default, so the CI seeds' runs stay as they were.
+    pub callers_drive: bool,
 }
 
 /// Clients with a session each, when [`Options::sessions`] is on.
@@ -102,6 +108,7 @@ impl Default for Options {
             conditional: false,
             sessions: false,
             kill_mid_op: true,
+            callers_drive: false,
         }
     }
 }
@@ -207,6 +214,9 @@ pub struct Summary {
     /// alive at the end).
     pub nic_acks: u64,
     pub placed_taken: u64,
+    /// [`Options::callers_drive`]: passes that stopped at the events that resolved the
+    /// waiting caller's ticket (summed over the nodes alive at the end).
+    pub passes_stopped_at_resolve: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -224,6 +234,8 @@ pub struct Failure {
     pub durability: Durability,
     /// The fabric's timing and NIC behaviours it ran with.
     pub fabric: SimConfig,
+    /// The options it ran with (the replay line repeats them).
+    pub options: Options,
     /// What went wrong.
     pub violation: Violation,
     /// Virtual time of the failure.
@@ -257,10 +269,74 @@ impl std::fmt::Display for Failure {
         }
         write!(
             f,
-            "replay: cargo run -p sim --release -- --seed {} --verbose",
-            self.seed
+            "replay: cargo run -p sim --release -- --seed {}{} --verbose",
+            self.seed,
+            replay_flags(&self.options)
         )
     }
+}
+
+/// The command-line names of the mutations the simulator takes (`--mutation`).
+pub const MUTATIONS: &[(&str, Mutation)] = &[
+    ("ack-without-fsync", Mutation::AckWithoutFsync),
+    ("skip-revoke", Mutation::SkipRevoke),
+    ("private-ring", Mutation::PrivateRing),
+    ("no-recovering-guard", Mutation::NoRecoveringGuard),
+    ("ack-before-crc", Mutation::AckBeforeCrc),
+    ("snapshot-own-lsn", Mutation::SnapshotOwnLsn),
+    ("unchecked-reads", Mutation::UncheckedReads),
+    ("nic-ack-before-grant", Mutation::NicAckBeforeGrant),
+    ("no-placed-take", Mutation::NoPlacedTake),
+    ("rewind-to-cut-record", Mutation::RewindToCutRecord),
+    ("reopen-fast-path-early", Mutation::ReopenFastPathEarly),
+    ("merge-disjoint-appends", Mutation::MergeDisjointAppends),
+    ("stale-entry-cache", Mutation::StaleEntryCache),
+    ("unrepaired-raft-batches", Mutation::UnrepairedRaftBatches),
+    ("trust-log-after-lost-ring", Mutation::TrustLogAfterLostRing),
+    ("cut-wal-before-ring", Mutation::CutWalBeforeRing),
+    (
+        "use-connection-before-announced",
+        Mutation::UseConnectionBeforeAnnounced,
+    ),
+    ("condition-on-commit", Mutation::ConditionOnCommit),
+    ("dedup-committed-only", Mutation::DedupCommittedOnly),
+];
+
+/// The flags of `rdmalog-sim` that select `options` (beside the seed), so that a failure's
+/// replay line runs the same schedule. Options the command line cannot set (forced fault
+/// rates or cluster size, from tests) are named in words.
+fn replay_flags(o: &Options) -> String {
+    let d = Options::default();
+    let mut out = String::new();
+    if o.fault_ns != d.fault_ns {
+        out += &format!(" --fault-ms {}", o.fault_ns / 1_000_000);
+    }
+    if o.max_appends != d.max_appends {
+        out += &format!(" --appends {}", o.max_appends);
+    }
+    if o.mutation != Mutation::None {
+        match MUTATIONS.iter().find(|(_, m)| *m == o.mutation) {
+            Some((name, _)) => out += &format!(" --mutation {name}"),
+            None => out += &format!(" (mutation {:?}, set by a test)", o.mutation),
+        }
+    }
+    if let Some(durability) = o.durability {
+        out += &format!(" --durability {durability}");
+    }
+    for (on, flag) in [
+        (o.conditional, " --conditional"),
+        (o.sessions, " --sessions"),
+        (o.callers_drive, " --callers-drive"),
+        (!o.kill_mid_op, " --no-kill-mid-op"),
+    ] {
+        if on {
+            out += flag;
+        }
+    }
+    if o.nodes.is_some() || o.rates.is_some() {
+        out += " (with the cluster size or fault rates a test forced)";
+    }
+    out
 }
 
 struct ClientOp {
@@ -1264,6 +1340,11 @@ impl Run {
             }
             None => Err(ReplicaError::Closed),
         };
+        if let (true, Ok(tickets)) = (self.options.callers_drive, &result) {
+            if let Some(&last) = tickets.last() {
+                self.c.waiting.insert(node, last);
+            }
+        }
         let incarnation = self.incarnations.get(&node).copied().unwrap_or(0);
         for (j, (&op, payload)) in ops.iter().zip(payloads).enumerate() {
             let (ticket, outcome) = match &result {
@@ -1325,6 +1406,7 @@ impl Run {
                 let a = &self.history[k];
                 if a.outcome == Outcome::Pending {
                     let ticket = a.ticket.expect("pending attempts have tickets");
+                    let a_node = a.node;
                     let same_process =
                         self.incarnations.get(&a.node).copied().unwrap_or(0) == a.incarnation;
                     let status = match self.c.nodes.get(&a.node).and_then(Option::as_ref) {
@@ -1342,6 +1424,10 @@ impl Run {
                         Some(Err(_)) => Outcome::Unknown,
                     };
                     self.history[k].outcome = outcome;
+                    if self.c.waiting.get(&a_node) == Some(&ticket) {
+                        // The caller stops waiting: its node's passes run in full again.
+                        self.c.waiting.remove(&a_node);
+                    }
                     if let Outcome::Acked { index, .. } = outcome {
                         self.summary.acked += 1;
                         self.ops[op].done = true;
@@ -1606,6 +1692,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             rates,
             durability,
             fabric,
+            options,
             violation: v,
             at_ns,
             trace_tail: trace,
@@ -1691,6 +1778,8 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             let alive = || run.c.nodes.values().flatten();
             run.summary.nic_acks = alive().map(|r| r.stats().nic_acks).sum();
             run.summary.placed_taken = alive().map(|r| r.stats().placed_taken).sum();
+            run.summary.passes_stopped_at_resolve =
+                alive().map(|r| r.stats().passes_stopped_at_resolve).sum();
             run.summary.snapshots_installed = run
                 .c
                 .nodes

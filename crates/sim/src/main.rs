@@ -59,6 +59,10 @@ struct Args {
     /// tests/sessions.rs).
     #[arg(long)]
     sessions: bool,
+    /// Clients drive their own waits: the node an append went to stops its passes at the
+    /// events that commit it (the seed family of tests/callers_drive.rs).
+    #[arg(long)]
+    callers_drive: bool,
     /// Never kill a process in the middle of a disk operation (the schedule seeds had before
     /// that fault existed).
     #[arg(long)]
@@ -72,26 +76,10 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mutation = match args.mutation.as_deref() {
         None => replica::Mutation::None,
-        Some("ack-without-fsync") => replica::Mutation::AckWithoutFsync,
-        Some("skip-revoke") => replica::Mutation::SkipRevoke,
-        Some("private-ring") => replica::Mutation::PrivateRing,
-        Some("no-recovering-guard") => replica::Mutation::NoRecoveringGuard,
-        Some("ack-before-crc") => replica::Mutation::AckBeforeCrc,
-        Some("snapshot-own-lsn") => replica::Mutation::SnapshotOwnLsn,
-        Some("unchecked-reads") => replica::Mutation::UncheckedReads,
-        Some("nic-ack-before-grant") => replica::Mutation::NicAckBeforeGrant,
-        Some("no-placed-take") => replica::Mutation::NoPlacedTake,
-        Some("rewind-to-cut-record") => replica::Mutation::RewindToCutRecord,
-        Some("reopen-fast-path-early") => replica::Mutation::ReopenFastPathEarly,
-        Some("merge-disjoint-appends") => replica::Mutation::MergeDisjointAppends,
-        Some("stale-entry-cache") => replica::Mutation::StaleEntryCache,
-        Some("unrepaired-raft-batches") => replica::Mutation::UnrepairedRaftBatches,
-        Some("trust-log-after-lost-ring") => replica::Mutation::TrustLogAfterLostRing,
-        Some("cut-wal-before-ring") => replica::Mutation::CutWalBeforeRing,
-        Some("use-connection-before-announced") => replica::Mutation::UseConnectionBeforeAnnounced,
-        Some("condition-on-commit") => replica::Mutation::ConditionOnCommit,
-        Some("dedup-committed-only") => replica::Mutation::DedupCommittedOnly,
-        Some(other) => anyhow::bail!("unknown mutation {other:?}"),
+        Some(name) => match sim::MUTATIONS.iter().find(|(n, _)| *n == name) {
+            Some(&(_, m)) => m,
+            None => anyhow::bail!("unknown mutation {name:?}"),
+        },
     };
     let options = sim::Options {
         fault_ns: args.fault_ms * 1_000_000,
@@ -100,6 +88,7 @@ fn main() -> anyhow::Result<()> {
         durability: args.durability,
         conditional: args.conditional,
         sessions: args.sessions,
+        callers_drive: args.callers_drive,
         kill_mid_op: !args.no_kill_mid_op,
         ..sim::Options::default()
     };
@@ -127,7 +116,7 @@ fn main() -> anyhow::Result<()> {
     let (mut done, mut acked, mut attempts, mut refused, mut torn) = (0u64, 0, 0, 0, 0);
     let mut ring_full = 0u64;
     let mut snapshots = 0u64;
-    let (mut nic_acks, mut placed_taken) = (0u64, 0u64);
+    let (mut nic_acks, mut placed_taken, mut stopped) = (0u64, 0u64, 0u64);
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -147,6 +136,7 @@ fn main() -> anyhow::Result<()> {
                 snapshots += s.snapshots_installed;
                 nic_acks += s.nic_acks;
                 placed_taken += s.placed_taken;
+                stopped += s.passes_stopped_at_resolve;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -165,7 +155,8 @@ fn main() -> anyhow::Result<()> {
         "{done} seeds passed in {:.1} s: {attempts} client attempts, {acked} acked, \
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
          full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
-         completion, {placed_taken} entries taken as placed",
+         completion, {placed_taken} entries taken as placed, {stopped} passes stopped at a \
+         caller's commit",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");
