@@ -282,14 +282,17 @@ impl<F: Fabric> Replica<F> {
         // The common case, a waiter asking on the leader that proposed it: a leader never
         // cuts or replaces entries of its own term, so while this node still leads the
         // ticket's term the entry is in its log as proposed, and only the commit index
-        // decides. No term look-up (the example's leader asks ~19 times per commit).
-        if self.raw.raft.state == StateRole::Leader
-            && self.raw.raft.term == t.term
-            && t.index <= log.last_index()
-            && t.index > log.committed
-        {
-            debug_assert_eq!(log.term(t.index).ok(), Some(t.term));
-            return None;
+        // decides. No look-up in the log at all (its last index or a term may take the
+        // wal's lock), pending or committed: a waiter asks many times per commit. Only this
+        // node minted tickets of a term it leads (a node leads a term at most once, and wins
+        // it in the incarnation that voted for itself), so the entry is in its log.
+        if self.raw.raft.state == StateRole::Leader && self.raw.raft.term == t.term {
+            debug_assert!(t.index <= log.last_index(), "a ticket this leader never gave");
+            debug_assert!(
+                t.index <= log.committed || log.term(t.index).ok() == Some(t.term),
+                "the leader's own entry was replaced"
+            );
+            return (t.index <= log.committed).then_some(Ok(t.index));
         }
         let (last_compacted, prefix_term) = self.raw.store().prefix();
         if t.index <= last_compacted {
