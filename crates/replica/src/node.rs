@@ -196,9 +196,10 @@ pub struct ReplicaStats {
     /// Follower, `Durability::Replicated`: entries taken from the ring as the leader placed
     /// them, before (or without) their descriptor.
     pub placed_taken: u64,
-    /// Passes of [`Replica::process_until_resolved`] that stopped at the events that
-    /// resolved the caller's ticket, leaving the rest to the next pass.
-    pub passes_stopped_at_resolve: u64,
+    /// Passes that stopped at the events that committed what they waited for, leaving the
+    /// rest to the next pass ([`Replica::process_until_resolved`],
+    /// [`Replica::process_until_commit_moves`]).
+    pub passes_stopped_at_commit: u64,
     /// Leader: session appends answered with the ticket of the copy already in the log
     /// (a client's retry), instead of being appended again.
     pub session_duplicates_refused: u64,
@@ -802,6 +803,35 @@ impl<F: Fabric> Replica<F> {
         self.fail_stop_on_read_error(|r| r.process_inner(n, |r| r.ticket_status(t).is_some()))
     }
 
+    /// A driver's pass that, on a leader, stops after the batch of events that moves the
+    /// commit index, so that waiters can learn of the commit ([`Replica::leading`]) before
+    /// the rest of the pass; call [`Replica::process`] next for that rest. As
+    /// [`Replica::process_until_resolved`], for every ticket at once.
+    pub fn process_until_commit_moves(&mut self) -> Result<(), ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        let n = self.fabric.poll(&mut self.events);
+        if n == 0 && self.still_quiet() {
+            return Ok(());
+        }
+        let before = self.raw.raft.raft_log.committed;
+        self.fail_stop_on_read_error(|r| {
+            r.process_inner(n, |r| {
+                r.raw.raft.state == StateRole::Leader && r.raw.raft.raft_log.committed > before
+            })
+        })
+    }
+
+    /// As leader: the term it leads and its commit index. Every ticket of that term at or
+    /// below that index is committed for good, whatever happens to this node later: only
+    /// this node minted tickets of that term, for entries it appended, and a committed entry
+    /// is never replaced.
+    pub fn leading(&self) -> Option<(u64, u64)> {
+        (self.raw.raft.state == StateRole::Leader)
+            .then(|| (self.raw.raft.term, self.raw.raft.raft_log.committed))
+    }
+
     /// Runs `f`, turning raft-rs's panic on a failed read of the log (it panics on any storage
     /// error it does not expect) into a poisoned replica that names the failed read. Any other
     /// panic is a bug and goes on unwinding.
@@ -857,7 +887,7 @@ impl<F: Fabric> Replica<F> {
                 // The rest of this pass is the next one's, which runs in full even if its
                 // poll brings nothing (no quiet mark).
                 self.quiet = None;
-                self.stats.passes_stopped_at_resolve += 1;
+                self.stats.passes_stopped_at_commit += 1;
                 return Ok(());
             }
             if n > 0 && self.still_quiet() {

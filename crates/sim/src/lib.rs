@@ -85,10 +85,12 @@ pub struct Options {
     /// ([`Fault::KillMidOp`]); on by default. A seed found before that fault existed replays
     /// its old schedule with it off (`tests/mutation.rs`, seed 1088).
     pub kill_mid_op: bool,
-    /// Clients drive their own waits (`PollMode::Busy`): after each attempt, the node it went
-    /// to runs its passes with `Replica::process_until_resolved` on the attempt's (last)
-    /// ticket until it resolves, so the rest of the pass that commits it (raft's `Ready`, the
-    /// apply, the answers) runs one pass later. The seed family of `tests/callers_drive.rs`;
+    /// Passes made as the embedded log makes them. Clients drive their own waits
+    /// (`PollMode::Busy`): after each attempt, the node it went to runs its passes with
+    /// `Replica::process_until_resolved` on the attempt's (last) ticket until it resolves, so
+    /// the rest of the pass that commits it (raft's `Ready`, the apply, the answers) runs one
+    /// pass later. Every other pass is the driver thread's: stopped where the commit index
+    /// moves, then finished after one more poll. The seed family of `tests/callers_drive.rs`;
     /// off by default, so the CI seeds' runs stay as they were.
     pub callers_drive: bool,
 }
@@ -214,9 +216,9 @@ pub struct Summary {
     /// alive at the end).
     pub nic_acks: u64,
     pub placed_taken: u64,
-    /// [`Options::callers_drive`]: passes that stopped at the events that resolved the
-    /// waiting caller's ticket (summed over the nodes alive at the end).
-    pub passes_stopped_at_resolve: u64,
+    /// [`Options::callers_drive`]: passes that stopped at the events that committed what they
+    /// waited for, a caller's ticket or any commit (summed over the nodes alive at the end).
+    pub passes_stopped_at_commit: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -1712,6 +1714,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     })
     .map_err(|e| fail(format!("cannot build the cluster: {e}"), 0, Vec::new()))?;
     c.fail_stop = true;
+    c.drivers_publish_commits = options.callers_drive;
     let mut run = Run {
         seed,
         rng,
@@ -1778,8 +1781,8 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             let alive = || run.c.nodes.values().flatten();
             run.summary.nic_acks = alive().map(|r| r.stats().nic_acks).sum();
             run.summary.placed_taken = alive().map(|r| r.stats().placed_taken).sum();
-            run.summary.passes_stopped_at_resolve =
-                alive().map(|r| r.stats().passes_stopped_at_resolve).sum();
+            run.summary.passes_stopped_at_commit =
+                alive().map(|r| r.stats().passes_stopped_at_commit).sum();
             run.summary.snapshots_installed = run
                 .c
                 .nodes

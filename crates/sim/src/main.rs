@@ -59,8 +59,9 @@ struct Args {
     /// tests/sessions.rs).
     #[arg(long)]
     sessions: bool,
-    /// Clients drive their own waits: the node an append went to stops its passes at the
-    /// events that commit it (the seed family of tests/callers_drive.rs).
+    /// Passes as the embedded log makes them: the node an append went to stops its passes at
+    /// the events that commit it (a client driving its own wait), the others where the
+    /// commit index moves (the driver thread) (the seed family of tests/callers_drive.rs).
     #[arg(long)]
     callers_drive: bool,
     /// Never kill a process in the middle of a disk operation (the schedule seeds had before
@@ -136,7 +137,7 @@ fn main() -> anyhow::Result<()> {
                 snapshots += s.snapshots_installed;
                 nic_acks += s.nic_acks;
                 placed_taken += s.placed_taken;
-                stopped += s.passes_stopped_at_resolve;
+                stopped += s.passes_stopped_at_commit;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -156,7 +157,7 @@ fn main() -> anyhow::Result<()> {
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
          full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
          completion, {placed_taken} entries taken as placed, {stopped} passes stopped at a \
-         caller's commit",
+         commit",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");

@@ -287,7 +287,10 @@ impl<F: Fabric> Replica<F> {
         // node minted tickets of a term it leads (a node leads a term at most once, and wins
         // it in the incarnation that voted for itself), so the entry is in its log.
         if self.raw.raft.state == StateRole::Leader && self.raw.raft.term == t.term {
-            debug_assert!(t.index <= log.last_index(), "a ticket this leader never gave");
+            debug_assert!(
+                t.index <= log.last_index(),
+                "a ticket this leader never gave"
+            );
             debug_assert!(
                 t.index <= log.committed || log.term(t.index).ok() == Some(t.term),
                 "the leader's own entry was replaced"

@@ -54,7 +54,7 @@ fn stops_at_the_commit(durability: Durability) {
     );
     let s = c.node(leader).status();
     assert_eq!(
-        s.stats.passes_stopped_at_resolve, 1,
+        s.stats.passes_stopped_at_commit, 1,
         "{durability}: the committing pass stopped at the commit"
     );
     assert!(
@@ -69,7 +69,7 @@ fn stops_at_the_commit(durability: Durability) {
     assert!(c.node(leader).status().applied >= t.index);
     // A ticket resolved before the pass stops nothing.
     c.node(leader).process_until_resolved(t).unwrap();
-    assert_eq!(c.node(leader).status().stats.passes_stopped_at_resolve, 1);
+    assert_eq!(c.node(leader).status().stats.passes_stopped_at_commit, 1);
     let learned = c
         .run_until(1_000_000_000, |c| {
             (1..=3).all(|id| {
