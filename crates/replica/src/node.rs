@@ -768,14 +768,7 @@ impl<F: Fabric> Replica<F> {
 
     /// Polls the fabric and handles every `Ready` until there is nothing left to do.
     pub fn process(&mut self) -> Result<(), ReplicaError> {
-        if let Some(p) = &self.poisoned {
-            return Err(ReplicaError::Poisoned(p.clone()));
-        }
-        let n = self.fabric.poll(&mut self.events);
-        if n == 0 && self.still_quiet() {
-            return Ok(());
-        }
-        self.fail_stop_on_read_error(|r| r.process_inner(n, |_| false))
+        self.pass_until(|_| false)
     }
 
     /// A pass of [`Replica::process`] for a caller that waits on `t` and drives the replica
@@ -793,14 +786,7 @@ impl<F: Fabric> Replica<F> {
         if self.ticket_status(t).is_some() {
             return self.process();
         }
-        if let Some(p) = &self.poisoned {
-            return Err(ReplicaError::Poisoned(p.clone()));
-        }
-        let n = self.fabric.poll(&mut self.events);
-        if n == 0 && self.still_quiet() {
-            return Ok(());
-        }
-        self.fail_stop_on_read_error(|r| r.process_inner(n, |r| r.ticket_status(t).is_some()))
+        self.pass_until(move |r| r.ticket_status(t).is_some())
     }
 
     /// A driver's pass that, on a leader, stops after the batch of events that moves the
@@ -808,6 +794,18 @@ impl<F: Fabric> Replica<F> {
     /// the rest of the pass; call [`Replica::process`] next for that rest. As
     /// [`Replica::process_until_resolved`], for every ticket at once.
     pub fn process_until_commit_moves(&mut self) -> Result<(), ReplicaError> {
+        let before = self.raw.raft.raft_log.committed;
+        self.pass_until(move |r| {
+            r.raw.raft.state == StateRole::Leader && r.raw.raft.raft_log.committed > before
+        })
+    }
+
+    /// A pass that stops after a batch of events once `stop` holds. It returns at once if
+    /// the poll brought nothing and nothing changed since the last pass that found nothing to
+    /// do ([`Quiet`]). Inlined into each caller, so that [`Replica::process`]'s constant
+    /// `false` compiles away.
+    #[inline(always)]
+    fn pass_until(&mut self, stop: impl Fn(&Self) -> bool) -> Result<(), ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -815,12 +813,7 @@ impl<F: Fabric> Replica<F> {
         if n == 0 && self.still_quiet() {
             return Ok(());
         }
-        let before = self.raw.raft.raft_log.committed;
-        self.fail_stop_on_read_error(|r| {
-            r.process_inner(n, |r| {
-                r.raw.raft.state == StateRole::Leader && r.raw.raft.raft_log.committed > before
-            })
-        })
+        self.fail_stop_on_read_error(|r| r.process_inner(n, stop))
     }
 
     /// As leader: the term it leads and its commit index. Every ticket of that term at or
@@ -866,8 +859,7 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// The driver loop, with the first poll's `n` events already in `self.events`. It stops
-    /// after a batch of events once `resolved` holds ([`Replica::process_until_resolved`];
-    /// [`Replica::process`] passes a constant `false`, which compiles away).
+    /// after a batch of events once `resolved` holds ([`Replica::pass_until`]).
     #[inline(never)]
     fn process_inner(
         &mut self,
