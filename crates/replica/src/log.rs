@@ -243,6 +243,7 @@ impl<F: Fabric> Shared<F> {
     /// A pass of the replica's loop made on a caller's thread (`Busy`): a failure or a panic
     /// fail-stops the log exactly as it would on the driver thread, and the caller gets the
     /// cause.
+    ///
     /// A caller waiting on `waiting` stops its pass at the events that resolve it
     /// ([`Replica::process_until_resolved`]); the next pass, its own or the driver's, does the
     /// rest.
