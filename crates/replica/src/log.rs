@@ -28,10 +28,6 @@
 //! it sends are left to the next pass, the caller's next one or the driver's. One caller
 //! drives at a time (others wait for its progress as in the other modes), and the driver keeps
 //! out of the way while one does, except for raft's ticks.
-//!
-//! In every mode the driver's pass stops where the commit index moves, publishes it (`Led`)
-//! and wakes the waiters, which resolve from it without the replica's lock, then finishes the
-//! pass.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -111,58 +107,11 @@ struct Shared<F: Fabric> {
     caller_driving: AtomicBool,
     /// The highest commit index a pass reached, so that waiters are woken once per move.
     commit: AtomicU64,
-    /// What this node last published as leader ([`Led`]): waiters resolve from it without
-    /// the replica's lock, which the driver holds through the rest of its pass.
-    led: Mutex<Led>,
     /// Linearizable reads confirmed so far, so that their waiters are woken once per move.
     reads: AtomicU64,
 }
 
-/// A term this node led and the commit index it reached in it ([`Replica::leading`]): every
-/// ticket of that term at or below that index is committed for good (only this node minted
-/// tickets of that term, and a committed entry is never replaced), so the pair stays true
-/// after the node steps down. Term and index are read together: a commit index of a later
-/// term may cover an index where this node's entry of the earlier term was replaced.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Led {
-    term: u64,
-    commit: u64,
-}
-
-impl Led {
-    fn covers(&self, t: Ticket) -> bool {
-        t.term == self.term && t.index <= self.commit
-    }
-
-    /// Moves to what the node says now it leads `term` with `commit`: a later term replaces
-    /// an earlier one whatever its index (tickets of the earlier term then take the lock).
-    fn advance(&mut self, term: u64, commit: u64) {
-        if (term, commit) > (self.term, self.commit) {
-            *self = Led { term, commit };
-        }
-    }
-}
-
 impl<F: Fabric> Shared<F> {
-    /// Publishes what the replica, if it leads, says of its term and commit index.
-    fn publish_led(&self, r: &Replica<F>) {
-        let Some((term, commit)) = r.leading() else {
-            return;
-        };
-        self.led
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .advance(term, commit);
-    }
-
-    /// Whether the published [`Led`] shows ticket `t` committed.
-    fn led_covers(&self, t: Ticket) -> bool {
-        self.led
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .covers(t)
-    }
-
     fn lock(&self) -> MutexGuard<'_, Replica<F>> {
         self.replica
             .lock()
@@ -254,7 +203,6 @@ impl<F: Fabric> Shared<F> {
         }));
         let why = match result {
             Ok(Ok(())) => {
-                self.publish_led(r);
                 self.publish_commit(r.commit_index());
                 self.publish_reads(r.reads_confirmed());
                 return Ok(());
@@ -360,7 +308,6 @@ impl<F: Fabric + Send + 'static> Log<F> {
             replica: Mutex::new(replica),
             progress: Condvar::new(),
             progress_lock: Mutex::new(0),
-            led: Mutex::new(Led::default()),
             wakers: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             kick: Condvar::new(),
@@ -747,19 +694,7 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
                 next_tick = (next_tick + o.tick).max(now);
             }
             let before = r.work_counter();
-            // A pass that moves the commit index stops there, so that waiters learn of the
-            // commit (without the replica's lock) before raft's Ready, the apply and the
-            // answers behind it, which the same pass then finishes.
-            let commit = r.commit_index();
-            let mut result = r.process_until_commit_moves();
-            if result.is_ok() && r.commit_index() > commit {
-                s.publish_led(&r);
-                s.publish_commit(r.commit_index());
-                result = r.process();
-            }
-            if result.is_ok() {
-                s.publish_led(&r);
-            }
+            let result = r.process();
             (
                 result,
                 (r.commit_index(), r.reads_confirmed()),
@@ -913,11 +848,6 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
     fn status(&self) -> Option<Result<u64, ReplicaError>> {
         if let Err(e) = self.shared.check() {
             return Some(Err(e));
-        }
-        // Without the replica's lock when the leader published the commit (the driver
-        // publishes it in the middle of its pass).
-        if self.shared.led_covers(self.ticket) {
-            return Some(Ok(self.ticket.index));
         }
         self.shared.lock().ticket_status(self.ticket)
     }
@@ -1078,38 +1008,5 @@ impl<F: Fabric + Send + 'static> Iterator for Subscription<F> {
                 Err(e) => return Some(Err(e)),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ticket(index: u64, term: u64) -> Ticket {
-        Ticket { index, term }
-    }
-
-    #[test]
-    fn a_published_lead_covers_its_terms_tickets_up_to_its_commit() {
-        let mut led = Led::default();
-        assert!(
-            !led.covers(ticket(1, 1)),
-            "nothing published covers nothing"
-        );
-        led.advance(3, 10);
-        assert!(led.covers(ticket(10, 3)) && led.covers(ticket(4, 3)));
-        assert!(!led.covers(ticket(11, 3)), "past the commit index");
-        // An earlier term's entry at a covered index may have been replaced.
-        assert!(!led.covers(ticket(5, 2)));
-        // A stale report never moves it back.
-        led.advance(3, 8);
-        assert!(led.covers(ticket(10, 3)));
-        // A later term replaces it, even at a lower index than the earlier term reached.
-        led.advance(5, 9);
-        assert!(led.covers(ticket(9, 5)));
-        assert!(
-            !led.covers(ticket(10, 3)),
-            "the earlier term's tickets take the lock"
-        );
     }
 }

@@ -196,9 +196,8 @@ pub struct ReplicaStats {
     /// Follower, `Durability::Replicated`: entries taken from the ring as the leader placed
     /// them, before (or without) their descriptor.
     pub placed_taken: u64,
-    /// Passes that stopped at the events that committed what they waited for, leaving the
-    /// rest to the next pass ([`Replica::process_until_resolved`],
-    /// [`Replica::process_until_commit_moves`]).
+    /// Passes of [`Replica::process_until_resolved`] that stopped at the events that
+    /// resolved the caller's ticket, leaving the rest to the next pass.
     pub passes_stopped_at_commit: u64,
     /// Leader: session appends answered with the ticket of the copy already in the log
     /// (a client's retry), instead of being appended again.
@@ -789,17 +788,6 @@ impl<F: Fabric> Replica<F> {
         self.pass_until(move |r| r.ticket_status(t).is_some())
     }
 
-    /// A driver's pass that, on a leader, stops after the batch of events that moves the
-    /// commit index, so that waiters can learn of the commit ([`Replica::leading`]) before
-    /// the rest of the pass; call [`Replica::process`] next for that rest. As
-    /// [`Replica::process_until_resolved`], for every ticket at once.
-    pub fn process_until_commit_moves(&mut self) -> Result<(), ReplicaError> {
-        let before = self.raw.raft.raft_log.committed;
-        self.pass_until(move |r| {
-            r.raw.raft.state == StateRole::Leader && r.raw.raft.raft_log.committed > before
-        })
-    }
-
     /// A pass that stops after a batch of events once `stop` holds. It returns at once if
     /// the poll brought nothing and nothing changed since the last pass that found nothing to
     /// do ([`Quiet`]). Inlined into each caller, so that [`Replica::process`]'s constant
@@ -814,15 +802,6 @@ impl<F: Fabric> Replica<F> {
             return Ok(());
         }
         self.fail_stop_on_read_error(|r| r.process_inner(n, stop))
-    }
-
-    /// As leader: the term it leads and its commit index. Every ticket of that term at or
-    /// below that index is committed for good, whatever happens to this node later: only
-    /// this node minted tickets of that term, for entries it appended, and a committed entry
-    /// is never replaced.
-    pub fn leading(&self) -> Option<(u64, u64)> {
-        (self.raw.raft.state == StateRole::Leader)
-            .then(|| (self.raw.raft.term, self.raw.raft.raft_log.committed))
     }
 
     /// Runs `f`, turning raft-rs's panic on a failed read of the log (it panics on any storage

@@ -44,11 +44,6 @@ pub struct SimCluster {
     /// (`PollMode::Busy`): [`SimCluster::process_all`] runs that node's pass with
     /// [`Replica::process_until_resolved`]. Cleared when the process dies.
     pub waiting: BTreeMap<u64, crate::Ticket>,
-    /// Every other pass is made as `Log`'s driver makes it: stopped where the commit index
-    /// moves ([`Replica::process_until_commit_moves`]), then finished with
-    /// [`Replica::process`], with a poll in between that may bring new events before raft's
-    /// `Ready`. Off by default (the schedules of the simulator's seeds stay as they were).
-    pub drivers_publish_commits: bool,
     next_tick: u64,
 }
 
@@ -74,7 +69,6 @@ impl SimCluster {
             fail_stop: false,
             failed: BTreeMap::new(),
             waiting: BTreeMap::new(),
-            drivers_publish_commits: false,
             next_tick: 10_000_000,
         };
         let spread = ReplicaConfig::new(1, Vec::new(), 0, PathBuf::new()).election_tick;
@@ -121,11 +115,6 @@ impl SimCluster {
             if let Some(r) = r.as_mut().filter(|_| !self.paused.contains(id)) {
                 let pass = match self.waiting.get(id) {
                     Some(&t) => r.process_until_resolved(t),
-                    // The embedded log's driver: a pass that stops where the commit index
-                    // moves (waiters learn of it there), then the rest of it.
-                    None if self.drivers_publish_commits => {
-                        r.process_until_commit_moves().and_then(|()| r.process())
-                    }
                     None => r.process(),
                 };
                 if let Err(e) = pass {

@@ -85,12 +85,10 @@ pub struct Options {
     /// ([`Fault::KillMidOp`]); on by default. A seed found before that fault existed replays
     /// its old schedule with it off (`tests/mutation.rs`, seed 1088).
     pub kill_mid_op: bool,
-    /// Passes made as the embedded log makes them. Clients drive their own waits
-    /// (`PollMode::Busy`): after each attempt, the node it went to runs its passes with
-    /// `Replica::process_until_resolved` on the attempt's (last) ticket until it resolves, so
-    /// the rest of the pass that commits it (raft's `Ready`, the apply, the answers) runs one
-    /// pass later. Every other pass is the driver thread's: stopped where the commit index
-    /// moves, then finished after one more poll. The seed family of `tests/callers_drive.rs`;
+    /// Clients drive their own waits (`PollMode::Busy`): after each attempt, the node it went
+    /// to runs its passes with `Replica::process_until_resolved` on the attempt's (last)
+    /// ticket until it resolves, so the rest of the pass that commits it (raft's `Ready`, the
+    /// apply, the answers) runs one pass later. The seed family of `tests/callers_drive.rs`;
     /// off by default, so the CI seeds' runs stay as they were.
     pub callers_drive: bool,
 }
@@ -216,8 +214,8 @@ pub struct Summary {
     /// alive at the end).
     pub nic_acks: u64,
     pub placed_taken: u64,
-    /// [`Options::callers_drive`]: passes that stopped at the events that committed what they
-    /// waited for, a caller's ticket or any commit (summed over the nodes alive at the end).
+    /// [`Options::callers_drive`]: passes that stopped at the events that resolved the
+    /// waiting caller's ticket (summed over the nodes alive at the end).
     pub passes_stopped_at_commit: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
@@ -1714,7 +1712,6 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     })
     .map_err(|e| fail(format!("cannot build the cluster: {e}"), 0, Vec::new()))?;
     c.fail_stop = true;
-    c.drivers_publish_commits = options.callers_drive;
     let mut run = Run {
         seed,
         rng,

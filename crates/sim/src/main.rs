@@ -59,9 +59,8 @@ struct Args {
     /// tests/sessions.rs).
     #[arg(long)]
     sessions: bool,
-    /// Passes as the embedded log makes them: the node an append went to stops its passes at
-    /// the events that commit it (a client driving its own wait), the others where the
-    /// commit index moves (the driver thread) (the seed family of tests/callers_drive.rs).
+    /// Clients drive their own waits: the node an append went to stops its passes at the
+    /// events that commit it (the seed family of tests/callers_drive.rs).
     #[arg(long)]
     callers_drive: bool,
     /// Never kill a process in the middle of a disk operation (the schedule seeds had before

@@ -1,11 +1,8 @@
-//! The seed family of passes made as the embedded log makes them (issue 14): seeds 1..=N
-//! where, after each append, the node it went to runs its passes with
-//! `Replica::process_until_resolved` on the append's ticket until the client sees it resolve
-//! (a caller driving its own wait, `PollMode::Busy`), and every other pass is the driver
-//! thread's (`Replica::process_until_commit_moves`, then `Replica::process` after one more
-//! poll). A caller's pass stops at the events that commit its entry and leaves raft's
-//! `Ready` behind them, the apply and the answers to the next pass; every checker still
-//! holds. With a rule of
+//! The seed family of callers that drive their own waits (`PollMode::Busy`, issue 14): seeds
+//! 1..=N where, after each append, the node it went to runs its passes with
+//! `Replica::process_until_resolved` on the append's ticket until the client sees it resolve.
+//! Such a pass stops at the events that commit the entry and leaves raft's `Ready` behind
+//! them, the apply and the answers to the next pass; every checker still holds. With a rule of
 //! the NIC-acknowledged commit broken (`Mutation::NicAckBeforeGrant`) a seed of the family
 //! fails, so the family's checkers can fail with callers driving.
 //!
