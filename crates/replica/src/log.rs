@@ -26,8 +26,10 @@
 //! wake-up in between. Its pass stops at the events that commit its entry (an answer, or under
 //! `Replicated` a write's completion); raft's `Ready` behind them, the apply and the answers
 //! it sends are left to the next pass, the caller's next one or the driver's. One caller
-//! drives at a time (others wait for its progress as in the other modes), and the driver keeps
-//! out of the way while one does, except for raft's ticks.
+//! drives at a time (others wait for its progress as in the other modes), holding that right
+//! from its first pass to the end of its wait, and the driver keeps out of the way meanwhile,
+//! except for raft's ticks, yielding its CPU in between (to the caller, the fabric's kernel
+//! work or another replica on a shared core).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -105,6 +107,8 @@ struct Shared<F: Fabric> {
     poll: PollMode,
     /// Whether a caller is driving the replica (`Busy` only); the driver then only ticks.
     caller_driving: AtomicBool,
+    /// Passes the driver thread made (see [`Log::driver_passes_for_test`]).
+    driver_passes: AtomicU64,
     /// The highest commit index a pass reached, so that waiters are woken once per move.
     commit: AtomicU64,
     /// Linearizable reads confirmed so far, so that their waiters are woken once per move.
@@ -318,6 +322,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
             hold_for_test: AtomicBool::new(false),
             poll: options.poll,
             caller_driving: AtomicBool::new(false),
+            driver_passes: AtomicU64::new(0),
             commit: AtomicU64::new(0),
             reads: AtomicU64::new(0),
         });
@@ -595,6 +600,19 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.hold_for_test.store(hold, Ordering::Release);
     }
 
+    /// Test-only: the passes the driver thread has made so far, to show that it keeps off
+    /// the replica while a caller drives (`Busy`), but for its ticks.
+    #[doc(hidden)]
+    pub fn driver_passes_for_test(&self) -> u64 {
+        self.shared.driver_passes.load(Ordering::Relaxed)
+    }
+
+    /// Test-only: whether a caller holds the right to drive the replica (`Busy`).
+    #[doc(hidden)]
+    pub fn caller_driving_for_test(&self) -> bool {
+        self.shared.caller_driving.load(Ordering::Acquire)
+    }
+
     fn stop_driver(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.kick();
@@ -664,8 +682,10 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
         }
         if s.caller_driving.load(Ordering::Acquire) && Instant::now() < next_tick {
             // A caller runs its append to completion (Busy): stay off the lock until the
-            // next tick is due.
-            std::hint::spin_loop();
+            // next tick is due, and off the CPU while anything else wants it (on a dedicated
+            // core the yield returns at once; on a shared one the caller, the fabric's kernel
+            // work or another replica runs instead of this loop).
+            std::thread::yield_now();
             continue;
         }
         let (result, progress, busy) = {
@@ -695,6 +715,7 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
             }
             let before = r.work_counter();
             let result = r.process();
+            s.driver_passes.fetch_add(1, Ordering::Relaxed);
             (
                 result,
                 (r.commit_index(), r.reads_confirmed()),
@@ -863,15 +884,18 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
     /// replica itself (see the module doc).
     pub fn wait_for(&self, timeout: Duration) -> Option<Result<u64, ReplicaError>> {
         let deadline = Instant::now() + timeout;
+        // Under `Busy`, the right to drive, held from the first pass to the end of the wait:
+        // the driver stays off the lock meanwhile (but for its ticks).
+        let mut driving = None;
         loop {
-            if let Some(r) = self.drive_or_check() {
+            if let Some(r) = self.drive_or_check(&mut driving) {
                 return Some(r);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
             }
-            self.pause(left);
+            self.pause(left, driving.is_some());
         }
     }
 
@@ -884,18 +908,21 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
         }))
     }
 
-    /// One step of a wait: under `Busy`, a pass of the replica on this thread when no other
-    /// caller is driving, then the ticket's status; otherwise only the status.
-    fn drive_or_check(&self) -> Option<Result<u64, ReplicaError>> {
+    /// One step of a wait: under `Busy`, a pass of the replica on this thread if it drives
+    /// (it takes the right to when no other caller holds it), then the ticket's status;
+    /// otherwise only the status.
+    fn drive_or_check<'a>(
+        &'a self,
+        driving: &mut Option<Driving<'a>>,
+    ) -> Option<Result<u64, ReplicaError>> {
         let s = &self.shared;
-        if s.poll != PollMode::Busy
-            || s.caller_driving
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
+        if driving.is_none() && s.poll == PollMode::Busy {
+            *driving = Driving::take(&s.caller_driving);
+        }
+        if driving.is_none() {
             return self.status();
         }
-        let outcome = match s.check() {
+        match s.check() {
             Err(e) => Some(Err(e)),
             Ok(()) => {
                 let mut r = s.lock();
@@ -904,20 +931,35 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
                     Err(e) => Some(Err(e)),
                 }
             }
-        };
-        s.caller_driving.store(false, Ordering::Release);
-        outcome
+        }
     }
 
     /// Between two steps of a wait: the driving caller spins on; any other sleeps until the
     /// commit index moves.
-    fn pause(&self, left: Duration) {
-        if self.shared.poll == PollMode::Busy && !self.shared.caller_driving.load(Ordering::Acquire)
-        {
+    fn pause(&self, left: Duration, driving: bool) {
+        if driving {
             std::hint::spin_loop();
         } else {
             self.shared.wait_progress(left);
         }
+    }
+}
+
+/// The right to drive the replica from a caller's thread (`Busy`): at most one caller holds
+/// it; dropping it (the wait ended, or unwound) hands the replica back to the driver.
+struct Driving<'a>(&'a AtomicBool);
+
+impl<'a> Driving<'a> {
+    fn take(flag: &'a AtomicBool) -> Option<Driving<'a>> {
+        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Driving(flag))
+    }
+}
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

@@ -276,6 +276,65 @@ fn a_busy_caller_runs_its_own_append_to_completion() {
     }
 }
 
+/// Under `Busy` a waiting caller holds the replica for its whole wait, not pass by pass: the
+/// leader's driver makes no pass meanwhile but its ticks (one per 10 ms tick at most), so the
+/// caller's polls never queue behind the driver's lock and the driver's thread leaves the CPU
+/// to the caller and the fabric. The wait is on an append that cannot commit (the leader is cut
+/// off), so the caller drives through all of it.
+#[test]
+fn a_busy_caller_keeps_the_driver_off_for_its_whole_wait() {
+    let (net, stop, logs) = cluster(PollMode::Busy);
+    let l = loop {
+        let l = leader(&logs);
+        // Busy drivers on shared cores can starve each other into an election: retry.
+        if logs[l]
+            .append(b"warm up")
+            .and_then(|h| h.wait(Duration::from_secs(5)))
+            .is_ok()
+        {
+            break l;
+        }
+    };
+    for f in (1..=3u64).filter(|&f| f != l as u64 + 1) {
+        net.set_link(NodeId(l as u64 + 1), NodeId(f), false);
+    }
+    let h = logs[l].append(b"cannot commit").unwrap();
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| h.wait_for(Duration::from_secs(2)));
+        // Count from the moment the caller holds the right to drive, over 300 ms of its wait.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !logs[l].caller_driving_for_test() {
+            assert!(Instant::now() < deadline, "the waiting caller never drove");
+            std::thread::yield_now();
+        }
+        let before = logs[l].driver_passes_for_test();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(300));
+        let passes = logs[l].driver_passes_for_test() - before;
+        let elapsed = t0.elapsed();
+        // One pass per due tick, and one for a tick already due when the count began.
+        let ticks = elapsed.as_millis() as u64 / 10 + 2;
+        assert!(
+            passes <= ticks,
+            "the driver made {passes} passes during {elapsed:?} of a wait driven by its \
+             caller (at most {ticks}: its ticks)"
+        );
+        assert!(
+            logs[l].caller_driving_for_test(),
+            "the caller stopped driving early"
+        );
+        let outcome = waiter.join().unwrap();
+        assert!(
+            outcome.is_none(),
+            "the cut-off leader resolved its append: {outcome:?}"
+        );
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for log in logs {
+        log.close().unwrap();
+    }
+}
+
 /// The embedded API's idempotency key: an application that retries after `Timeout` (or after
 /// a crash of its own) sends the same session and number again, and gets the first copy's
 /// index instead of a second entry.
