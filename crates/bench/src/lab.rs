@@ -97,6 +97,20 @@ impl LabCluster {
         cluster: u64,
         poll: PollMode,
     ) -> anyhow::Result<LabCluster> {
+        Self::open_polled(transport, d, dir, port_base, cluster, [poll; 3])
+    }
+
+    /// Like [`LabCluster::reopen_on`], each node's driver polling its own way (node 1's
+    /// first). Node 1 wins the first election unless something goes wrong (its election
+    /// timeout is the shortest), so `[busy, event, event]` spins on the leader only.
+    pub fn open_polled(
+        transport: Transport,
+        d: Durability,
+        dir: &Path,
+        port_base: u16,
+        cluster: u64,
+        polls: [PollMode; 3],
+    ) -> anyhow::Result<LabCluster> {
         let mut logs = Vec::new();
         for id in 1..=3u64 {
             let peers: BTreeMap<NodeId, SocketAddr> = (1..=3u64)
@@ -126,7 +140,7 @@ impl LabCluster {
             let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
             let opts = LogOptions {
                 tick: Duration::from_millis(20),
-                poll,
+                poll: polls[id as usize - 1],
                 pin_core: None,
             };
             logs.push(Log::open(cfg, ep, fs, opts)?);

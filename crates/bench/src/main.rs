@@ -145,6 +145,25 @@ enum Cmd {
         #[arg(long, default_value = "/run/lab/disk/bench")]
         dir: PathBuf,
     },
+    /// Commit latency by how the replicas poll (adaptive, busy, busy on the leader only)
+    /// against `ib_write_lat`, in A/B pairs, one boot.
+    PollModes {
+        /// Where results go.
+        #[arg(long)]
+        out: PathBuf,
+        /// A/B pairs (each runs every configuration; the order rotates).
+        #[arg(long, default_value_t = 3)]
+        pairs: usize,
+        /// Appends per measurement (perftest iterations likewise).
+        #[arg(long, default_value_t = 300)]
+        count: u64,
+        /// fsync, memory or replicated.
+        #[arg(long, default_value = "replicated")]
+        durability: String,
+        /// Where the replicas keep their data.
+        #[arg(long, default_value = "/run/lab/disk/bench")]
+        dir: PathBuf,
+    },
     /// On this host, no lab: three `rdmalog-server` processes replicating over TCP on
     /// loopback against three etcd 3.4 members on the same host, in A/B pairs.
     HostTcp {
@@ -220,6 +239,13 @@ fn main() -> anyhow::Result<()> {
             count,
             dir,
         } => transports::run(&out, pairs, count, &dir)?,
+        Cmd::PollModes {
+            out,
+            pairs,
+            count,
+            durability,
+            dir,
+        } => polls::run(&out, pairs, count, &dir, durability_of(&durability)?)?,
         Cmd::HostTcp {
             out,
             pairs,
@@ -238,6 +264,7 @@ fn durability_of(s: &str) -> anyhow::Result<Durability> {
 /// Three replicas in this process, one per rxe host.
 struct Embedded(bench::lab::LabCluster);
 
+mod polls;
 mod transports;
 
 /// What an embedded measurement adds to the latency summary.
@@ -267,8 +294,18 @@ impl Embedded {
     }
 
     fn measure(&self, c: &Common, name: &str) -> anyhow::Result<(Summary, Extra)> {
-        let k = self.leader(Duration::from_secs(30))?;
-        let log = &self.0.logs[k];
+        Self::measure_on(&self.0, c, name)
+    }
+
+    /// Commit latency through `cluster`'s leader under `c`'s load, with the leader's RDMA
+    /// bytes and the process's CPU per entry.
+    fn measure_on(
+        cluster: &bench::lab::LabCluster,
+        c: &Common,
+        name: &str,
+    ) -> anyhow::Result<(Summary, Extra)> {
+        let k = cluster.leader(Duration::from_secs(30))?;
+        let log = &cluster.logs[k];
         let payload = vec![0x5au8; c.size];
         let before = log.status().stats.fast_bytes;
         let cpu0 = bench::process_cpu_seconds().unwrap_or(0.0);
