@@ -3,7 +3,8 @@
 //!
 //! `rdmalog-bench suite --out DIR` measures, in order: the perftest baseline (`ib_write_lat`,
 //! `ib_send_lat`, `ib_write_bw` between rxe1 and rxe2); rdmalog's 3-replica commit latency
-//! through the embedded API (64 B and 4 KiB, `Replicated`, `Memory` and `Fsync`), each
+//! through the embedded API (64 B and 4 KiB, `Replicated` with the lab's adaptive polling and
+//! with busy drivers and callers that drive their own appends, `Memory` and `Fsync`), each
 //! interleaved with `ib_write_lat` of the same size as A/B pairs (and, for `Fsync`, beside an
 //! fdatasync of the same disk); replicated throughput with 4 KiB entries
 //! interleaved with `ib_write_bw`; throughput against payload size; and etcd 3.4 (Debian's
@@ -835,11 +836,21 @@ fn embedded_pairs(
     // three-replica cluster for the rdmalog side and closes it afterwards: an idle cluster's
     // pollers and ticks would otherwise slow the reference and flatter the ratio.
     let mut port_base = 7100u16;
-    for (dname, d) in [
-        ("replicated", Durability::Replicated),
-        ("memory", Durability::Memory),
-        ("fsync", Durability::Fsync),
+    // The lab's adaptive polling in every mode, and the run-to-completion mode issue 14 set P1
+    // for (busy drivers, the caller driving its own append) with the NIC-acknowledged commit.
+    // Busy threads share the guest's 2 vCPUs with Soft-RoCE: `ops/bench polls` compares the
+    // ways of polling on their own.
+    for (dname, d, poll) in [
+        ("replicated", Durability::Replicated, bench::lab::LAB_POLL),
+        (
+            "replicated, busy",
+            Durability::Replicated,
+            replica::PollMode::Busy,
+        ),
+        ("memory", Durability::Memory, bench::lab::LAB_POLL),
+        ("fsync", Durability::Fsync, bench::lab::LAB_POLL),
     ] {
+        let reference_mode = poll == bench::lab::LAB_POLL;
         let sizes = [64usize, 4096];
         let mut p1: BTreeMap<usize, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
         let mut p1f: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
@@ -865,7 +876,7 @@ fn embedded_pairs(
                 refs.push((size, rtt, sync));
             }
             // The throughput pair runs in the mode with nothing but the NICs on the commit path.
-            let bw = if d == Durability::Replicated {
+            let bw = if d == Durability::Replicated && reference_mode {
                 Some(perftest::parse_bandwidth(&perftest::run_pair(
                     Tool::WriteBw,
                     1,
@@ -878,14 +889,8 @@ fn embedded_pairs(
                 None
             };
             port_base += 10;
-            let pair_dir = dir.join(format!("{dname}-{k}"));
-            let cluster = Embedded::open(
-                d,
-                &pair_dir,
-                port_base,
-                0xbe00 + port_base as u64,
-                bench::lab::LAB_POLL,
-            )?;
+            let pair_dir = dir.join(format!("{}-{k}", dname.replace(", ", "-")));
+            let cluster = Embedded::open(d, &pair_dir, port_base, 0xbe00 + port_base as u64, poll)?;
             for (size, a, sync) in refs {
                 let name = format!("rdmalog commit {dname} {size} B");
                 let c = Common {
@@ -911,7 +916,7 @@ fn embedded_pairs(
                         label: format!("rdmalog commit ({dname})"),
                         points: s.cdf.clone(),
                     });
-                    if d == Durability::Replicated {
+                    if d == Durability::Replicated && reference_mode {
                         cdf.push(Series {
                             label: "2 x ib_write_lat (one RDMA round trip each way)".into(),
                             points: cdf_of_perftest(&a)
