@@ -50,7 +50,9 @@ use crate::{ReplicaConfig, ReplicaError};
 /// How the driver thread waits for work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollMode {
-    /// Never sleeps: the production mode on a dedicated core.
+    /// Never sleeps: the production mode on a dedicated core. Between polls that find nothing
+    /// it spins a little, then yields its CPU (on a dedicated core the yield returns at once;
+    /// on a shared one the fabric's kernel work and other threads run instead of the loop).
     Busy,
     /// Spins up to `spin`, then sleeps until a fabric event, an append or the next tick: for
     /// shared cores.
@@ -736,7 +738,10 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
         }
         let sleep = match o.poll {
             PollMode::Busy => {
-                std::hint::spin_loop();
+                // Never sleeps; spins a little, then yields between polls, so that on a shared
+                // core the fabric's kernel work and the other replicas run (on a dedicated one
+                // the yield returns at once).
+                backoff.snooze();
                 false
             }
             PollMode::Adaptive { spin } => {
@@ -887,6 +892,7 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
         // Under `Busy`, the right to drive, held from the first pass to the end of the wait:
         // the driver stays off the lock meanwhile (but for its ticks).
         let mut driving = None;
+        let backoff = Backoff::new();
         loop {
             if let Some(r) = self.drive_or_check(&mut driving) {
                 return Some(r);
@@ -895,7 +901,7 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
             if left.is_zero() {
                 return None;
             }
-            self.pause(left, driving.is_some());
+            self.pause(left, driving.is_some(), &backoff);
         }
     }
 
@@ -934,11 +940,12 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
         }
     }
 
-    /// Between two steps of a wait: the driving caller spins on; any other sleeps until the
-    /// commit index moves.
-    fn pause(&self, left: Duration, driving: bool) {
+    /// Between two steps of a wait: the driving caller polls on (spinning a little, then
+    /// yielding between passes, as the busy driver does); any other sleeps until the commit
+    /// index moves.
+    fn pause(&self, left: Duration, driving: bool, backoff: &Backoff) {
         if driving {
-            std::hint::spin_loop();
+            backoff.snooze();
         } else {
             self.shared.wait_progress(left);
         }
