@@ -270,6 +270,15 @@ pub enum Mutation {
     /// that the second continues the first (`node::send::coalesce`): a follower gets entries
     /// that do not follow each other as one append.
     MergeDisjointAppends,
+    /// Under `Durability::Replicated`, a caller's pass takes any unstepped write completion
+    /// as the quorum for its ticket, whatever index the write reached and whoever else holds
+    /// it (the check of `Replica::nic_quorum_reaches` removed): an append can resolve while
+    /// its entry is on the leader alone.
+    NicQuorumAnyIndex,
+    /// A linearizable read starts from raft's commit index without first stepping the write
+    /// completions that already resolved a caller's ticket: a read that began after a caller
+    /// learned of its commit can miss it.
+    ReadBeforeNicAcks,
     /// A leader sends raft-rs's batched appends as raft-rs made them (`node::send::repair_batched`
     /// skipped): entries batched onto an empty append keep that append's index.
     UnrepairedRaftBatches,

@@ -29,7 +29,7 @@ use crate::storage::{
 };
 use crate::wire::{self, Body, Frame, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{ReplicaConfig, ReplicaError};
-use fast::{FastPeer, Inflight};
+use fast::{FastPeer, Inflight, NicAck};
 
 /// Marks a step of the entries `first..=last` on their way through this replica, for the
 /// per-step latency breakdown (`rdmalog-bench embedded --steps`): a `tracing` event at target
@@ -422,6 +422,23 @@ pub struct Replica<F: Fabric> {
     fast_accepted_to: u64,
     peers: BTreeMap<u64, Peer>,
     writes_in_flight: Inflight,
+    /// Leader, `Replicated`: write completions that count a follower as holding entries, not
+    /// yet stepped into raft as its append responses. A caller's pass
+    /// ([`Replica::process_until_resolved`]) resolves its ticket from them
+    /// ([`Replica::nic_quorum_reaches`]) and leaves their steps to the next pass, which makes
+    /// them first; every other pass steps each at its event.
+    acks_unstepped: Vec<NicAck>,
+    /// Set while a caller's pass handles a batch of events: write completions queue their
+    /// responses in `acks_unstepped` instead of stepping them at once.
+    defer_nic_acks: bool,
+    /// Scratch for [`Replica::nic_quorum_reaches`]: the voters holding an index.
+    quorum_scratch: std::cell::RefCell<std::collections::HashSet<u64, fxhash::FxBuildHasher>>,
+    /// (term, index): the highest ticket resolved from unstepped completions, which raft's
+    /// commit index must reach once it steps them (checked in debug builds).
+    nic_promised: std::cell::Cell<(u64, u64)>,
+    /// Its last answer: ((work counter, unstepped completions, term, index), reaches).
+    #[allow(clippy::type_complexity)]
+    quorum_memo: std::cell::Cell<Option<((u64, usize, u64, u64), bool)>>,
     next_wr_id: u64,
     granted: Option<u64>,
     ticks: u64,
@@ -563,6 +580,8 @@ impl<F: Fabric> Replica<F> {
     /// node's election timer does not run: it must not campaign.
     pub fn tick(&mut self) {
         self.ticks += 1;
+        // Raft's quorum check counts a follower active by its responses.
+        self.step_nic_acks();
         if self.recovering.is_none() && self.poisoned.is_none() {
             // A failed read fails the replica stop; the next `process` reports it.
             let _ = self.fail_stop_on_read_error(|r| {
@@ -767,7 +786,7 @@ impl<F: Fabric> Replica<F> {
 
     /// Polls the fabric and handles every `Ready` until there is nothing left to do.
     pub fn process(&mut self) -> Result<(), ReplicaError> {
-        self.pass_until(|_| false)
+        self.pass_until(false, |_| false)
     }
 
     /// A pass of [`Replica::process`] for a caller that waits on `t` and drives the replica
@@ -785,15 +804,21 @@ impl<F: Fabric> Replica<F> {
         if self.ticket_status(t).is_some() {
             return self.process();
         }
-        self.pass_until(move |r| r.ticket_status(t).is_some())
+        self.pass_until(true, move |r| r.ticket_status(t).is_some())
     }
 
     /// A pass that stops after a batch of events once `stop` holds. It returns at once if
     /// the poll brought nothing and nothing changed since the last pass that found nothing to
     /// do ([`Quiet`]). Inlined into each caller, so that [`Replica::process`]'s constant
     /// `false` compiles away.
+    /// `stops` says whether `stop` can ever hold (a caller's pass): an ordinary pass steps each
+    /// write completion's append response at its event.
     #[inline(always)]
-    fn pass_until(&mut self, stop: impl Fn(&Self) -> bool) -> Result<(), ReplicaError> {
+    fn pass_until(
+        &mut self,
+        stops: bool,
+        stop: impl Fn(&Self) -> bool,
+    ) -> Result<(), ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
@@ -801,7 +826,7 @@ impl<F: Fabric> Replica<F> {
         if n == 0 && self.still_quiet() {
             return Ok(());
         }
-        self.fail_stop_on_read_error(|r| r.process_inner(n, stop))
+        self.fail_stop_on_read_error(|r| r.process_inner(n, stops, stop))
     }
 
     /// Runs `f`, turning raft-rs's panic on a failed read of the log (it panics on any storage
@@ -843,24 +868,34 @@ impl<F: Fabric> Replica<F> {
     fn process_inner(
         &mut self,
         mut n: usize,
+        stops: bool,
         resolved: impl Fn(&Self) -> bool,
     ) -> Result<(), ReplicaError> {
+        // Responses a caller's pass left unstepped come before anything newer; only a
+        // caller's pass leaves its completions' responses unstepped until it decides to stop.
+        self.step_nic_acks();
+        self.defer_nic_acks = stops;
         loop {
             self.work += n as u64;
             for i in 0..n {
                 let e = self.events[i];
                 if let Err(err) = self.handle_event(e) {
+                    self.defer_nic_acks = false;
                     self.poisoned.get_or_insert_with(|| err.to_string());
                     return Err(err);
                 }
             }
             if n > 0 && resolved(self) {
                 // The rest of this pass is the next one's, which runs in full even if its
-                // poll brings nothing (no quiet mark).
+                // poll brings nothing (no quiet mark), and first steps the responses of the
+                // write completions that resolved the ticket (raft's commit index then
+                // reaches it).
+                self.defer_nic_acks = false;
                 self.quiet = None;
                 self.stats.passes_stopped_at_commit += 1;
                 return Ok(());
             }
+            self.step_nic_acks();
             if n > 0 && self.still_quiet() {
                 // Events that changed nothing the rest of a pass looks at (a send's or, under
                 // Memory, a write's completion): poll again.

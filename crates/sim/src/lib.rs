@@ -286,6 +286,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("snapshot-own-lsn", Mutation::SnapshotOwnLsn),
     ("unchecked-reads", Mutation::UncheckedReads),
     ("nic-ack-before-grant", Mutation::NicAckBeforeGrant),
+    ("nic-quorum-any-index", Mutation::NicQuorumAnyIndex),
     ("no-placed-take", Mutation::NoPlacedTake),
     ("rewind-to-cut-record", Mutation::RewindToCutRecord),
     ("reopen-fast-path-early", Mutation::ReopenFastPathEarly),

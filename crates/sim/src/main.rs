@@ -41,7 +41,8 @@ struct Args {
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
-    /// nic-ack-before-grant, no-placed-take, rewind-to-cut-record, reopen-fast-path-early,
+    /// nic-ack-before-grant, nic-quorum-any-index (with --callers-drive), no-placed-take,
+    /// rewind-to-cut-record, reopen-fast-path-early,
     /// merge-disjoint-appends, stale-entry-cache, unrepaired-raft-batches, trust-log-after-lost-ring,
     /// cut-wal-before-ring, use-connection-before-announced,
     /// condition-on-commit (with --conditional) or dedup-committed-only (with --sessions).

@@ -78,3 +78,28 @@ fn the_family_catches_a_commit_counted_on_an_ungranted_connection() {
         "the replay line does not name the run's options:\n{why}"
     );
 }
+
+/// A caller's pass under `Replicated` resolves its ticket from write completions raft has not
+/// stepped yet (`Replica::nic_quorum_reaches`). With that quorum check removed (any completion
+/// taken as the quorum, `Mutation::NicQuorumAnyIndex`) a seed fails: the replica checks, in
+/// debug builds, that raft's commit index reaches every ticket so resolved once it steps the
+/// completions.
+#[test]
+fn the_family_catches_a_ticket_resolved_without_a_quorum() {
+    let caught = (1..=seeds()).find_map(|seed| {
+        sim::run(
+            seed,
+            options(Mutation::NicQuorumAnyIndex, Some(Durability::Replicated)),
+            false,
+        )
+        .err()
+        .map(|f| (seed, f.to_string()))
+    });
+    let Some((seed, why)) = caught else {
+        panic!(
+            "tickets resolved from any write completion went unnoticed for {} seeds",
+            seeds()
+        );
+    };
+    eprintln!("caught at seed {seed}:\n{why}");
+}

@@ -36,7 +36,10 @@ use replica::{Durability, Mutation};
 /// situation on purpose and catches it on 5 of its 6 seeds. `read-without-quorum` is
 /// not here either: the simulator's clients do not read
 /// through raft's ReadIndex; `replica/tests/integration/linearizable_reads.rs` catches it deterministically
-/// (a deposed leader answers below the new commit index).
+/// (a deposed leader answers below the new commit index), as `read-before-nic-acks` is by
+/// `replica/tests/integration/caller_driven_pass.rs`. `nic-quorum-any-index` is caught by the
+/// callers-drive seed family at its first seed (`tests/callers_drive.rs`): only a caller's
+/// pass resolves tickets from unstepped write completions.
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 16 (state machine safety, through the

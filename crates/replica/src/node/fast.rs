@@ -110,6 +110,15 @@ impl FastPeer {
     }
 }
 
+/// A write completion that counts a follower as holding entries up to `index`, as its append
+/// response in `term` (see [`Replica::acks_unstepped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct NicAck {
+    pub(super) peer: u64,
+    pub(super) index: u64,
+    pub(super) term: u64,
+}
+
 /// A signaled RDMA Write still in flight: which peer it goes to, and the Lsn it starts at
 /// (our ring may not be reused from there until it completes); the term it was posted in,
 /// and, on the last write of an append, the append's last index: under
@@ -763,15 +772,113 @@ impl<F: Fabric> Replica<F> {
         if w.term.0 != r.term && self.cfg.mutation != Mutation::NicAckBeforeGrant {
             return;
         }
-        let mut ack = Message::default();
-        ack.set_msg_type(MessageType::MsgAppendResponse);
-        ack.from = w.peer;
-        ack.to = self.cfg.id;
-        ack.term = r.term;
-        ack.index = last.0;
+        let ack = NicAck {
+            peer: w.peer,
+            index: last.0,
+            term: r.term,
+        };
         self.stats.nic_acks += 1;
         super::step!(self.cfg.id, "nic_acked", last.0, last.0);
-        let _ = self.raw.step(ack);
+        self.acks_unstepped.push(ack);
+        if !self.defer_nic_acks {
+            self.step_nic_acks();
+        }
+    }
+
+    /// Steps the write completions' append responses into raft (see
+    /// [`Replica::acks_unstepped`]), in the order they came, and checks that raft's commit
+    /// index then reaches every ticket [`Replica::nic_quorum_reaches`] resolved.
+    #[inline(always)]
+    pub(super) fn step_nic_acks(&mut self) {
+        if !self.acks_unstepped.is_empty() {
+            self.step_nic_acks_now();
+        }
+    }
+
+    #[inline(never)]
+    fn step_nic_acks_now(&mut self) {
+        let mut acks = std::mem::take(&mut self.acks_unstepped);
+        for a in acks.drain(..) {
+            let mut ack = Message::default();
+            ack.set_msg_type(MessageType::MsgAppendResponse);
+            ack.from = a.peer;
+            ack.to = self.cfg.id;
+            ack.term = a.term;
+            ack.index = a.index;
+            let _ = self.raw.step(ack);
+        }
+        // Keep the buffer: no allocation per completion.
+        self.acks_unstepped = acks;
+        // Always on (a load and a compare per batch of completions): a caller told of a
+        // commit that raft does not make is the one thing this path must never do, and the
+        // simulator's release runs check it too. A panic here fail-stops the replica.
+        let r = &self.raw.raft;
+        let (term, promised) = self.nic_promised.get();
+        assert!(
+            r.term != term || r.state != StateRole::Leader || r.raft_log.committed >= promised,
+            "a ticket at {promised} resolved from write completions that raft, stepping them, \
+             did not commit (commit {})",
+            r.raft_log.committed
+        );
+    }
+
+    /// Whether the unstepped write completions, once stepped, commit `index` (an entry of
+    /// the term this node leads): the voters whose matched index reaches it, counting them,
+    /// are a quorum by raft-rs's rule (a majority of the voters; in a joint configuration
+    /// raft-rs's own `has_quorum`, and debug builds check the majority against it). Terms
+    /// never fall along the log and a leader's log holds no term above its own, so every
+    /// index from `index` on is of this term and raft-rs's term condition holds with no
+    /// look-up.
+    pub(super) fn nic_quorum_reaches(&self, index: u64) -> bool {
+        let r = &self.raw.raft;
+        if self.acks_unstepped.is_empty() || r.state != StateRole::Leader {
+            return false;
+        }
+        if self.cfg.mutation == crate::Mutation::NicQuorumAnyIndex {
+            return true;
+        }
+        // A waiter asks again and again between events: remember the last answer until an
+        // event (the work counter), a new completion or a new term can change it.
+        let key = (self.work, self.acks_unstepped.len(), r.term, index);
+        if let Some((k, reaches)) = self.quorum_memo.get()
+            && k == key
+        {
+            return reaches;
+        }
+        let holds = |id: u64| {
+            r.prs().get(id).is_some_and(|pr| pr.matched >= index)
+                || self
+                    .acks_unstepped
+                    .iter()
+                    .any(|a| a.peer == id && a.term == r.term && a.index >= index)
+        };
+        // The configuration raft counts with is the one this node stored with it (both change
+        // together: at a conf change's apply, and a leader restores no snapshot). Outside a
+        // joint configuration a quorum is a majority of its voters.
+        let cs = self.raw.store().conf_state();
+        let reaches = if cs.voters_outgoing.is_empty() {
+            let holding = cs.voters.iter().filter(|&&id| holds(id)).count();
+            holding > cs.voters.len() / 2
+        } else {
+            self.has_quorum_of(&holds)
+        };
+        debug_assert_eq!(
+            reaches,
+            self.has_quorum_of(&holds),
+            "the stored configuration disagrees with raft's"
+        );
+        self.quorum_memo.set(Some((key, reaches)));
+        reaches
+    }
+
+    /// Whether the nodes for which `holds` is true are a quorum by raft-rs's own rule
+    /// (`ProgressTracker::has_quorum`, both halves of a joint configuration).
+    fn has_quorum_of(&self, holds: &impl Fn(u64) -> bool) -> bool {
+        let r = &self.raw.raft;
+        let mut holding = self.quorum_scratch.borrow_mut();
+        holding.clear();
+        holding.extend(r.prs().iter().map(|(&id, _)| id).filter(|&id| holds(id)));
+        r.prs().has_quorum(&holding)
     }
 
     /// Stops in-flight writes from pinning ring space; their peers leave the fast path until

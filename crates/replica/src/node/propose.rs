@@ -295,7 +295,20 @@ impl<F: Fabric> Replica<F> {
                 t.index <= log.committed || log.term(t.index).ok() == Some(t.term),
                 "the leader's own entry was replaced"
             );
-            return (t.index <= log.committed).then_some(Ok(t.index));
+            if t.index <= log.committed {
+                return Some(Ok(t.index));
+            }
+            // Under `Replicated` a caller's pass resolves at the write completion that makes
+            // the quorum, before raft steps it (the next pass does, and checks that raft's
+            // commit index then reaches what was resolved here).
+            if self.nic_quorum_reaches(t.index) {
+                let (term, index) = self.nic_promised.get();
+                if term != t.term || index < t.index {
+                    self.nic_promised.set((t.term, t.index));
+                }
+                return Some(Ok(t.index));
+            }
+            return None;
         }
         let (last_compacted, prefix_term) = self.raw.store().prefix();
         if t.index <= last_compacted {

@@ -83,6 +83,11 @@ impl<F: Fabric> Replica<F> {
     /// ticket resolves through [`Replica::read_status`] to an index at or above every entry
     /// the cluster had committed when this was called. `NotLeader` on any other node.
     pub fn read_index(&mut self) -> Result<ReadTicket, ReplicaError> {
+        // A caller may already know of a commit whose write completions raft has not stepped
+        // yet: step them, so that the read index covers it.
+        if self.cfg.mutation != crate::Mutation::ReadBeforeNicAcks {
+            self.step_nic_acks();
+        }
         if self.raw.raft.state != StateRole::Leader {
             return Err(ReplicaError::NotLeader {
                 leader_hint: self.leader(),
