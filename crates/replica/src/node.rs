@@ -428,13 +428,14 @@ pub struct Replica<F: Fabric> {
     /// ([`Replica::nic_quorum_reaches`]) and leaves their steps to the next pass, which makes
     /// them first; every other pass steps each at its event.
     acks_unstepped: Vec<NicAck>,
-    /// Set while a caller's pass handles a batch of events: write completions queue their
-    /// responses in `acks_unstepped` instead of stepping them at once.
+    /// Whether the pass running now is a caller's (set at the start of every pass; only a
+    /// pass handles events): its write completions queue their responses in
+    /// `acks_unstepped` instead of stepping them at once.
     defer_nic_acks: bool,
     /// Scratch for [`Replica::nic_quorum_reaches`]: the voters holding an index.
     quorum_scratch: std::cell::RefCell<std::collections::HashSet<u64, fxhash::FxBuildHasher>>,
     /// (term, index): the highest ticket resolved from unstepped completions, which raft's
-    /// commit index must reach once it steps them (checked in debug builds).
+    /// commit index must reach once it steps them (asserted when it does).
     nic_promised: std::cell::Cell<(u64, u64)>,
     /// Its last answer: ((work counter, unstepped completions, term, index), reaches).
     #[allow(clippy::type_complexity)]
@@ -811,6 +812,7 @@ impl<F: Fabric> Replica<F> {
     /// the poll brought nothing and nothing changed since the last pass that found nothing to
     /// do ([`Quiet`]). Inlined into each caller, so that [`Replica::process`]'s constant
     /// `false` compiles away.
+    ///
     /// `stops` says whether `stop` can ever hold (a caller's pass): an ordinary pass steps each
     /// write completion's append response at its event.
     #[inline(always)]
