@@ -7,7 +7,7 @@
 
 use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
-use replica::{Durability, Mutation, ReplicaConfig};
+use replica::{Durability, Mutation, ReplicaConfig, ReplicaError, Ticket};
 
 fn cluster(durability: Durability) -> (SimCluster, u64) {
     cluster_with(durability, Mutation::None)
@@ -34,10 +34,13 @@ fn cluster_with(durability: Durability, mutation: Mutation) -> (SimCluster, u64)
     (c, leader)
 }
 
-fn stops_at_the_commit(durability: Durability) {
-    let (mut c, leader) = cluster(durability);
-    let t = c.node(leader).propose(&[9; 64]).unwrap();
-    let mut resolved = None;
+/// Steps the wire by hand, the leader making a caller's passes for `t` and the followers
+/// ordinary ones, until the leader resolves `t` (or 1,000 steps passed): its status then.
+fn drive_until_resolved(
+    c: &mut SimCluster,
+    leader: u64,
+    t: Ticket,
+) -> Option<Result<u64, ReplicaError>> {
     for _ in 0..1_000 {
         c.net.step();
         for id in 1..=3 {
@@ -48,11 +51,17 @@ fn stops_at_the_commit(durability: Durability) {
                 r.process().unwrap();
             }
         }
-        resolved = c.node(leader).ticket_status(t);
-        if resolved.is_some() {
-            break;
+        if let Some(r) = c.node(leader).ticket_status(t) {
+            return Some(r);
         }
     }
+    None
+}
+
+fn stops_at_the_commit(durability: Durability) {
+    let (mut c, leader) = cluster(durability);
+    let t = c.node(leader).propose(&[9; 64]).unwrap();
+    let resolved = drive_until_resolved(&mut c, leader, t);
     assert!(
         matches!(resolved, Some(Ok(i)) if i == t.index),
         "{durability}: the entry committed: {resolved:?}"
@@ -137,22 +146,7 @@ fn a_read_that_does_not_step_the_completions_first_misses_the_commit() {
 fn read_after_a_commit_from_write_completions(mutation: Mutation) -> (u64, u64) {
     let (mut c, leader) = cluster_with(Durability::Replicated, mutation);
     let t = c.node(leader).propose(&[7; 64]).unwrap();
-    let mut resolved = None;
-    for _ in 0..1_000 {
-        c.net.step();
-        for id in 1..=3 {
-            let r = c.node(id);
-            if id == leader {
-                r.process_until_resolved(t).unwrap();
-            } else {
-                r.process().unwrap();
-            }
-        }
-        resolved = c.node(leader).ticket_status(t);
-        if resolved.is_some() {
-            break;
-        }
-    }
+    let resolved = drive_until_resolved(&mut c, leader, t);
     assert!(
         matches!(resolved, Some(Ok(i)) if i == t.index),
         "{resolved:?}"
