@@ -51,17 +51,19 @@ fn every_seed_holds_with_passes_stopping_at_a_commit() {
     );
 }
 
+/// The first seed of the family, every seed `Replicated`, that fails with `mutation` on: the
+/// seed and the failure's report.
+fn first_catch(mutation: Mutation) -> Option<(u64, String)> {
+    (1..=seeds()).find_map(|seed| {
+        sim::run(seed, options(mutation, Some(Durability::Replicated)), false)
+            .err()
+            .map(|f| (seed, f.to_string()))
+    })
+}
+
 #[test]
 fn the_family_catches_a_commit_counted_on_an_ungranted_connection() {
-    let caught = (1..=seeds()).find_map(|seed| {
-        sim::run(
-            seed,
-            options(Mutation::NicAckBeforeGrant, Some(Durability::Replicated)),
-            false,
-        )
-        .err()
-        .map(|f| (seed, f.to_string()))
-    });
+    let caught = first_catch(Mutation::NicAckBeforeGrant);
     let Some((seed, why)) = caught else {
         panic!(
             "a leader counting write completions from connections not granted for its term \
@@ -81,20 +83,11 @@ fn the_family_catches_a_commit_counted_on_an_ungranted_connection() {
 
 /// A caller's pass under `Replicated` resolves its ticket from write completions raft has not
 /// stepped yet (`Replica::nic_quorum_reaches`). With that quorum check removed (any completion
-/// taken as the quorum, `Mutation::NicQuorumAnyIndex`) a seed fails: the replica checks, in
-/// debug builds, that raft's commit index reaches every ticket so resolved once it steps the
-/// completions.
+/// taken as the quorum, `Mutation::NicQuorumAnyIndex`) a seed fails: the replica asserts that
+/// raft's commit index reaches every ticket so resolved once it steps the completions.
 #[test]
 fn the_family_catches_a_ticket_resolved_without_a_quorum() {
-    let caught = (1..=seeds()).find_map(|seed| {
-        sim::run(
-            seed,
-            options(Mutation::NicQuorumAnyIndex, Some(Durability::Replicated)),
-            false,
-        )
-        .err()
-        .map(|f| (seed, f.to_string()))
-    });
+    let caught = first_catch(Mutation::NicQuorumAnyIndex);
     let Some((seed, why)) = caught else {
         panic!(
             "tickets resolved from any write completion went unnoticed for {} seeds",
