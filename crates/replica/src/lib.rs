@@ -279,6 +279,11 @@ pub enum Mutation {
     /// completions that already resolved a caller's ticket: a read that began after a caller
     /// learned of its commit can miss it.
     ReadBeforeNicAcks,
+    /// Under `Durability::Replicated`, a leader proposes ahead of raft while it transfers its
+    /// leadership (raft-rs then drops the proposal), and forgets a proposal raft did not take
+    /// instead of failing stop (`node::direct`): entries already on the wire and possibly
+    /// acknowledged are not in raft's log, and raft gives their index to other entries.
+    DeferredUnchecked,
     /// A leader sends raft-rs's batched appends as raft-rs made them (`node::send::repair_batched`
     /// skipped): entries batched onto an empty append keep that append's index.
     UnrepairedRaftBatches,

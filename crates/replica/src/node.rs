@@ -29,6 +29,7 @@ use crate::storage::{
 };
 use crate::wire::{self, Body, Frame, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapshotMeta};
 use crate::{ReplicaConfig, ReplicaError};
+use direct::Deferred;
 use fast::{FastPeer, Inflight, NicAck};
 
 /// Marks a step of the entries `first..=last` on their way through this replica, for the
@@ -53,6 +54,7 @@ macro_rules! step {
 pub(crate) use step;
 
 mod checkpoint;
+mod direct;
 mod fast;
 mod open;
 mod propose;
@@ -199,6 +201,11 @@ pub struct ReplicaStats {
     /// Passes of [`Replica::process_until_resolved`] that stopped at the events that
     /// resolved the caller's ticket, leaving the rest to the next pass.
     pub passes_stopped_at_commit: u64,
+    /// Leader, `Durability::Replicated`: proposals written into the rings ahead of raft
+    /// (`node::direct`).
+    pub direct_proposals: u64,
+    /// Leader: raft's appends not sent because the entries went out ahead of raft.
+    pub direct_appends_skipped: u64,
     /// Leader: session appends answered with the ticket of the copy already in the log
     /// (a client's retry), instead of being appended again.
     pub session_duplicates_refused: u64,
@@ -420,6 +427,14 @@ pub struct Replica<F: Fabric> {
     ring_entries: VecDeque<RingEntry>,
     /// Follower: highest index whose ring bytes were accepted from the leader's write.
     fast_accepted_to: u64,
+    /// Leader: proposals made ahead of raft ([`direct`]), stepped into it before anything
+    /// else reaches it.
+    deferred: Deferred,
+    /// Leader: the highest index put into the ring ahead of raft (raft's `Ready` finds those
+    /// entries there already).
+    direct_ring_to: u64,
+    /// Scratch for [`direct`]: the followers a proposal is written to ahead of raft.
+    direct_targets: Vec<u64>,
     peers: BTreeMap<u64, Peer>,
     writes_in_flight: Inflight,
     /// Leader, `Replicated`: write completions that count a follower as holding entries, not
@@ -582,6 +597,7 @@ impl<F: Fabric> Replica<F> {
     pub fn tick(&mut self) {
         self.ticks += 1;
         // Raft's quorum check counts a follower active by its responses.
+        self.step_deferred();
         self.step_nic_acks();
         if self.recovering.is_none() && self.poisoned.is_none() {
             // A failed read fails the replica stop; the next `process` reports it.
@@ -600,7 +616,10 @@ impl<F: Fabric> Replica<F> {
                 r.reason(self.leader(), self.commit_index()),
             ));
         }
-        self.fail_stop_on_read_error(|r| Ok(r.raw.campaign()?))
+        self.fail_stop_on_read_error(|r| {
+            r.step_deferred();
+            Ok(r.raw.campaign()?)
+        })
     }
 
     /// The replica's state.
@@ -617,7 +636,7 @@ impl<F: Fabric> Replica<F> {
             leader: self.leader(),
             commit: r.raft_log.committed,
             applied: self.applied,
-            last_index: r.raft_log.last_index(),
+            last_index: self.last_index(),
             first_index: self.wal.first_index().0,
             log_bytes: self.log_bytes(),
             ring_used_bytes: self.producer.position().lsn.0 - self.consumer.head().0,
@@ -721,6 +740,12 @@ impl<F: Fabric> Replica<F> {
     /// files hold everything the ring does: a clean close leaves nothing to recover, frees the
     /// memory, and lets the next start use another ring size.
     pub fn flush(&mut self) -> Result<(), ReplicaError> {
+        // Proposals made ahead of raft may already be acknowledged, the leader counted by its
+        // ring: raft takes them and the wal persists them before it closes.
+        if !self.deferred.is_empty() && self.poisoned.is_none() {
+            self.step_deferred();
+            self.process_ready_only_inner()?;
+        }
         self.wal.close()?;
         if let Some((ring, tail)) = self.ring_files.take() {
             let ring_end = self.producer.position().lsn;
@@ -776,6 +801,7 @@ impl<F: Fabric> Replica<F> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
+        self.step_deferred();
         if self.raw.has_ready() {
             if let Err(e) = self.handle_ready() {
                 self.poisoned = Some(e.to_string());
@@ -825,7 +851,9 @@ impl<F: Fabric> Replica<F> {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
         let n = self.fabric.poll(&mut self.events);
-        if n == 0 && self.still_quiet() {
+        // Proposals made ahead of raft wait for an ordinary pass; a caller's pass leaves them
+        // to it unless something needs raft ([`direct`]).
+        if n == 0 && (stops || self.deferred.is_empty()) && self.still_quiet() {
             return Ok(());
         }
         self.fail_stop_on_read_error(|r| r.process_inner(n, stops, stop))
@@ -873,8 +901,13 @@ impl<F: Fabric> Replica<F> {
         stops: bool,
         resolved: impl Fn(&Self) -> bool,
     ) -> Result<(), ReplicaError> {
-        // Responses a caller's pass left unstepped come before anything newer; only a
-        // caller's pass leaves its completions' responses unstepped until it decides to stop.
+        // Proposals made ahead of raft and responses a caller's pass left unstepped come
+        // before anything newer. A caller's pass leaves proposals made ahead of raft to the
+        // first event that needs raft, and its completions' responses unstepped until it
+        // decides to stop.
+        if !stops {
+            self.step_deferred();
+        }
         self.step_nic_acks();
         self.defer_nic_acks = stops;
         loop {
@@ -898,7 +931,7 @@ impl<F: Fabric> Replica<F> {
                 return Ok(());
             }
             self.step_nic_acks();
-            if n > 0 && self.still_quiet() {
+            if n > 0 && (stops || self.deferred.is_empty()) && self.still_quiet() {
                 // Events that changed nothing the rest of a pass looks at (a send's or, under
                 // Memory, a write's completion): poll again.
                 n = self.fabric.poll(&mut self.events);
@@ -984,6 +1017,11 @@ impl<F: Fabric> Replica<F> {
                 // Flushed, and any status a later fabric adds (the enum is non-exhaustive).
                 _ => 4,
             }] += 1;
+        }
+        // Everything but a write's or a send's completion may reach raft: it first takes the
+        // proposals made ahead of it.
+        if !matches!(e, Event::Completion(c) if matches!(c.op, WcOp::Write | WcOp::Send)) {
+            self.step_deferred();
         }
         match e {
             Event::Completion(c) => match c.op {

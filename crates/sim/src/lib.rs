@@ -217,6 +217,9 @@ pub struct Summary {
     /// [`Options::callers_drive`]: passes that stopped at the events that resolved the
     /// waiting caller's ticket (summed over the nodes alive at the end).
     pub passes_stopped_at_commit: u64,
+    /// `Durability::Replicated`: proposals a leader wrote into the rings ahead of raft
+    /// (summed over the nodes alive at the end).
+    pub direct_proposals: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -287,6 +290,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("unchecked-reads", Mutation::UncheckedReads),
     ("nic-ack-before-grant", Mutation::NicAckBeforeGrant),
     ("nic-quorum-any-index", Mutation::NicQuorumAnyIndex),
+    ("deferred-unchecked", Mutation::DeferredUnchecked),
     ("no-placed-take", Mutation::NoPlacedTake),
     ("rewind-to-cut-record", Mutation::RewindToCutRecord),
     ("reopen-fast-path-early", Mutation::ReopenFastPathEarly),
@@ -1781,6 +1785,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             run.summary.placed_taken = alive().map(|r| r.stats().placed_taken).sum();
             run.summary.passes_stopped_at_commit =
                 alive().map(|r| r.stats().passes_stopped_at_commit).sum();
+            run.summary.direct_proposals = alive().map(|r| r.stats().direct_proposals).sum();
             run.summary.snapshots_installed = run
                 .c
                 .nodes

@@ -41,7 +41,8 @@ struct Args {
     appends: u64,
     /// Break a protocol rule on purpose (test-only): ack-without-fsync, skip-revoke,
     /// private-ring, no-recovering-guard, ack-before-crc, snapshot-own-lsn, unchecked-reads,
-    /// nic-ack-before-grant, nic-quorum-any-index (with --callers-drive), no-placed-take,
+    /// nic-ack-before-grant, nic-quorum-any-index (with --callers-drive), deferred-unchecked,
+    /// no-placed-take,
     /// rewind-to-cut-record, reopen-fast-path-early,
     /// merge-disjoint-appends, stale-entry-cache, unrepaired-raft-batches, trust-log-after-lost-ring,
     /// cut-wal-before-ring, use-connection-before-announced,
@@ -118,6 +119,7 @@ fn main() -> anyhow::Result<()> {
     let mut ring_full = 0u64;
     let mut snapshots = 0u64;
     let (mut nic_acks, mut placed_taken, mut stopped) = (0u64, 0u64, 0u64);
+    let mut direct = 0u64;
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -138,6 +140,7 @@ fn main() -> anyhow::Result<()> {
                 nic_acks += s.nic_acks;
                 placed_taken += s.placed_taken;
                 stopped += s.passes_stopped_at_commit;
+                direct += s.direct_proposals;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -157,7 +160,7 @@ fn main() -> anyhow::Result<()> {
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
          full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
          completion, {placed_taken} entries taken as placed, {stopped} passes stopped at a \
-         commit",
+         commit, {direct} proposals written ahead of raft",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");

@@ -44,7 +44,9 @@ use replica::{Durability, Mutation};
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 16 (state machine safety, through the
 /// simulator's episodes: a follower asleep through a re-election, a follower whose NIC alone
-/// made the quorum), and the earlier rules that apply to it, skip-revoke 3 (ring integrity),
+/// made the quorum), deferred-unchecked 7 (durability: the append acknowledged at an index is
+/// not what the committed log holds there; proposals ahead of raft, `node::direct`), and the
+/// earlier rules that apply to it, skip-revoke 3 (ring integrity),
 /// private-ring 2, no-recovering-guard 11 (state machine safety), snapshot-own-lsn 6 (Lsn
 /// agreement). ack-before-crc does not apply: in that mode the leader counts the NIC's
 /// completion, which comes before any check of the follower's (see ARCHITECTURE.md).
@@ -159,6 +161,20 @@ fn counting_a_write_before_its_grant_of_this_term_is_caught() {
         caught.is_some(),
         "leaders counting completed writes on grants a follower gave for an earlier term went \
          unnoticed for {WITHIN} seeds"
+    );
+}
+
+/// A leader proposing ahead of raft (`node::direct`) while raft will not take the proposal
+/// (a leadership transfer in progress), and forgetting what raft did not take instead of
+/// failing stop: an acknowledged entry is not in raft's log, and raft gives its index to
+/// another entry.
+#[test]
+fn proposing_ahead_of_raft_unchecked_is_caught() {
+    let caught = first_failure_in(Mutation::DeferredUnchecked, Some(Durability::Replicated));
+    eprintln!("deferred unchecked: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "proposals ahead of raft that raft did not take went unnoticed for {WITHIN} seeds"
     );
 }
 

@@ -46,6 +46,11 @@ pub(super) struct FastPeer {
     /// end the response reported, and the write would go over records the peer accepted
     /// from it.
     sent_to: Index,
+    /// The highest index written to this peer on this connection ahead of raft
+    /// ([`Replica::propose_direct`]), while no failure or slow append closed the fast path
+    /// since: raft's own appends of those entries are already on the wire and are not sent
+    /// again ([`Replica::drop_direct_sent`]).
+    direct_to: Index,
 }
 
 impl FastPeer {
@@ -55,8 +60,20 @@ impl FastPeer {
     }
 
     /// Leaves the fast path until a response re-opens it (a failed write, a slow append).
+    /// What was written ahead of raft may not have arrived: raft's appends go out again.
     pub(super) fn close(&mut self) {
         self.end = None;
+        self.direct_to = Index(0);
+    }
+
+    /// The highest index written to this peer ahead of raft and not known lost since.
+    pub(super) fn direct_to(&self) -> Index {
+        self.direct_to
+    }
+
+    /// Records a fast write ahead of raft up to `index`.
+    pub(super) fn wrote_direct(&mut self, index: Index) {
+        self.direct_to = self.direct_to.max(index);
     }
 
     /// A new connection, term or role: nothing was sent on it yet.
@@ -158,6 +175,11 @@ impl Inflight {
         }
         let i = self.0.binary_search_by_key(&wr_id, |&(id, _)| id).ok()?;
         self.0.remove(i).map(|(_, w)| w)
+    }
+
+    /// Whether no write is in flight.
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// Forgets the writes to `peer` (its connection is gone, so they never complete).
@@ -641,8 +663,10 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// Leader: sends `m` (a non-empty append) by the fast path if the invariant holds for its
-    /// peer; `false` means nothing was sent and the caller takes the slow path.
-    pub(super) fn try_fast_append(&mut self, m: &Message) -> bool {
+    /// peer; `false` means nothing was sent and the caller takes the slow path. `ahead`: the
+    /// entries are written ahead of raft ([`crate::node::direct`]), which will not send them
+    /// again on this connection.
+    pub(super) fn try_fast_append(&mut self, m: &Message, ahead: bool) -> bool {
         let to = m.to;
         let peer = NodeId(to);
         let Some(p) = self.peers.get(&to) else {
@@ -730,6 +754,10 @@ impl<F: Fabric> Replica<F> {
                 index: Index(last),
                 lsn: Lsn(end),
             });
+            if ahead {
+                p.fast.sent(Index(last));
+                p.fast.wrote_direct(Index(last));
+            }
         }
         self.stats.fast_appends += 1;
         self.stats.fast_bytes += end - start;
@@ -746,6 +774,9 @@ impl<F: Fabric> Replica<F> {
             }
             return;
         }
+        // Raft re-sends what the failed write carried: it must know of the proposals made
+        // ahead of it first.
+        self.step_deferred();
         if status == WcStatus::RemoteAccess {
             self.stats.fenced_writes += 1;
         }
@@ -797,6 +828,8 @@ impl<F: Fabric> Replica<F> {
 
     #[inline(never)]
     fn step_nic_acks_now(&mut self) {
+        // Raft's log must hold what the responses acknowledge.
+        self.step_deferred();
         let mut acks = std::mem::take(&mut self.acks_unstepped);
         for a in acks.drain(..) {
             let mut ack = Message::default();
@@ -809,9 +842,18 @@ impl<F: Fabric> Replica<F> {
         }
         // Keep the buffer: no allocation per completion.
         self.acks_unstepped = acks;
-        // Always on (a load and a compare per batch of completions): a caller told of a
-        // commit that raft does not make is the one thing this path must never do, and the
-        // simulator's release runs check it too. A panic here fail-stops the replica.
+    }
+
+    /// Checks, once raft has stepped every write completion and proposal made ahead of it
+    /// and persisted its own entries (the end of a `Ready`), that its commit index reaches
+    /// every ticket [`Replica::nic_quorum_reaches`] resolved. Always on (a load and a
+    /// compare per `Ready`): a caller told of a commit that raft does not make is the one
+    /// thing this path must never do, and the simulator's release runs check it too. A panic
+    /// here fail-stops the replica.
+    pub(super) fn check_nic_promises(&self) {
+        if !self.acks_unstepped.is_empty() || !self.deferred.is_empty() {
+            return;
+        }
         let r = &self.raw.raft;
         let (term, promised) = self.nic_promised.get();
         assert!(
@@ -845,8 +887,14 @@ impl<F: Fabric> Replica<F> {
         {
             return reaches;
         }
+        // The leader holds what its ring holds of its term: raft counts it at its next
+        // `Ready`, which persists from there ([`crate::node::direct`]).
         let holds = |id: u64| {
             r.prs().get(id).is_some_and(|pr| pr.matched >= index)
+                || (id == self.cfg.id
+                    && self
+                        .ring_entry(index)
+                        .is_some_and(|(_, e)| e.term.0 == r.term))
                 || self
                     .acks_unstepped
                     .iter()

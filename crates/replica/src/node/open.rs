@@ -100,6 +100,9 @@ impl<F: Fabric> Replica<F> {
             ring_local,
             ring_entries: VecDeque::new(),
             fast_accepted_to: 0,
+            deferred: Deferred::default(),
+            direct_ring_to: 0,
+            direct_targets: Vec::new(),
             peers,
             writes_in_flight: Inflight::default(),
             acks_unstepped: Vec::with_capacity(8),
@@ -320,7 +323,7 @@ impl<F: Fabric> Replica<F> {
             // One append per follower for every proposal made between two driver passes;
             // `send::coalesce` bounds its size.
             batch_append: true,
-            max_uncommitted_size: (cfg.ring_bytes / 2).max(1 << 20),
+            max_uncommitted_size: super::direct::max_uncommitted_bytes(cfg.ring_bytes),
             ..Default::default()
         };
         if let Some((min, max)) = cfg.election_window {

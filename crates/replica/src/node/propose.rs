@@ -36,9 +36,10 @@ impl<F: Fabric> Replica<F> {
         self.fail_stop_on_read_error(|r| r.propose_batch_inner(items, Some(expected_last)))
     }
 
-    /// Where this node's log ends now: its last index, committed or not.
+    /// Where this node's log ends now: its last index, committed or not (proposals made
+    /// ahead of raft included).
     pub fn last_index(&self) -> u64 {
-        self.raw.raft.raft_log.last_index()
+        self.raw.raft.raft_log.last_index() + self.deferred.len()
     }
 
     /// Refuses a proposal of `items` that cannot be made here: poisoned, an item over the
@@ -72,7 +73,7 @@ impl<F: Fabric> Replica<F> {
                 // Test-only: forgets the entries ordered but not yet committed.
                 self.raw.raft.raft_log.committed
             } else {
-                self.raw.raft.raft_log.last_index()
+                self.last_index()
             };
             if last != expected {
                 return Err(ReplicaError::ConditionFailed { expected, last });
@@ -88,6 +89,11 @@ impl<F: Fabric> Replica<F> {
     /// Steps new entries into raft as one proposal: consecutive indexes for all, or none in
     /// the log and an error.
     pub(super) fn propose_entries(&mut self, entries: Vec<Entry>) -> Result<Tickets, ReplicaError> {
+        let entries = match self.propose_direct(entries) {
+            Ok(tickets) => return Ok(tickets),
+            Err(entries) => entries,
+        };
+        self.step_deferred();
         let before = self.raw.raft.raft_log.last_index();
         let term = self.raw.raft.term;
         let n = entries.len() as u64;
@@ -242,6 +248,7 @@ impl<F: Fabric> Replica<F> {
         if self.pending_sessions.term == term {
             return Ok(());
         }
+        self.step_deferred();
         let mut p = Pending {
             term,
             ..Pending::default()
@@ -288,11 +295,13 @@ impl<F: Fabric> Replica<F> {
         // it in the incarnation that voted for itself), so the entry is in its log.
         if self.raw.raft.state == StateRole::Leader && self.raw.raft.term == t.term {
             debug_assert!(
-                t.index <= log.last_index(),
+                t.index <= self.last_index(),
                 "a ticket this leader never gave"
             );
             debug_assert!(
-                t.index <= log.committed || log.term(t.index).ok() == Some(t.term),
+                t.index <= log.committed
+                    || t.index > log.last_index()
+                    || log.term(t.index).ok() == Some(t.term),
                 "the leader's own entry was replaced"
             );
             if t.index <= log.committed {
@@ -336,6 +345,7 @@ impl<F: Fabric> Replica<F> {
     /// Asks raft to hand leadership to `to`.
     pub fn transfer_leader(&mut self, to: u64) {
         let _ = self.fail_stop_on_read_error(|r| {
+            r.step_deferred();
             r.raw.transfer_leader(to);
             Ok(())
         });
@@ -374,6 +384,7 @@ impl<F: Fabric> Replica<F> {
             after_change.push(node);
         }
         after_change.sort_unstable();
+        self.step_deferred();
         cc.context = after_change
             .iter()
             .flat_map(|v| v.to_le_bytes())
@@ -398,9 +409,9 @@ impl<F: Fabric> Replica<F> {
 
 /// The tickets of one proposal: indexes `first..=last` in `term` (none if `last < first`).
 pub(super) struct Tickets {
-    first: u64,
-    last: u64,
-    term: u64,
+    pub(super) first: u64,
+    pub(super) last: u64,
+    pub(super) term: u64,
 }
 
 impl Tickets {

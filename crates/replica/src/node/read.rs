@@ -86,7 +86,7 @@ impl<F: Fabric> Replica<F> {
         // A caller may already know of a commit whose write completions raft has not stepped
         // yet: step them, so that the read index covers it.
         if self.cfg.mutation != crate::Mutation::ReadBeforeNicAcks {
-            self.step_nic_acks();
+            self.catch_up_with_nic_promises()?;
         }
         if self.raw.raft.state != StateRole::Leader {
             return Err(ReplicaError::NotLeader {
@@ -135,6 +135,21 @@ impl<F: Fabric> Replica<F> {
     /// Linearizable reads confirmed so far: a waiter's cue to look again.
     pub fn reads_confirmed(&self) -> u64 {
         self.reads.confirmed()
+    }
+
+    /// Steps the proposals made ahead of raft and the unstepped write completions, and if a
+    /// ticket resolved from them lies past raft's commit index still (raft counts the leader
+    /// only once its `Ready` persisted the entries), handles that `Ready`: raft's commit
+    /// index then covers every commit a caller was told of.
+    pub(super) fn catch_up_with_nic_promises(&mut self) -> Result<(), ReplicaError> {
+        self.step_deferred();
+        self.step_nic_acks();
+        let r = &self.raw.raft;
+        let (term, promised) = self.nic_promised.get();
+        if r.state == StateRole::Leader && r.term == term && r.raft_log.committed < promised {
+            self.process_ready_only_inner()?;
+        }
+        Ok(())
     }
 
     /// Whether this leader has committed an entry of its own term (raft-rs drops ReadIndex

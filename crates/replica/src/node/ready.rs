@@ -6,6 +6,7 @@ use super::*;
 impl<F: Fabric> Replica<F> {
     pub(super) fn handle_ready(&mut self) -> Result<(), ReplicaError> {
         self.quiet = None;
+        self.step_deferred();
         let mut rd = self.raw.ready();
         self.reads.confirm(rd.take_read_states());
         if !rd.snapshot().is_empty() {
@@ -48,6 +49,7 @@ impl<F: Fabric> Replica<F> {
         self.raw.advance_apply();
         self.raw.mut_store().forget_applied(self.applied);
         self.release_ring()?;
+        self.check_nic_promises();
         Ok(())
     }
 
@@ -149,7 +151,8 @@ impl<F: Fabric> Replica<F> {
         for e in entries {
             let pos = self.producer.position();
             if e.index <= pos.last_index.0 {
-                let same = e.index <= self.fast_accepted_to
+                // Accepted from a leader's write, or (leader) put there ahead of raft.
+                let same = (e.index <= self.fast_accepted_to || e.index <= self.direct_ring_to)
                     && self
                         .ring_entry(e.index)
                         .is_some_and(|(_, r)| r.term.0 == e.term);

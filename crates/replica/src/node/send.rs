@@ -22,7 +22,7 @@ impl<F: Fabric> Replica<F> {
         }
     }
 
-    pub(super) fn send_raft(&mut self, m: Message) {
+    pub(super) fn send_raft(&mut self, mut m: Message) {
         let to = m.to;
         if !self.peers.contains_key(&to) {
             return;
@@ -38,11 +38,14 @@ impl<F: Fabric> Replica<F> {
             return;
         }
         let is_append = m.get_msg_type() == MessageType::MsgAppend && !m.entries.is_empty();
+        if is_append && !self.drop_direct_sent(&mut m) {
+            return;
+        }
         if is_append {
             if let (Some(p), Some(last)) = (self.peers.get_mut(&to), m.entries.last()) {
                 p.fast.sent(Index(last.index));
             }
-            if self.try_fast_append(&m) {
+            if self.try_fast_append(&m, false) {
                 step!(
                     self.cfg.id,
                     "sent",

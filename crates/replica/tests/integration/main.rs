@@ -4,6 +4,7 @@
 //! lab test (`lab_rdma_replication.rs`) stays a binary of its own, as `ops/test` runs every
 //! `lab_*` binary inside the lab.
 
+mod ahead_of_raft;
 mod batch_and_tickets;
 mod caller_driven_pass;
 mod commit_broadcast;

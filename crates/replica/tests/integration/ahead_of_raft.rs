@@ -1,0 +1,161 @@
+//! Scenario (issue 14): under `Replicated`, a leader whose pipeline is empty proposes ahead of
+//! raft (`node::direct`): the entry goes into its ring and the writes into its followers'
+//! rings before raft-rs hears of it, and a caller's pass resolves the ticket at the write
+//! completion that makes the quorum, the leader counted by its own ring. Raft takes the entry
+//! at the index it was given in the next ordinary pass, and its own appends of it are not sent
+//! again. Where raft would not take a proposal (a leadership transfer in progress), or the
+//! durability is not `Replicated`, the proposal takes raft's path.
+
+use fabric::sim::SimConfig;
+use replica::sim::SimCluster;
+use replica::{Committed, Durability, Mutation, ReplicaConfig, Ticket};
+
+fn cluster(durability: Durability) -> (SimCluster, u64) {
+    cluster_with(durability, Mutation::None)
+}
+
+fn cluster_with(durability: Durability, mutation: Mutation) -> (SimCluster, u64) {
+    let zero = SimConfig {
+        one_way_ns: 0,
+        per_kib_ns: 0,
+        jitter_ns: 0,
+        ..SimConfig::default()
+    };
+    let mut c = SimCluster::new(3, 7, zero, |cfg: &mut ReplicaConfig| {
+        cfg.durability = durability;
+        cfg.mutation = mutation;
+    })
+    .unwrap();
+    let leader = c.elect().unwrap();
+    // Open the fast paths, and let everything in flight land.
+    for i in 0..4u8 {
+        c.append(&[i; 64]).unwrap();
+    }
+    c.run_for(50_000_000).unwrap();
+    (c, leader)
+}
+
+/// Steps the wire by hand, the leader making a caller's passes for `t` and the followers
+/// ordinary ones, until the leader resolves `t`: whether it did within 1,000 steps.
+fn drive_until_resolved(c: &mut SimCluster, leader: u64, t: Ticket) -> bool {
+    for _ in 0..1_000 {
+        c.net.step();
+        for id in 1..=3 {
+            let r = c.node(id);
+            if id == leader {
+                r.process_until_resolved(t).unwrap();
+            } else {
+                r.process().unwrap();
+            }
+        }
+        if let Some(r) = c.node(leader).ticket_status(t) {
+            assert_eq!(r.unwrap(), t.index);
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn a_proposal_ahead_of_raft_commits_at_its_index_and_is_sent_once() {
+    let (mut c, leader) = cluster(Durability::Replicated);
+    let before = c.node(leader).status();
+    let t = c.node(leader).propose(b"ahead of raft").unwrap();
+    let s = c.node(leader).status();
+    assert_eq!(s.stats.direct_proposals, before.stats.direct_proposals + 1);
+    assert_eq!(
+        t.index,
+        before.last_index + 1,
+        "the index raft will give it"
+    );
+    assert_eq!(s.last_index, t.index, "the log's end counts it");
+    assert_eq!(
+        s.stats.fast_appends,
+        before.stats.fast_appends + 2,
+        "written to both followers at once"
+    );
+
+    assert!(drive_until_resolved(&mut c, leader, t), "never resolved");
+    let s = c.node(leader).status();
+    assert!(
+        s.commit < t.index,
+        "resolved at the completion, before raft stepped it (commit {})",
+        s.commit
+    );
+
+    // The next ordinary pass steps it into raft, which commits it there (asserted inside the
+    // replica) and does not send its own appends of it.
+    c.node(leader).process().unwrap();
+    let s = c.node(leader).status();
+    assert!(s.commit >= t.index, "{s:?}");
+    assert_eq!(s.stats.slow_appends, before.stats.slow_appends);
+    assert!(
+        s.stats.direct_appends_skipped >= 1,
+        "raft's own appends of it were sent again: {:?}",
+        s.stats
+    );
+    let learned = c
+        .run_until(1_000_000_000, |c| {
+            (1..=3).all(|id| c.node(id).status().applied >= t.index)
+        })
+        .unwrap();
+    assert!(learned, "every node applied it");
+    for id in 1..=3 {
+        let mut out = Vec::new();
+        let got = c.node(id).read(t.index, &mut out).unwrap();
+        assert_eq!(
+            got,
+            Some(Committed::Application { term: t.term }),
+            "node {id}"
+        );
+        assert_eq!(out, b"ahead of raft", "node {id}");
+    }
+    let after = c.node(leader).status().stats;
+    assert_eq!(
+        after.fast_appends,
+        before.stats.fast_appends + 2,
+        "sent once to each follower"
+    );
+}
+
+/// Proposes on the leader right after it starts handing its leadership over: whether the
+/// proposal was refused, and whether it went ahead of raft.
+fn propose_during_a_transfer(mutation: Mutation) -> (bool, bool) {
+    let (mut c, leader) = cluster_with(Durability::Replicated, mutation);
+    let other = (1..=3).find(|&i| i != leader).unwrap();
+    c.node(leader).transfer_leader(other);
+    let before = c.node(leader).status().stats.direct_proposals;
+    let refused = c.node(leader).propose(b"during a transfer").is_err();
+    let ahead = c.node(leader).status().stats.direct_proposals > before;
+    (refused, ahead)
+}
+
+/// raft-rs drops proposals while a transfer is in progress: the proposal is refused, never
+/// written ahead of raft (where raft would not take it at its index).
+#[test]
+fn a_leader_transferring_its_leadership_proposes_through_raft() {
+    assert_eq!(propose_during_a_transfer(Mutation::None), (true, false));
+}
+
+/// The control: with the check removed (`Mutation::DeferredUnchecked`) the proposal goes
+/// ahead of raft and is accepted, though raft will drop it.
+#[test]
+fn without_the_check_a_proposal_goes_ahead_of_a_transfer() {
+    assert_eq!(
+        propose_during_a_transfer(Mutation::DeferredUnchecked),
+        (false, true)
+    );
+}
+
+#[test]
+fn other_durabilities_never_propose_ahead_of_raft() {
+    for d in [Durability::Memory, Durability::Fsync] {
+        let (mut c, leader) = cluster(d);
+        let t = c.node(leader).propose(b"through raft").unwrap();
+        assert_eq!(c.node(leader).status().stats.direct_proposals, 0, "{d}");
+        assert!(
+            drive_until_resolved(&mut c, leader, t),
+            "{d}: never resolved"
+        );
+    }
+}
