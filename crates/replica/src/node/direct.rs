@@ -122,7 +122,9 @@ impl<F: Fabric> Replica<F> {
             }
         }
         // With the leader, a majority of the voters (twice their number above the voters').
-        if 2 * (targets.len() + 1) <= cs.voters.len() {
+        // A leader alone commits at its own `Ready`: nothing to wait for on a NIC, and a
+        // caller's pass that sees no event would leave the proposal to the next tick.
+        if targets.is_empty() || 2 * (targets.len() + 1) <= cs.voters.len() {
             self.direct_targets = targets;
             return Err(entries);
         }

@@ -159,3 +159,23 @@ fn other_durabilities_never_propose_ahead_of_raft() {
         );
     }
 }
+
+/// A leader alone has no write to wait for: its proposal takes raft's path, and a caller's
+/// passes commit it with no tick (ahead of raft, a caller's pass that sees no event would
+/// leave it to the next tick).
+#[test]
+fn a_leader_alone_proposes_through_raft() {
+    let mut c = SimCluster::new(1, 7, SimConfig::default(), |cfg: &mut ReplicaConfig| {
+        cfg.durability = Durability::Replicated;
+    })
+    .unwrap();
+    let leader = c.elect().unwrap();
+    let t = c.node(leader).propose(b"alone").unwrap();
+    assert_eq!(c.node(leader).status().stats.direct_proposals, 0);
+    let resolved = (0..10).any(|_| {
+        c.node(leader).process_until_resolved(t).unwrap();
+        c.node(leader).ticket_status(t).is_some()
+    });
+    assert!(resolved, "a caller's passes did not commit it");
+    assert_eq!(c.node(leader).ticket_status(t).unwrap().unwrap(), t.index);
+}
