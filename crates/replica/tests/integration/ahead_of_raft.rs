@@ -10,50 +10,21 @@ use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
 use replica::{Committed, Durability, Mutation, ReplicaConfig, Ticket};
 
+use crate::caller_driven_pass::{cluster_with, drive_until_resolved};
+
 fn cluster(durability: Durability) -> (SimCluster, u64) {
     cluster_with(durability, Mutation::None)
 }
 
-fn cluster_with(durability: Durability, mutation: Mutation) -> (SimCluster, u64) {
-    let zero = SimConfig {
-        one_way_ns: 0,
-        per_kib_ns: 0,
-        jitter_ns: 0,
-        ..SimConfig::default()
-    };
-    let mut c = SimCluster::new(3, 7, zero, |cfg: &mut ReplicaConfig| {
-        cfg.durability = durability;
-        cfg.mutation = mutation;
-    })
-    .unwrap();
-    let leader = c.elect().unwrap();
-    // Open the fast paths, and let everything in flight land.
-    for i in 0..4u8 {
-        c.append(&[i; 64]).unwrap();
-    }
-    c.run_for(50_000_000).unwrap();
-    (c, leader)
-}
-
-/// Steps the wire by hand, the leader making a caller's passes for `t` and the followers
-/// ordinary ones, until the leader resolves `t`: whether it did within 1,000 steps.
-fn drive_until_resolved(c: &mut SimCluster, leader: u64, t: Ticket) -> bool {
-    for _ in 0..1_000 {
-        c.net.step();
-        for id in 1..=3 {
-            let r = c.node(id);
-            if id == leader {
-                r.process_until_resolved(t).unwrap();
-            } else {
-                r.process().unwrap();
-            }
-        }
-        if let Some(r) = c.node(leader).ticket_status(t) {
+/// Drives the leader's caller passes for `t` ([`drive_until_resolved`]): whether `t` committed.
+fn resolves(c: &mut SimCluster, leader: u64, t: Ticket) -> bool {
+    match drive_until_resolved(c, leader, t) {
+        Some(r) => {
             assert_eq!(r.unwrap(), t.index);
-            return true;
+            true
         }
+        None => false,
     }
-    false
 }
 
 #[test]
@@ -75,7 +46,7 @@ fn a_proposal_ahead_of_raft_commits_at_its_index_and_is_sent_once() {
         "written to both followers at once"
     );
 
-    assert!(drive_until_resolved(&mut c, leader, t), "never resolved");
+    assert!(resolves(&mut c, leader, t), "never resolved");
     let s = c.node(leader).status();
     assert!(
         s.commit < t.index,
@@ -153,10 +124,7 @@ fn other_durabilities_never_propose_ahead_of_raft() {
         let (mut c, leader) = cluster(d);
         let t = c.node(leader).propose(b"through raft").unwrap();
         assert_eq!(c.node(leader).status().stats.direct_proposals, 0, "{d}");
-        assert!(
-            drive_until_resolved(&mut c, leader, t),
-            "{d}: never resolved"
-        );
+        assert!(resolves(&mut c, leader, t), "{d}: never resolved");
     }
 }
 

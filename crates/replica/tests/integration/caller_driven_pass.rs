@@ -13,7 +13,9 @@ fn cluster(durability: Durability) -> (SimCluster, u64) {
     cluster_with(durability, Mutation::None)
 }
 
-fn cluster_with(durability: Durability, mutation: Mutation) -> (SimCluster, u64) {
+/// A three-node cluster of `durability` with its fast paths open and nothing in flight: the
+/// cluster and its leader.
+pub fn cluster_with(durability: Durability, mutation: Mutation) -> (SimCluster, u64) {
     let zero = SimConfig {
         one_way_ns: 0,
         per_kib_ns: 0,
@@ -36,7 +38,7 @@ fn cluster_with(durability: Durability, mutation: Mutation) -> (SimCluster, u64)
 
 /// Steps the wire by hand, the leader making a caller's passes for `t` and the followers
 /// ordinary ones, until the leader resolves `t` (or 1,000 steps passed): its status then.
-fn drive_until_resolved(
+pub fn drive_until_resolved(
     c: &mut SimCluster,
     leader: u64,
     t: Ticket,
