@@ -26,6 +26,10 @@ const A: NodeId = NodeId(1);
 const B: NodeId = NodeId(2);
 const C: NodeId = NodeId(3);
 
+/// Node `n`'s listening address. Each test takes its own block of ports, all below Linux's
+/// ephemeral range (32768-60999 by default): a port inside it can be held, at any moment, by
+/// the local end of another test's outgoing connection, and the listen fails "Address already
+/// in use".
 fn addr(port: u16, n: NodeId) -> SocketAddr {
     format!("127.0.0.{}:{}", n.0, port + n.0 as u16)
         .parse()
@@ -136,13 +140,13 @@ fn wait_status(a: &mut Node, b: &mut Node, wr_id: u64) -> WcStatus {
 
 #[test]
 fn ordering_credits_and_fencing() {
-    let port = 47100;
+    let port = 27100;
     ordering_credits_and_fencing_between(node(A, B, port), node(B, A, port));
 }
 
 #[test]
 fn ordering_credits_and_fencing_over_tls() {
-    let port = 47900;
+    let port = 27900;
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new("rdmalog test cluster CA", dir.path());
     let with = |id: NodeId, peer: NodeId| {
@@ -221,7 +225,7 @@ fn dial(from: &mut Node, to: &mut Node) -> Result<(), String> {
 
 #[test]
 fn tls_peers_need_tls_a_certificate_from_the_cluster_ca_and_the_right_name() {
-    let port = 48000;
+    let port = 28000;
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new("cluster CA", dir.path());
     let other = Pki::new("another CA", dir.path());
@@ -454,7 +458,7 @@ fn ordering_credits_and_fencing_between(mut a: Node, mut b: Node) {
 
 #[test]
 fn peers_with_the_secret_are_admitted_and_a_wrong_secret_is_refused() {
-    let port = 47200;
+    let port = 27200;
     let good: &[u8] = b"correct horse battery staple";
     let with = |id, peers: &[NodeId], secret: &[u8]| {
         let mut cfg = config(id, peers, port);
@@ -501,7 +505,7 @@ fn peers_with_the_secret_are_admitted_and_a_wrong_secret_is_refused() {
 
 #[test]
 fn refusals_say_why_and_a_connect_after_advertise_is_accepted() {
-    let port = 47300;
+    let port = 27300;
     let mut a = node(A, B, port);
     let mut b = open(config(B, &[A], port), false);
     a.ep.connect(B).unwrap();
@@ -557,7 +561,7 @@ fn refusals_say_why_and_a_connect_after_advertise_is_accepted() {
 
 #[test]
 fn a_simultaneous_dial_settles_on_one_connection() {
-    let port = 47400;
+    let port = 27400;
     for round in 0..5 {
         let mut a = node(A, B, port + round * 10);
         let mut b = node(B, A, port + round * 10);
@@ -590,7 +594,7 @@ fn a_simultaneous_dial_settles_on_one_connection() {
 
 #[test]
 fn a_peer_that_closes_fails_what_is_outstanding_and_a_restarted_peer_reconnects() {
-    let port = 47500;
+    let port = 27500;
     let mut a = node(A, B, port);
     let mut b = node(B, A, port);
     connect(&mut a, &mut b);
@@ -632,7 +636,7 @@ fn fake_peer_hello(node: u64, recv_credits: u32) -> Vec<u8> {
 
 #[test]
 fn a_peer_that_stops_answering_fails_retry_exceeded_then_flushed() {
-    let port = 47600;
+    let port = 27600;
     let fake = TcpListener::bind(addr(port, B)).unwrap();
     let mut cfg = config(A, &[B], port);
     cfg.dead_peer_timeout = Duration::from_millis(500);
@@ -667,7 +671,7 @@ fn a_stall_of_this_process_does_not_make_a_live_peer_look_dead() {
     // As after SIGSTOP or a long pause: the peer acknowledged in time, but the acks wait
     // unread in this host's socket while the deadline passes. The owner must not call the
     // peer dead before its I/O thread has read them.
-    let port = 48100;
+    let port = 28100;
     let mut cfg = config(A, &[B], port);
     cfg.dead_peer_timeout = Duration::from_millis(300);
     let mut a = open(cfg, true);
@@ -701,7 +705,7 @@ fn a_stall_of_this_process_does_not_make_a_live_peer_look_dead() {
 
 #[test]
 fn a_client_that_says_nothing_is_dropped() {
-    let port = 47700;
+    let port = 27700;
     let mut cfg = config(A, &[B], port);
     cfg.connect_timeout = Duration::from_millis(300);
     let a = open(cfg, true);
@@ -730,7 +734,7 @@ fn a_client_that_says_nothing_is_dropped() {
 /// peer afterwards.
 #[test]
 fn garbage_from_a_peer_breaks_only_its_connection() {
-    let port = 47800;
+    let port = 27800;
     let mut a = node(A, B, port);
     let before = {
         let mut v = vec![0u8; 4096];
