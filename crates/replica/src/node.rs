@@ -206,6 +206,9 @@ pub struct ReplicaStats {
     pub direct_proposals: u64,
     /// Leader: raft's appends not sent because the entries went out ahead of raft.
     pub direct_appends_skipped: u64,
+    /// Leader: proposals queued for the next pass, which steps all of them into raft as one
+    /// (`node::direct`).
+    pub queued_proposals: u64,
     /// Leader: session appends answered with the ticket of the copy already in the log
     /// (a client's retry), instead of being appended again.
     pub session_duplicates_refused: u64,
@@ -852,8 +855,8 @@ impl<F: Fabric> Replica<F> {
         }
         let n = self.fabric.poll(&mut self.events);
         // Proposals made ahead of raft wait for an ordinary pass; a caller's pass leaves them
-        // to it unless something needs raft ([`direct`]).
-        if n == 0 && (stops || self.deferred.is_empty()) && self.still_quiet() {
+        // to it unless something needs raft ([`direct`]). Queued proposals need any pass.
+        if n == 0 && !self.deferred_waits(stops) && self.still_quiet() {
             return Ok(());
         }
         self.fail_stop_on_read_error(|r| r.process_inner(n, stops, stop))
@@ -877,6 +880,17 @@ impl<F: Fabric> Replica<F> {
                 }
                 None => std::panic::resume_unwind(panic),
             },
+        }
+    }
+
+    /// Whether proposals raft has not heard of need this pass: any of them an ordinary pass,
+    /// queued ones a caller's too ([`direct`]).
+    #[inline]
+    fn deferred_waits(&self, stops: bool) -> bool {
+        if stops {
+            self.deferred.has_queued()
+        } else {
+            !self.deferred.is_empty()
         }
     }
 
@@ -905,7 +919,7 @@ impl<F: Fabric> Replica<F> {
         // before anything newer. A caller's pass leaves proposals made ahead of raft to the
         // first event that needs raft, and its completions' responses unstepped until it
         // decides to stop.
-        if !stops {
+        if !stops || self.deferred.has_queued() {
             self.step_deferred();
         }
         self.step_nic_acks();
@@ -931,7 +945,7 @@ impl<F: Fabric> Replica<F> {
                 return Ok(());
             }
             self.step_nic_acks();
-            if n > 0 && (stops || self.deferred.is_empty()) && self.still_quiet() {
+            if n > 0 && !self.deferred_waits(stops) && self.still_quiet() {
                 // Events that changed nothing the rest of a pass looks at (a send's or, under
                 // Memory, a write's completion): poll again.
                 n = self.fabric.poll(&mut self.events);

@@ -220,6 +220,9 @@ pub struct Summary {
     /// `Durability::Replicated`: proposals a leader wrote into the rings ahead of raft
     /// (summed over the nodes alive at the end).
     pub direct_proposals: u64,
+    /// Proposals a leader queued for its next pass, which stepped them into raft as one
+    /// (summed over the nodes alive at the end).
+    pub queued_proposals: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -1786,6 +1789,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             run.summary.passes_stopped_at_commit =
                 alive().map(|r| r.stats().passes_stopped_at_commit).sum();
             run.summary.direct_proposals = alive().map(|r| r.stats().direct_proposals).sum();
+            run.summary.queued_proposals = alive().map(|r| r.stats().queued_proposals).sum();
             run.summary.snapshots_installed = run
                 .c
                 .nodes

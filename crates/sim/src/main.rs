@@ -120,6 +120,7 @@ fn main() -> anyhow::Result<()> {
     let mut snapshots = 0u64;
     let (mut nic_acks, mut placed_taken, mut stopped) = (0u64, 0u64, 0u64);
     let mut direct = 0u64;
+    let mut queued = 0u64;
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -141,6 +142,7 @@ fn main() -> anyhow::Result<()> {
                 placed_taken += s.placed_taken;
                 stopped += s.passes_stopped_at_commit;
                 direct += s.direct_proposals;
+                queued += s.queued_proposals;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -160,7 +162,7 @@ fn main() -> anyhow::Result<()> {
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
          full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
          completion, {placed_taken} entries taken as placed, {stopped} passes stopped at a \
-         commit, {direct} proposals written ahead of raft",
+         commit, {direct} proposals written ahead of raft, {queued} queued for a pass",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");

@@ -10,6 +10,13 @@
 //! change. Raft then appends it where the ring already holds it, and the appends it makes for
 //! it are recognised as already on the wire ([`Replica::drop_direct_sent`]).
 //!
+//! A proposal that cannot go ahead of raft (another durability, writes in flight, a follower
+//! not on the fast path) is queued in [`Deferred`] too, in any durability, if raft will take
+//! it: written nowhere yet, it waits for the next pass (a caller's too), which steps every
+//! proposal made since into raft as one, so a burst of proposals between two passes costs
+//! raft one proposal step and one append per follower ([`Replica::queue_proposal`]). Its
+//! ticket's index and term are the ones raft gives it, by the same argument as below.
+//!
 //! What makes it safe:
 //! - raft-rs appends the proposal at exactly the index and term given: nothing else enters
 //!   raft's log first (every path that steps raft steps the deferred entries before), and the
@@ -37,13 +44,16 @@ use crate::storage::payload_of;
 use fabric::Fabric;
 use raft::StateRole;
 
-/// Proposals made ahead of raft, not yet stepped into it: entries with their index and term
-/// set, consecutive from raft's last index on.
+/// Proposals raft has not heard of yet: entries with their index and term set, consecutive
+/// from raft's last index on. First those written ahead of raft (already in the ring and on
+/// the wire), then those queued for the next pass (in neither).
 #[derive(Debug, Default)]
 pub(super) struct Deferred {
     entries: Vec<Entry>,
     /// Their payloads' bytes, as raft-rs counts an uncommitted proposal's size.
     bytes: usize,
+    /// How many of the last entries are queued, not written ahead.
+    queued: usize,
 }
 
 impl Deferred {
@@ -53,6 +63,24 @@ impl Deferred {
 
     pub(super) fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Whether some entries wait for a pass to step them into raft before they go anywhere
+    /// (a caller's pass steps them; the entries written ahead of raft may wait longer).
+    pub(super) fn has_queued(&self) -> bool {
+        self.queued > 0
+    }
+
+    fn push(&mut self, entries: Vec<Entry>, bytes: usize, queued: bool) {
+        if queued {
+            self.queued += entries.len();
+        }
+        self.bytes += bytes;
+        if self.entries.is_empty() {
+            self.entries = entries;
+        } else {
+            self.entries.extend(entries);
+        }
     }
 }
 
@@ -79,20 +107,12 @@ impl<F: Fabric> Replica<F> {
             return Err(entries);
         }
         self.forget_stale_fast_paths();
-        let r = &self.raw.raft;
         let bytes: usize = entries.iter().map(|e| e.data.len()).sum();
-        let total = self.deferred.bytes + bytes;
-        let max = max_uncommitted_bytes(self.cfg.ring_bytes) as usize;
-        let uncommitted = r.uncommitted_size();
-        // raft-rs's own rules for taking a proposal (`Raft::step`, `append_entry`), as they
-        // will stand when the deferred entries are stepped as one proposal.
-        let raft_takes = r.state == StateRole::Leader
-            && (r.lead_transferee.is_none() || self.cfg.mutation == Mutation::DeferredUnchecked)
-            && r.prs().get(self.cfg.id).is_some()
-            && (total == 0 || uncommitted == 0 || total + uncommitted <= max);
+        let r = &self.raw.raft;
         let last_before = r.raft_log.last_index() + self.deferred.len();
-        // The ring holds everything raft's log does (a `Ready` not handled yet may hold more).
-        if !raft_takes || self.producer.position().last_index.0 != last_before {
+        // The ring holds everything raft's log does (a `Ready` not handled yet may hold more),
+        // and nothing is queued.
+        if !self.raft_takes(bytes) || self.producer.position().last_index.0 != last_before {
             return Err(entries);
         }
         let cs = self.raw.store().conf_state();
@@ -199,13 +219,51 @@ impl<F: Fabric> Replica<F> {
         }
         self.direct_targets = targets;
         let entries = m.take_entries().into_vec();
-        self.deferred.bytes += bytes;
-        if self.deferred.entries.is_empty() {
-            self.deferred.entries = entries;
-        } else {
-            self.deferred.entries.extend(entries);
-        }
+        self.deferred.push(entries, bytes, false);
         self.stats.direct_proposals += 1;
+        Ok(Tickets { first, last, term })
+    }
+
+    /// Whether raft-rs will take the proposals deferred so far and `bytes` more, stepped as
+    /// one proposal: its own rules (`Raft::step`, `append_entry`) as they will stand then,
+    /// nothing reaching raft before. The uncommitted-size rule is raft-rs's, except that its
+    /// "one proposal may always go in" holds only for the first deferred one, so that deferring
+    /// never lets more in than raft-rs would proposal by proposal.
+    fn raft_takes(&self, bytes: usize) -> bool {
+        let r = &self.raw.raft;
+        let total = self.deferred.bytes + bytes;
+        let max = max_uncommitted_bytes(self.cfg.ring_bytes) as usize;
+        let uncommitted = r.uncommitted_size();
+        r.state == StateRole::Leader
+            && (r.lead_transferee.is_none() || self.cfg.mutation == Mutation::DeferredUnchecked)
+            && r.prs().get(self.cfg.id).is_some()
+            && (total == 0
+                || total + uncommitted <= max
+                || (uncommitted == 0 && self.deferred.is_empty()))
+    }
+
+    /// Queues `entries` for the next pass, which steps them into raft with every other
+    /// proposal made since, as one (one append per follower, one `Ready`, for a burst of
+    /// proposals between two passes), if raft will take them then; gives them back if not,
+    /// for raft to refuse now with its reason.
+    pub(super) fn queue_proposal(
+        &mut self,
+        mut entries: Vec<Entry>,
+    ) -> Result<Tickets, Vec<Entry>> {
+        let bytes: usize = entries.iter().map(|e| e.data.len()).sum();
+        if entries.is_empty() || !self.raft_takes(bytes) {
+            return Err(entries);
+        }
+        let r = &self.raw.raft;
+        let first = r.raft_log.last_index() + self.deferred.len() + 1;
+        let term = r.term;
+        for (k, e) in entries.iter_mut().enumerate() {
+            e.index = first + k as u64;
+            e.term = term;
+        }
+        let last = first + entries.len() as u64 - 1;
+        self.deferred.push(entries, bytes, true);
+        self.stats.queued_proposals += 1;
         Ok(Tickets { first, last, term })
     }
 
@@ -222,6 +280,7 @@ impl<F: Fabric> Replica<F> {
     fn step_deferred_now(&mut self) {
         let entries = std::mem::take(&mut self.deferred.entries);
         self.deferred.bytes = 0;
+        self.deferred.queued = 0;
         let first = entries[0].index;
         let last = entries[entries.len() - 1].index;
         let term = entries[0].term;

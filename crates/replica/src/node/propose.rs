@@ -93,6 +93,10 @@ impl<F: Fabric> Replica<F> {
             Ok(tickets) => return Ok(tickets),
             Err(entries) => entries,
         };
+        let entries = match self.queue_proposal(entries) {
+            Ok(tickets) => return Ok(tickets),
+            Err(entries) => entries,
+        };
         self.step_deferred();
         let before = self.raw.raft.raft_log.last_index();
         let term = self.raw.raft.term;

@@ -24,6 +24,7 @@ mod lost_tail_catch_up;
 mod membership_and_truncation;
 mod memory_durability;
 mod memory_machine_crash;
+mod queued_proposals;
 mod replicated_durability;
 mod restart_after_truncation;
 mod retention;
