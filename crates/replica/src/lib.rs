@@ -298,6 +298,13 @@ pub enum Mutation {
     /// holds, and the node comes back recovering although it lost nothing (simulator seed
     /// 501055).
     CutWalBeforeRing,
+    /// A node stores a membership change it applies with the commit index it had stored
+    /// before (which may lag the change): a restart takes the change for uncommitted and goes
+    /// back to the configuration before it, counting a node already removed.
+    ConfChangeCommitLags,
+    /// A leader that applies its own removal from the voters goes on leading (raft-rs's
+    /// untested branch), instead of stepping down.
+    RemovedLeaderLeads,
     /// Not a rule of the replica's: the simulator's in-process fabric lets a connection be
     /// used as soon as it is up, before its owner polled its `Connected`
     /// (`fabric::sim::SimConfig::use_before_announced`). The replica ignores it.

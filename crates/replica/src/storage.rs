@@ -223,6 +223,11 @@ impl ConfHistory {
         }
     }
 
+    /// The index of the latest change after the base, if any.
+    pub fn last_change(&self) -> Option<u64> {
+        self.changes.last_key_value().map(|(&i, _)| i)
+    }
+
     /// The membership as of `index`, if the history reaches back that far.
     pub fn at(&self, index: u64) -> Option<&ConfState> {
         if index < self.base_index {

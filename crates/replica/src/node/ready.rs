@@ -399,6 +399,18 @@ impl<F: Fabric> Replica<F> {
             if e.get_entry_type() != EntryType::EntryNormal {
                 let cs = self.raw.store().conf_state().clone();
                 self.conf_history.record(e.index, cs);
+                // The commit index that covers the change goes with it: the stored one may
+                // lag (a commit-only change is not written), and a restart from it would
+                // take the change for uncommitted and go back to the configuration before,
+                // which may count a node already removed and shut down: with one more node
+                // lost the cluster can never elect again (simulator seed 9,950,157 of
+                // `--conditional`, 8,000,412 of `--durability replicated`).
+                let mut hs = self.raw.store().hard_state().clone();
+                if hs.commit < e.index && self.cfg.mutation != crate::Mutation::ConfChangeCommitLags
+                {
+                    hs.commit = e.index;
+                    self.raw.mut_store().set_hard_state(hs);
+                }
                 self.store_state()?;
             }
             self.applied = e.index;
@@ -412,6 +424,25 @@ impl<F: Fabric> Replica<F> {
         cc: &impl raft_proto::ConfChangeI,
     ) -> Result<(), ReplicaError> {
         let cs = self.raw.apply_conf_change(cc)?;
+        let r = &self.raw.raft;
+        if r.state == StateRole::Leader
+            && !cs.voters.contains(&self.cfg.id)
+            && self.cfg.mutation != crate::Mutation::RemovedLeaderLeads
+        {
+            // A leader the change removed (a node that won an election with a configuration
+            // that still counted it, before it applied its own removal). raft-rs keeps it
+            // leading without a progress of its own, and panics at the next response it
+            // steps (`Raft::maybe_commit`; simulator seed 10,500,953 of `--durability
+            // fsync`). It steps down, as etcd's leader does: a voter of the new configuration
+            // takes over at its election timeout.
+            tracing::info!(
+                node = self.cfg.id,
+                term = r.term,
+                "removed from the voters while leading: steps down"
+            );
+            let term = r.term;
+            self.raw.raft.become_follower(term, raft::INVALID_ID);
+        }
         let members = members_of(&cs);
         self.raw.mut_store().set_conf_state(cs);
         self.sync_peers(&members);

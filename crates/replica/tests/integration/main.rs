@@ -25,6 +25,8 @@ mod membership_and_truncation;
 mod memory_durability;
 mod memory_machine_crash;
 mod queued_proposals;
+mod removal_survives_restart;
+mod removed_leader;
 mod replicated_durability;
 mod restart_after_truncation;
 mod retention;
