@@ -45,7 +45,8 @@ struct Args {
     /// no-placed-take,
     /// rewind-to-cut-record, reopen-fast-path-early,
     /// merge-disjoint-appends, stale-entry-cache, unrepaired-raft-batches, trust-log-after-lost-ring,
-    /// cut-wal-before-ring, use-connection-before-announced,
+    /// cut-wal-before-ring, conf-change-commit-lags, removed-leader-leads,
+    /// use-connection-before-announced,
     /// condition-on-commit (with --conditional) or dedup-committed-only (with --sessions).
     #[arg(long)]
     mutation: Option<String>,
@@ -76,6 +77,15 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Replaying a seed: `RUST_LOG=raft=info,rdmalog::step=trace` shows raft-rs's records and
+    // the entries' steps on stderr, in the order they happen (no virtual time).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .without_time()
+            .init();
+    }
     let mutation = match args.mutation.as_deref() {
         None => replica::Mutation::None,
         Some(name) => match sim::MUTATIONS.iter().find(|(n, _)| *n == name) {

@@ -10,7 +10,8 @@ use replica::{Durability, Mutation};
 
 /// Seeds the simulator gets to catch a broken rule: inside the CI budget of 1,000 seeds
 /// (`ci_seeds.rs`). The first catching seeds today, and the checker that caught each:
-/// ack-without-fsync 2 (a restart finds synced data missing), private-ring 19 and
+/// ack-without-fsync 2 (a restart finds synced data missing), conf-change-commit-lags 5
+/// (membership: a node restarted after a kill below a change it had applied), private-ring 19 and
 /// no-recovering-guard 51 (state machine safety), skip-revoke 32 (ring integrity: a deposed
 /// leader's write landed over a record a follower had accepted), ack-before-crc 42 (log
 /// matching: a follower took a corrupted write's descriptor as its entries), snapshot-own-lsn
@@ -39,7 +40,10 @@ use replica::{Durability, Mutation};
 /// (a deposed leader answers below the new commit index), as `read-before-nic-acks` is by
 /// `replica/tests/integration/caller_driven_pass.rs`. `nic-quorum-any-index` is caught by the
 /// callers-drive seed family at its first seed (`tests/callers_drive.rs`): only a caller's
-/// pass resolves tickets from unstepped write completions.
+/// pass resolves tickets from unstepped write completions. `removed-leader-leads` is caught
+/// by regression seed 10,500,953 of `Durability::Fsync` (a panic) and deterministically by
+/// `replica/tests/integration/removed_leader.rs`, not by a seed of the CI budget: a removed
+/// node must first win an election.
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 16 (state machine safety, through the
@@ -77,6 +81,19 @@ fn first_failure_within(
             .err()
             .map(|f| (seed, f.violation.clone()))
     })
+}
+
+/// A node that stores a membership change with the commit index it had before comes back
+/// from a kill with the change uncommitted: the checker of restarts (a restart after a kill
+/// keeps a commit index at least as high as the latest change the node applied) fails it.
+#[test]
+fn storing_a_membership_change_with_a_lagging_commit_is_caught() {
+    let caught = first_failure(Mutation::ConfChangeCommitLags);
+    eprintln!("conf change commit lags: {caught:?}");
+    assert!(
+        caught.is_some_and(|(_, v)| v.starts_with("membership")),
+        "a restart forgetting a membership change it applied went unnoticed for {WITHIN} seeds"
+    );
 }
 
 #[test]

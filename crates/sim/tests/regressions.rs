@@ -300,3 +300,91 @@ fn seed_501055_replicated_a_failed_cut_read_its_own_ring_as_corrupt() {
         panic!("\n{f}\n");
     }
 }
+
+fn pass_with(seed: u64, options: sim::Options) {
+    if let Err(f) = sim::run(seed, options, false) {
+        panic!("\n{f}\n");
+    }
+}
+
+/// State machine safety, found by a 2,000-seed `--callers-drive --durability replicated` run
+/// on 2026-12-05: a leader counted a follower's NIC for an entry whose write had been lost on
+/// a cut link. A simulator bug, not the replica's: the follower revoked the leader's access
+/// while a later write of the same connection was on the wire, the in-process fabric tore
+/// that later write and answered it `RemoteAccess`, and the answer acknowledged every
+/// operation before it, the lost write too, as `Success`. A responder takes nothing past a
+/// gap in the sequence; the fabric now tears only writes that can arrive
+/// (`fabric/tests/integration/fencing.rs`,
+/// `a_lost_write_is_not_completed_by_a_later_write_torn_at_a_revoke`).
+#[test]
+fn seed_9601360_callers_drive_replicated_a_lost_write_completed_by_a_torn_one() {
+    pass_with(
+        9_601_360,
+        sim::Options {
+            callers_drive: true,
+            durability: Some(replica::Durability::Replicated),
+            ..sim::Options::default()
+        },
+    );
+}
+
+/// A panic, found by a 1,500-seed `--callers-drive --conditional` run on 2026-12-05: a read
+/// of the log failed (an injected EIO) while a tick stepped the proposals waiting for raft,
+/// outside the wrapper that turns raft-rs's panic on a failed read into a fail-stop. The
+/// tick now steps them inside it (`Replica::tick`).
+#[test]
+fn seed_9800079_callers_drive_conditional_a_read_error_in_a_tick() {
+    pass_with(
+        9_800_079,
+        sim::Options {
+            callers_drive: true,
+            conditional: true,
+            ..sim::Options::default()
+        },
+    );
+}
+
+/// Liveness, found by a 1,500-seed `--conditional` run on 2026-12-05 and, the same way, by
+/// seed 8,000,412 of `--durability replicated` earlier: node 4 was removed and shut down,
+/// the other nodes were killed and restarted, and came back counting it again: each had
+/// stored the membership change with the commit index it had before (a `Ready` applies its
+/// committed entries before it stores its hard state), so the restart took the removal for
+/// uncommitted. With one more node recovering (a machine crash) no election could win.
+/// Fixed in `replica` (the commit index that covers a change is stored with it;
+/// `replica/tests/integration/removal_survives_restart.rs`, mutation
+/// `conf-change-commit-lags` in `tests/mutation.rs`); the simulator also shuts a removed node
+/// down only once every live node's configuration has dropped it.
+#[test]
+fn seed_9950157_conditional_a_restart_forgot_a_removal() {
+    pass_with(
+        9_950_157,
+        sim::Options {
+            conditional: true,
+            ..sim::Options::default()
+        },
+    );
+    pass_with(
+        8_000_412,
+        sim::Options {
+            durability: Some(replica::Durability::Replicated),
+            ..sim::Options::default()
+        },
+    );
+}
+
+/// A panic, found by a 1,500-seed `--durability fsync` run on 2026-12-05 (and failing the same
+/// way before proposals ahead of raft): a node removed from the voters won an election with a
+/// configuration that still counted it, then applied its own removal, and raft-rs kept it
+/// leading with no progress of its own: the next response it stepped panicked in
+/// `Raft::maybe_commit`. Fixed in `replica` (a leader that applies its own removal steps
+/// down; `replica/tests/integration/removed_leader.rs`, mutation `removed-leader-leads`).
+#[test]
+fn seed_10500953_fsync_a_removed_leader_led_on() {
+    pass_with(
+        10_500_953,
+        sim::Options {
+            durability: Some(replica::Durability::Fsync),
+            ..sim::Options::default()
+        },
+    );
+}
