@@ -388,3 +388,21 @@ fn seed_10500953_fsync_a_removed_leader_led_on() {
         },
     );
 }
+
+/// Liveness, found by a 1,500-seed `--callers-drive --sessions` run on 2026-12-05 (failing
+/// the same way at 8924509): the harness, not the replica. After the faults stopped a session
+/// client still had about 17 numbers queued and kept sending later ones while earlier ones
+/// were not appended yet; the leader refused each ("skips ahead") and the retries missed the
+/// liveness bound, though every number the replica took committed. After the faults stop a
+/// session's client now sends its numbers in order (`Run::waits_for_an_earlier_number`).
+#[test]
+fn seed_10700044_sessions_a_client_that_refused_itself() {
+    pass_with(
+        10_700_044,
+        sim::Options {
+            callers_drive: true,
+            sessions: true,
+            ..sim::Options::default()
+        },
+    );
+}
