@@ -1336,10 +1336,18 @@ impl Run {
             return;
         }
         let voters: BTreeSet<u64> = s.voters.iter().copied().collect();
-        // Every live node's, not the leader's alone: a node that has not applied the removal
-        // still needs the removed one's vote, and with one more node lost (a machine crash
-        // that makes it recovering) it could never elect (seed 9,950,157 of `--conditional`,
-        // and 8,000,412 of `--durability replicated`, stalled so).
+        let mut gone: Vec<u64> = self
+            .members()
+            .into_iter()
+            .filter(|id| !voters.contains(id) && self.removed.contains(id))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        // Every live node's configuration, not the leader's alone: a node that has not
+        // applied the removal still needs the removed one's vote, and with one more node lost
+        // (a machine crash that makes it recovering) it could never elect (seed 9,950,157 of
+        // `--conditional`, and 8,000,412 of `--durability replicated`, stalled so).
         let configs: Vec<(u64, Vec<u64>)> = self
             .c
             .nodes
@@ -1347,16 +1355,11 @@ impl Run {
             .filter(|(id, _)| !self.retired.contains(id))
             .filter_map(|(&id, r)| r.as_ref().map(|r| (id, r.status().voters)))
             .collect();
-        let gone: Vec<u64> = self
-            .members()
-            .into_iter()
-            .filter(|id| !voters.contains(id) && self.removed.contains(id))
-            .filter(|id| {
-                configs
-                    .iter()
-                    .all(|(other, v)| other == id || !v.contains(id))
-            })
-            .collect();
+        gone.retain(|id| {
+            configs
+                .iter()
+                .all(|(other, v)| other == id || !v.contains(id))
+        });
         for id in gone {
             if self.c.nodes[&id].is_some() {
                 self.c.crash(id);

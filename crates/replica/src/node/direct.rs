@@ -92,9 +92,11 @@ pub(super) fn max_uncommitted_bytes(ring_bytes: u64) -> u64 {
 impl<F: Fabric> Replica<F> {
     /// Proposes `entries` ahead of raft if this leader can ([`crate::node::direct`]); gives
     /// them back untouched if not, for raft's own path.
+    /// `bytes`: the entries' payload bytes, as raft-rs counts them.
     pub(super) fn propose_direct(
         &mut self,
         mut entries: Vec<Entry>,
+        bytes: usize,
     ) -> Result<Tickets, Vec<Entry>> {
         // With writes in flight the leader is pipelining: raft's path batches what waits into
         // one write and one descriptor per follower, where this path spends them per proposal
@@ -107,7 +109,6 @@ impl<F: Fabric> Replica<F> {
             return Err(entries);
         }
         self.forget_stale_fast_paths();
-        let bytes: usize = entries.iter().map(|e| e.data.len()).sum();
         let r = &self.raw.raft;
         let last_before = r.raft_log.last_index() + self.deferred.len();
         // The ring holds everything raft's log does (a `Ready` not handled yet may hold more),
@@ -245,12 +246,12 @@ impl<F: Fabric> Replica<F> {
     /// Queues `entries` for the next pass, which steps them into raft with every other
     /// proposal made since, as one (one append per follower, one `Ready`, for a burst of
     /// proposals between two passes), if raft will take them then; gives them back if not,
-    /// for raft to refuse now with its reason.
+    /// for raft to refuse now with its reason. `bytes` as for [`Replica::propose_direct`].
     pub(super) fn queue_proposal(
         &mut self,
         mut entries: Vec<Entry>,
+        bytes: usize,
     ) -> Result<Tickets, Vec<Entry>> {
-        let bytes: usize = entries.iter().map(|e| e.data.len()).sum();
         if entries.is_empty() || !self.raft_takes(bytes) {
             return Err(entries);
         }

@@ -89,11 +89,12 @@ impl<F: Fabric> Replica<F> {
     /// Steps new entries into raft as one proposal: consecutive indexes for all, or none in
     /// the log and an error.
     pub(super) fn propose_entries(&mut self, entries: Vec<Entry>) -> Result<Tickets, ReplicaError> {
-        let entries = match self.propose_direct(entries) {
+        let bytes: usize = entries.iter().map(|e| e.data.len()).sum();
+        let entries = match self.propose_direct(entries, bytes) {
             Ok(tickets) => return Ok(tickets),
             Err(entries) => entries,
         };
-        let entries = match self.queue_proposal(entries) {
+        let entries = match self.queue_proposal(entries, bytes) {
             Ok(tickets) => return Ok(tickets),
             Err(entries) => entries,
         };
