@@ -386,6 +386,11 @@ impl VerifiedCopy {
         self.bytes.extend_from_slice(data);
     }
 
+    /// The copy's bytes from `pos` (held) to its end.
+    fn tail_from(&mut self, pos: u64) -> &mut [u8] {
+        &mut self.bytes[(pos - self.from) as usize..]
+    }
+
     /// Makes the copy end exactly at `end` (the producer's tail): zero-fills up to it, or
     /// drops what lies past it; a copy that started past `end` starts there, empty.
     fn settle(&mut self, end: u64) {
@@ -527,11 +532,14 @@ impl Producer {
         if start > self.tail {
             self.write_padding(start);
         }
-        let header = format::entry_header(Lsn(start), index, term, payload);
-        self.shared.store(start, &header);
-        self.shared.store(start + HEADER_BYTES as u64, payload);
+        // Laid out in the private copy first and sealed there (one checksum over contiguous
+        // bytes), then stored to the shared memory in one go.
+        let header = format::unsealed_entry_header(Lsn(start), index, term, payload.len());
         self.verified.put(start, &header);
         self.verified.put(start + HEADER_BYTES as u64, payload);
+        let record = self.verified.tail_from(start);
+        format::seal_entry(record);
+        self.shared.store(start, record);
         self.verified.settle(end);
         self.tail = end;
         self.last_index = index;
