@@ -65,8 +65,10 @@ fn a_fast_path_commit_marks_every_step_on_both_roles() {
         }
     }
     let names = steps_of(Durability::Replicated);
-    assert!(
-        names.iter().any(|n| n == "leader nic_acked"),
-        "replicated: {names:?}"
-    );
+    for want in ["leader nic_acked", "follower received", "leader committed"] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "replicated: no {want} in {names:?}"
+        );
+    }
 }

@@ -15,7 +15,7 @@ use replica::{Durability, Mutation};
 /// no-recovering-guard 51 (state machine safety), skip-revoke 32 (ring integrity: a deposed
 /// leader's write landed over a record a follower had accepted), ack-before-crc 42 (log
 /// matching: a follower took a corrupted write's descriptor as its entries), snapshot-own-lsn
-/// 26 (Lsn agreement after an install), unchecked-reads 7 (durability: a committed entry
+/// 26 (Lsn agreement after an install), unchecked-reads 10 (durability: a committed entry
 /// re-read after its stored bytes rotted), rewind-to-cut-record 17 (Lsn agreement: issue 13,
 /// defect 6), reopen-fast-path-early 15 (ring integrity: a follower was sent a descriptor
 /// starting below the records it had accepted; issue 13, defect 7), stale-entry-cache 75
@@ -46,7 +46,7 @@ use replica::{Durability, Mutation};
 /// node must first win an election.
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
-/// that mode, nic-ack-before-grant 1 and no-placed-take 16 (state machine safety, through the
+/// that mode, nic-ack-before-grant 1 and no-placed-take 8 (state machine safety, through the
 /// simulator's episodes: a follower asleep through a re-election, a follower whose NIC alone
 /// made the quorum), deferred-unchecked 7 (durability: the append acknowledged at an index is
 /// not what the committed log holds there; proposals ahead of raft, `node::direct`), and the

@@ -625,7 +625,10 @@ impl<F: Fabric> Replica<F> {
             // A checked record whose payload is not an entry: the log ends before it.
             let _ = self.producer.rewind(good);
         }
-        if let Some(last) = entries.last().map(|e| e.index) {
+        if let (Some(first), Some(last)) = (entries.first(), entries.last()) {
+            // A descriptor names only its batch's last entry: the follower saw the batch here.
+            super::step!(self.cfg.id, "received", first.index, last.index);
+            let last = last.index;
             self.raw.raft.raft_log.append(&entries);
             self.fast_accepted_to = last;
             self.stats.placed_taken += entries.len() as u64;
@@ -745,9 +748,33 @@ impl<F: Fabric> Replica<F> {
             );
         }
         let cluster_id = self.cfg.cluster_id;
-        self.send_frame(to, |buf| {
-            wire::encode_fast_append(cluster_id, m, start, end, buf)
-        });
+        if self.cfg.durability.commits_on_nic_ack() {
+            // The follower takes the records from its ring before the descriptor arrives
+            // (`take_placed`); the descriptor only asks it to answer for them. It names the
+            // batch's last entry and the one before: a log holding both with these terms
+            // holds the whole batch (Log Matching), so a descriptor costs the same at any
+            // batch size, to encode, to decode and to step.
+            let n = m.entries.len();
+            let prev = match n {
+                1 => (m.index, m.log_term),
+                _ => (m.entries[n - 2].index, m.entries[n - 2].term),
+            };
+            self.send_frame(to, |buf| {
+                wire::encode_fast_append_of(
+                    cluster_id,
+                    m,
+                    prev,
+                    &m.entries.as_slice()[n - 1..],
+                    start,
+                    end,
+                    buf,
+                )
+            });
+        } else {
+            self.send_frame(to, |buf| {
+                wire::encode_fast_append(cluster_id, m, start, end, buf)
+            });
+        }
         let last = m.entries.last().expect("non-empty").index;
         if let Some(p) = self.peers.get_mut(&to) {
             p.fast.wrote(FastEnd {

@@ -152,9 +152,32 @@ pub fn encode_fast_append(
     lsn_end: u64,
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
+    encode_fast_append_of(
+        cluster_id,
+        m,
+        (m.index, m.log_term),
+        &m.entries,
+        lsn_start,
+        lsn_end,
+        out,
+    )
+}
+
+/// [`encode_fast_append`] of `m` as if it carried only `entries` after the entry `prev`
+/// (index, term): the message's `index` and `log_term` become `prev`'s. A `Replicated`
+/// leader names only a batch's last entry this way (see `Replica::try_fast_append`).
+pub fn encode_fast_append_of(
+    cluster_id: u64,
+    m: &Message,
+    prev: (u64, u64),
+    entries: &[Entry],
+    lsn_start: u64,
+    lsn_end: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
     super::start_frame(cluster_id, out);
     put_u32(out, FAST_APPEND);
-    put_message(out, m, false);
+    put_message_of(out, m, prev, entries, false);
     put_u64(out, lsn_start);
     put_u64(out, lsn_end);
     super::finish_frame(out)
@@ -256,15 +279,27 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 
 /// A [`WireMessage`]'s fields, in its declaration order, from raft's message.
 fn put_message(out: &mut Vec<u8>, m: &Message, with_data: bool) {
+    put_message_of(out, m, (m.index, m.log_term), &m.entries, with_data);
+}
+
+/// `m` with `index`/`log_term` from `prev` and `entries` in place of its own.
+fn put_message_of(
+    out: &mut Vec<u8>,
+    m: &Message,
+    prev: (u64, u64),
+    entries: &[Entry],
+    with_data: bool,
+) {
     // The fixed fields' widest forms, and each entry's without its data.
-    out.reserve(110 + m.context.len() + m.entries.len() * 30);
+    out.reserve(110 + m.context.len() + entries.len() * 30);
     put_i32(out, m.get_msg_type().value());
+    let (index, log_term) = prev;
     for v in [
         m.to,
         m.from,
         m.term,
-        m.log_term,
-        m.index,
+        log_term,
+        index,
         m.commit,
         m.commit_term,
     ] {
@@ -275,8 +310,8 @@ fn put_message(out: &mut Vec<u8>, m: &Message, with_data: bool) {
     put_u64(out, m.request_snapshot);
     put_u64(out, zigzag(m.priority));
     put_bytes(out, &m.context);
-    put_u64(out, m.entries.len() as u64);
-    for e in m.entries.iter() {
+    put_u64(out, entries.len() as u64);
+    for e in entries {
         put_i32(out, e.get_entry_type().value());
         put_u64(out, e.term);
         put_u64(out, e.index);
