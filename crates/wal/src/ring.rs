@@ -427,6 +427,12 @@ pub trait RecordSource {
     /// Whether every record held already passed the checks of [`crate::format::decode_record`]
     /// into private memory that nothing else writes: its checksum is then not computed again.
     fn verified(&self) -> bool;
+    /// The stream bytes `[start, end)` as one slice of such verified private memory, where
+    /// the source holds them so: the wal then copies them in one go and checks each record's
+    /// header in place. `None` (the default): the wal copies record by record.
+    fn view(&self, _start: Lsn, _end: Lsn) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// A producer's private copy of the records it published since the wal last persisted
@@ -478,6 +484,15 @@ impl RecordSource for Verified<'_> {
 
     fn verified(&self) -> bool {
         true
+    }
+
+    fn view(&self, start: Lsn, end: Lsn) -> Option<&[u8]> {
+        // The mutation reads the shared memory again, through `copy_range`.
+        if self.reread.is_some() || start > end || !self.covers(start, end) {
+            return None;
+        }
+        let at = (start.0 - self.from) as usize;
+        Some(&self.bytes[at..at + (end.0 - start.0) as usize])
     }
 }
 

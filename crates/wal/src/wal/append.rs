@@ -202,6 +202,21 @@ impl Wal {
                 break;
             }
             let last = st.last;
+            if let Some(view) = consumer.view(last.lsn, end) {
+                // A private copy that already passed its checks, contiguous: one copy of
+                // as much of it as the buffer takes, then the records staged in place.
+                let state = &mut *st;
+                let at = (last.lsn.0 - state.buf_start) as usize;
+                let n = view.len().min(state.buf.len() - at);
+                state.buf[at..at + n].copy_from_slice(&view[..n]);
+                let copied_end = last.lsn.0 + n as u64;
+                if self.stage_copied(state, copied_end, end, consumer)? {
+                    staged = true;
+                } else {
+                    st = self.make_room(st)?;
+                }
+                continue;
+            }
             let mut pos = last.lsn.0;
             // Skip padding and implicit gaps up to the next entry.
             let mut header = [0u8; HEADER_BYTES];
@@ -265,5 +280,86 @@ impl Wal {
                 .wait_durable(st, position.lsn.0, generation)
                 .map(|_| position),
         }
+    }
+
+    /// [`Wal::persist_from`]'s walk over records already copied into the buffer up to stream
+    /// position `copied_end` (from a verified source): stages every whole record before
+    /// `copied_end` and `end`, with the same checks and the same padding as the record-by-record
+    /// path, the checksum excepted. Returns whether it staged any record (none: the next one
+    /// does not fit in the buffer).
+    fn stage_copied<S: RecordSource + ?Sized>(
+        &self,
+        state: &mut State,
+        copied_end: u64,
+        end: Lsn,
+        source: &S,
+    ) -> Result<bool, WalError> {
+        let block = self.config.block_bytes;
+        let mut any = false;
+        while state.last.lsn < end {
+            let last = state.last;
+            let mut pos = last.lsn.0;
+            // Skip padding and implicit gaps up to the next entry.
+            let header = loop {
+                let rest = format::block_rest(pos, block);
+                if rest >= HEADER_BYTES as u64 {
+                    if pos + HEADER_BYTES as u64 > end.0 {
+                        let (held_start, held_end) = source.held();
+                        return Err(WalError::Range {
+                            start: Lsn(pos),
+                            end,
+                            held_start,
+                            held_end,
+                        });
+                    }
+                    if pos + HEADER_BYTES as u64 > copied_end {
+                        return Ok(any);
+                    }
+                    let at = (pos - state.buf_start) as usize;
+                    let header = RawHeader::read(
+                        state.buf[at..at + HEADER_BYTES]
+                            .try_into()
+                            .expect("a header's length"),
+                    );
+                    if header.kind() != Some(RecordKind::Padding) {
+                        break header;
+                    }
+                }
+                pos += rest;
+            };
+            let claimed = header.claimed_len as usize;
+            let record = format::record_bytes(claimed.min(format::max_payload(block))) as u64;
+            let record_end = (pos + record)
+                .min(pos + format::block_rest(pos, block))
+                .min(end.0);
+            if record_end > copied_end {
+                return Ok(any);
+            }
+            let at = (last.lsn.0 - state.buf_start) as usize;
+            let from = (pos - state.buf_start) as usize;
+            let to = (record_end - state.buf_start) as usize;
+            // The wal's own padding over the gap, as the record-by-record path writes it.
+            format::encode_padding(
+                &mut state.buf[at..from],
+                last.lsn,
+                (last.last_index, last.last_term),
+            );
+            let invalid = |source| WalError::RemoteRange {
+                lsn: Lsn(pos),
+                index: last.last_index,
+                source,
+            };
+            let decoded =
+                format::decode_verified(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
+            let header = decoded.header;
+            let mut chain = ChainCheck {
+                last_index: last.last_index,
+                last_term: last.last_term,
+            };
+            chain.advance(&header).map_err(invalid)?;
+            self.staged(state, pos, decoded.record_len, header.index, header.term);
+            any = true;
+        }
+        Ok(any)
     }
 }
