@@ -305,6 +305,10 @@ pub enum Mutation {
     /// A leader that applies its own removal from the voters goes on leading (raft-rs's
     /// untested branch), instead of stepping down.
     RemovedLeaderLeads,
+    /// A tick steps the proposals that wait and the write completions' responses outside the
+    /// wrapper that turns raft-rs's panic on a failed read into a fail-stop: an injected read
+    /// error panics the process instead of failing the replica stop.
+    TickOutsideFailStop,
     /// Not a rule of the replica's: the simulator's in-process fabric lets a connection be
     /// used as soon as it is up, before its owner polled its `Connected`
     /// (`fabric::sim::SimConfig::use_before_announced`). The replica ignores it.

@@ -604,6 +604,10 @@ impl<F: Fabric> Replica<F> {
     /// node's election timer does not run: it must not campaign.
     pub fn tick(&mut self) {
         self.ticks += 1;
+        if self.poisoned.is_none() && self.cfg.mutation == crate::Mutation::TickOutsideFailStop {
+            self.step_deferred();
+            self.step_nic_acks();
+        }
         if self.poisoned.is_none() {
             // A failed read fails the replica stop; the next `process` reports it. Stepping
             // the proposals that wait and the write completions' responses reads the log too

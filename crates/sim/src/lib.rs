@@ -304,6 +304,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("cut-wal-before-ring", Mutation::CutWalBeforeRing),
     ("conf-change-commit-lags", Mutation::ConfChangeCommitLags),
     ("removed-leader-leads", Mutation::RemovedLeaderLeads),
+    ("tick-outside-fail-stop", Mutation::TickOutsideFailStop),
     (
         "use-connection-before-announced",
         Mutation::UseConnectionBeforeAnnounced,

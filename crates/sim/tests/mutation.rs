@@ -43,7 +43,9 @@ use replica::{Durability, Mutation};
 /// pass resolves tickets from unstepped write completions. `removed-leader-leads` is caught
 /// by regression seed 10,500,953 of `Durability::Fsync` (a panic) and deterministically by
 /// `replica/tests/integration/removed_leader.rs`, not by a seed of the CI budget: a removed
-/// node must first win an election.
+/// node must first win an election. `tick-outside-fail-stop` likewise only by the regression
+/// seed that found it (9,800,079 of `--callers-drive --conditional`, a panic;
+/// `ticking_outside_the_fail_stop_wrapper_is_caught`).
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 8 (state machine safety, through the
@@ -306,5 +308,28 @@ fn cutting_the_wal_before_the_ring_is_caught() {
     assert!(
         caught.is_some_and(|v| v.starts_with("liveness")),
         "a follower cutting its wal before its ring went unnoticed at seed 501055"
+    );
+}
+
+/// A tick that steps the waiting proposals and the write completions' responses outside the
+/// fail-stop wrapper panics on an injected read error: the simulator met that only at seed
+/// 9,800,079 of `--callers-drive --conditional` (a regression, `tests/regressions.rs`); 1,000
+/// seeds of the default draw, of `--callers-drive`, of `--callers-drive --conditional` and of
+/// `Durability::Replicated` miss it. With the steps taken out of the wrapper it must panic again.
+#[test]
+fn ticking_outside_the_fail_stop_wrapper_is_caught() {
+    let options = sim::Options {
+        mutation: Mutation::TickOutsideFailStop,
+        callers_drive: true,
+        conditional: true,
+        ..sim::Options::default()
+    };
+    let caught = sim::run(9_800_079, options, false)
+        .err()
+        .map(|f| f.violation);
+    eprintln!("tick outside fail-stop, seed 9800079: {caught:?}");
+    assert!(
+        caught.is_some_and(|v| v.starts_with("panic")),
+        "a tick reading the log outside the fail-stop wrapper went unnoticed at seed 9800079"
     );
 }

@@ -331,7 +331,7 @@ fn seed_9601360_callers_drive_replicated_a_lost_write_completed_by_a_torn_one() 
 /// A panic, found by a 1,500-seed `--callers-drive --conditional` run on 2026-12-05: a read
 /// of the log failed (an injected EIO) while a tick stepped the proposals waiting for raft,
 /// outside the wrapper that turns raft-rs's panic on a failed read into a fail-stop. The
-/// tick now steps them inside it (`Replica::tick`).
+/// tick now steps them inside it (`Replica::tick`; mutation `tick-outside-fail-stop`).
 #[test]
 fn seed_9800079_callers_drive_conditional_a_read_error_in_a_tick() {
     pass_with(
