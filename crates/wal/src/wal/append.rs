@@ -172,7 +172,7 @@ impl Wal {
         durability: Durability,
     ) -> Result<Position, WalError> {
         let block = self.config.block_bytes;
-        let decode = if consumer.verified() {
+        let decode: Decode = if consumer.verified() {
             format::decode_verified
         } else {
             format::decode_record
@@ -217,60 +217,25 @@ impl Wal {
                 }
                 continue;
             }
-            let mut pos = last.lsn.0;
-            // Skip padding and implicit gaps up to the next entry.
             let mut header = [0u8; HEADER_BYTES];
-            loop {
-                let rest = format::block_rest(pos, block);
-                if rest >= HEADER_BYTES as u64 {
-                    if pos + HEADER_BYTES as u64 > end.0 {
-                        let (held_start, held_end) = consumer.held();
-                        return Err(WalError::Range {
-                            start: Lsn(pos),
-                            end,
-                            held_start,
-                            held_end,
-                        });
-                    }
-                    consumer.copy_range(Lsn(pos), &mut header)?;
-                    if RawHeader::read(&header).kind() != Some(RecordKind::Padding) {
-                        break;
-                    }
-                }
-                pos += rest;
-            }
-            let claimed = RawHeader::read(&header).claimed_len as usize;
-            let record = format::record_bytes(claimed.min(format::max_payload(block))) as u64;
-            let record_end = (pos + record)
-                .min(pos + format::block_rest(pos, block))
-                .min(end.0);
+            let Some((pos, record_end)) = next_record(last.lsn.0, end, block, consumer, |at| {
+                consumer.copy_range(Lsn(at), &mut header)?;
+                Ok(Some(header))
+            })?
+            else {
+                unreachable!("a header the source holds is always read");
+            };
             if record_end - st.buf_start > st.buf.len() as u64 {
                 st = self.make_room(st)?;
                 continue;
             }
-            let at = (last.lsn.0 - st.buf_start) as usize;
-            let from = (pos - st.buf_start) as usize;
-            let to = (record_end - st.buf_start) as usize;
             let state = &mut *st;
-            format::encode_padding(
-                &mut state.buf[at..from],
-                last.lsn,
-                (last.last_index, last.last_term),
+            let (from, to) = (
+                (pos - state.buf_start) as usize,
+                (record_end - state.buf_start) as usize,
             );
             consumer.copy_range(Lsn(pos), &mut state.buf[from..to])?;
-            let invalid = |source| WalError::RemoteRange {
-                lsn: Lsn(pos),
-                index: last.last_index,
-                source,
-            };
-            let decoded = decode(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
-            let header = decoded.header;
-            let mut chain = ChainCheck {
-                last_index: last.last_index,
-                last_term: last.last_term,
-            };
-            chain.advance(&header).map_err(invalid)?;
-            self.staged(state, pos, decoded.record_len, header.index, header.term);
+            self.stage_record(state, pos, record_end, decode)?;
             staged = true;
         }
         let position = st.last;
@@ -297,69 +262,103 @@ impl Wal {
         let block = self.config.block_bytes;
         let mut any = false;
         while state.last.lsn < end {
-            let last = state.last;
-            let mut pos = last.lsn.0;
-            // Skip padding and implicit gaps up to the next entry.
-            let header = loop {
-                let rest = format::block_rest(pos, block);
-                if rest >= HEADER_BYTES as u64 {
-                    if pos + HEADER_BYTES as u64 > end.0 {
-                        let (held_start, held_end) = source.held();
-                        return Err(WalError::Range {
-                            start: Lsn(pos),
-                            end,
-                            held_start,
-                            held_end,
-                        });
-                    }
-                    if pos + HEADER_BYTES as u64 > copied_end {
-                        return Ok(any);
-                    }
-                    let at = (pos - state.buf_start) as usize;
-                    let header = RawHeader::read(
-                        state.buf[at..at + HEADER_BYTES]
-                            .try_into()
-                            .expect("a header's length"),
-                    );
-                    if header.kind() != Some(RecordKind::Padding) {
-                        break header;
-                    }
+            let buf_start = state.buf_start;
+            let buf = &state.buf;
+            let next = next_record(state.last.lsn.0, end, block, source, |at| {
+                let from = (at - buf_start) as usize;
+                Ok((at + HEADER_BYTES as u64 <= copied_end)
+                    .then(|| buf[from..from + HEADER_BYTES].try_into().expect("a header")))
+            })?;
+            match next {
+                Some((pos, record_end)) if record_end <= copied_end => {
+                    self.stage_record(state, pos, record_end, format::decode_verified)?;
+                    any = true;
                 }
-                pos += rest;
-            };
-            let claimed = header.claimed_len as usize;
-            let record = format::record_bytes(claimed.min(format::max_payload(block))) as u64;
-            let record_end = (pos + record)
-                .min(pos + format::block_rest(pos, block))
-                .min(end.0);
-            if record_end > copied_end {
-                return Ok(any);
+                _ => return Ok(any),
             }
-            let at = (last.lsn.0 - state.buf_start) as usize;
-            let from = (pos - state.buf_start) as usize;
-            let to = (record_end - state.buf_start) as usize;
-            // The wal's own padding over the gap, as the record-by-record path writes it.
-            format::encode_padding(
-                &mut state.buf[at..from],
-                last.lsn,
-                (last.last_index, last.last_term),
-            );
-            let invalid = |source| WalError::RemoteRange {
-                lsn: Lsn(pos),
-                index: last.last_index,
-                source,
-            };
-            let decoded =
-                format::decode_verified(&state.buf[from..to], Lsn(pos), block).map_err(invalid)?;
-            let header = decoded.header;
-            let mut chain = ChainCheck {
-                last_index: last.last_index,
-                last_term: last.last_term,
-            };
-            chain.advance(&header).map_err(invalid)?;
-            self.staged(state, pos, decoded.record_len, header.index, header.term);
-            any = true;
         }
         Ok(any)
     }
+
+    /// Stages the record whose bytes lie in the buffer at stream positions `[pos,
+    /// record_end)`, right after the log's end or after a gap (the wal's own padding goes over
+    /// it): checked by `decode` (bounds, Lsn tag, and the checksum unless the source was
+    /// verified) and by the index chain.
+    fn stage_record(
+        &self,
+        state: &mut State,
+        pos: u64,
+        record_end: u64,
+        decode: Decode,
+    ) -> Result<(), WalError> {
+        let last = state.last;
+        let at = (last.lsn.0 - state.buf_start) as usize;
+        let from = (pos - state.buf_start) as usize;
+        let to = (record_end - state.buf_start) as usize;
+        format::encode_padding(
+            &mut state.buf[at..from],
+            last.lsn,
+            (last.last_index, last.last_term),
+        );
+        let invalid = |source| WalError::RemoteRange {
+            lsn: Lsn(pos),
+            index: last.last_index,
+            source,
+        };
+        let decoded =
+            decode(&state.buf[from..to], Lsn(pos), self.config.block_bytes).map_err(invalid)?;
+        let header = decoded.header;
+        let mut chain = ChainCheck {
+            last_index: last.last_index,
+            last_term: last.last_term,
+        };
+        chain.advance(&header).map_err(invalid)?;
+        self.staged(state, pos, decoded.record_len, header.index, header.term);
+        Ok(())
+    }
+}
+
+/// How [`Wal::persist_from`] checks a record: [`format::decode_record`] or, for a verified
+/// source, [`format::decode_verified`].
+type Decode = for<'a> fn(&'a [u8], Lsn, u64) -> Result<format::Decoded<'a>, format::DecodeError>;
+
+/// From the log's end `pos`, skips padding and implicit gaps (each header read by
+/// `header_at`) up to the next record that is not padding, and returns its start and its end,
+/// bounded by its block and by `end`. `Ok(None)`: `header_at` has no header there yet. A
+/// header that would reach past `end` is a range error naming what `source` holds.
+fn next_record<S: RecordSource + ?Sized>(
+    mut pos: u64,
+    end: Lsn,
+    block: u64,
+    source: &S,
+    mut header_at: impl FnMut(u64) -> Result<Option<[u8; HEADER_BYTES]>, WalError>,
+) -> Result<Option<(u64, u64)>, WalError> {
+    let header = loop {
+        let rest = format::block_rest(pos, block);
+        if rest >= HEADER_BYTES as u64 {
+            if pos + HEADER_BYTES as u64 > end.0 {
+                let (held_start, held_end) = source.held();
+                return Err(WalError::Range {
+                    start: Lsn(pos),
+                    end,
+                    held_start,
+                    held_end,
+                });
+            }
+            let Some(bytes) = header_at(pos)? else {
+                return Ok(None);
+            };
+            let header = RawHeader::read(&bytes);
+            if header.kind() != Some(RecordKind::Padding) {
+                break header;
+            }
+        }
+        pos += rest;
+    };
+    let claimed = header.claimed_len as usize;
+    let record = format::record_bytes(claimed.min(format::max_payload(block))) as u64;
+    let record_end = (pos + record)
+        .min(pos + format::block_rest(pos, block))
+        .min(end.0);
+    Ok(Some((pos, record_end)))
 }
