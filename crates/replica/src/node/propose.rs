@@ -14,6 +14,15 @@ impl<F: Fabric> Replica<F> {
     pub(super) fn propose_inner(&mut self, data: &[u8]) -> Result<Ticket, ReplicaError> {
         self.check_proposal(&[data])?;
         let entry = entry_of(self.arena.copy(&[&[TAG_NORMAL], data]));
+        // Where it would be queued anyway, it joins the queue without a vector of its own.
+        let entry = if self.declines_direct() {
+            match self.queue_one(entry) {
+                Ok(tickets) => return Ok(tickets.first()),
+                Err(entry) => entry,
+            }
+        } else {
+            entry
+        };
         Ok(self.propose_entries(vec![entry])?.first())
     }
 
