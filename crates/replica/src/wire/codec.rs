@@ -623,6 +623,63 @@ mod tests {
         got.is_ok()
     }
 
+    /// A `Replicated` descriptor of a batch's last entry: the bytes of the whole message with
+    /// `index`/`log_term` and the entries replaced, and it decodes to exactly that message.
+    #[test]
+    fn a_descriptor_of_part_of_a_message_is_that_message_cut_down() {
+        let mut rng = Rng(0x5eed_cafe);
+        let mut checked = 0;
+        for _ in 0..100 {
+            let mut m = message(&mut rng);
+            if m.entries.is_empty() {
+                continue;
+            }
+            let n = m.entries.len();
+            let prev = match n {
+                1 => (m.index, m.log_term),
+                _ => (m.entries[n - 2].index, m.entries[n - 2].term),
+            };
+            let lsn = (rng.int(), rng.int());
+            let mut thin = Vec::new();
+            let tail = &m.entries.as_slice()[n - 1..];
+            let got = encode_fast_append_of(CLUSTER, &m, prev, tail, lsn.0, lsn.1, &mut thin);
+            m.index = prev.0;
+            m.log_term = prev.1;
+            let last = m.entries[n - 1].clone();
+            m.set_entries(vec![last].into());
+            let mut whole = Vec::new();
+            let want = encode_fast_append(CLUSTER, &m, lsn.0, lsn.1, &mut whole);
+            assert_eq!(got.is_ok(), want.is_ok(), "{m:?}");
+            if want.is_err() {
+                continue;
+            }
+            assert_eq!(thin, whole, "{m:?}");
+            match decode_frame(CLUSTER, &thin).expect("a descriptor decodes") {
+                Frame::FastAppend {
+                    msg,
+                    lsn_start,
+                    lsn_end,
+                } => {
+                    assert_eq!((lsn_start, lsn_end), lsn);
+                    assert_eq!((msg.index, msg.log_term), prev);
+                    assert_eq!(msg.entries.len(), 1);
+                    let (e, want) = (&msg.entries[0], &m.entries[0]);
+                    assert_eq!(
+                        (e.index, e.term, e.get_entry_type()),
+                        (want.index, want.term, want.get_entry_type())
+                    );
+                    assert!(e.data.is_empty(), "a descriptor carries no payload");
+                }
+                other => panic!("a descriptor decoded as {other:?}"),
+            }
+            checked += 1;
+        }
+        assert!(
+            checked >= 20,
+            "only {checked} messages with entries were drawn"
+        );
+    }
+
     #[test]
     fn the_hand_encoder_writes_the_derived_bytes_and_they_decode_the_same() {
         for f in frames(400) {
