@@ -21,7 +21,7 @@ use raft::prelude::{Entry, EntryType, Message, MessageType};
 
 mod codec;
 
-pub use codec::{Frame, decode_frame, encode_fast_append, encode_fast_append_of, encode_raft};
+pub use codec::{Frame, decode_frame, encode_fast_append, encode_fast_append_last, encode_raft};
 
 /// The protocol version this build speaks. Version 2 added snapshot transfer
 /// ([`Body::SnapshotChunk`], [`Body::Snapshot`]); version 3 the session entries and the

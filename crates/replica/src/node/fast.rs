@@ -754,21 +754,8 @@ impl<F: Fabric> Replica<F> {
             // batch's last entry and the one before: a log holding both with these terms
             // holds the whole batch (Log Matching), so a descriptor costs the same at any
             // batch size, to encode, to decode and to step.
-            let n = m.entries.len();
-            let prev = match n {
-                1 => (m.index, m.log_term),
-                _ => (m.entries[n - 2].index, m.entries[n - 2].term),
-            };
             self.send_frame(to, |buf| {
-                wire::encode_fast_append_of(
-                    cluster_id,
-                    m,
-                    prev,
-                    &m.entries.as_slice()[n - 1..],
-                    start,
-                    end,
-                    buf,
-                )
+                wire::encode_fast_append_last(cluster_id, m, start, end, buf)
             });
         } else {
             self.send_frame(to, |buf| {

@@ -163,10 +163,31 @@ pub fn encode_fast_append(
     )
 }
 
+/// [`encode_fast_append`] of `m` cut down to its last entry, the entry before it (or `m`'s
+/// own `index`/`log_term` for one entry) as the message's `index` and `log_term`: a
+/// `Replicated` leader's descriptor, which a follower answers for the whole batch (see
+/// `Replica::try_fast_append`). `m` must carry entries.
+pub fn encode_fast_append_last(
+    cluster_id: u64,
+    m: &Message,
+    lsn_start: u64,
+    lsn_end: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    let entries = m.entries.as_slice();
+    let n = entries.len();
+    debug_assert!(n > 0, "a descriptor of no entry");
+    let prev = match n {
+        0 | 1 => (m.index, m.log_term),
+        _ => (entries[n - 2].index, entries[n - 2].term),
+    };
+    let last = &entries[n.saturating_sub(1)..];
+    encode_fast_append_of(cluster_id, m, prev, last, lsn_start, lsn_end, out)
+}
+
 /// [`encode_fast_append`] of `m` as if it carried only `entries` after the entry `prev`
-/// (index, term): the message's `index` and `log_term` become `prev`'s. A `Replicated`
-/// leader names only a batch's last entry this way (see `Replica::try_fast_append`).
-pub fn encode_fast_append_of(
+/// (index, term).
+fn encode_fast_append_of(
     cluster_id: u64,
     m: &Message,
     prev: (u64, u64),
@@ -641,8 +662,7 @@ mod tests {
             };
             let lsn = (rng.int(), rng.int());
             let mut thin = Vec::new();
-            let tail = &m.entries.as_slice()[n - 1..];
-            let got = encode_fast_append_of(CLUSTER, &m, prev, tail, lsn.0, lsn.1, &mut thin);
+            let got = encode_fast_append_last(CLUSTER, &m, lsn.0, lsn.1, &mut thin);
             m.index = prev.0;
             m.log_term = prev.1;
             let last = m.entries[n - 1].clone();
