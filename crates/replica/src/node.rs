@@ -198,6 +198,10 @@ pub struct ReplicaStats {
     /// Follower, `Durability::Replicated`: entries taken from the ring as the leader placed
     /// them, before (or without) their descriptor.
     pub placed_taken: u64,
+    /// Follower, `Durability::Replicated`: append responses not sent, because they answered
+    /// a descriptor whose entries the leader already counted when its write completed (see
+    /// `Replica::answer_quietly`).
+    pub answers_skipped: u64,
     /// Passes of [`Replica::process_until_resolved`] that stopped at the events that
     /// resolved the caller's ticket, leaving the rest to the next pass.
     pub passes_stopped_at_commit: u64,
@@ -490,6 +494,9 @@ pub struct Replica<F: Fabric> {
     arena: PayloadArena,
     /// The entries a follower takes as placed, before raft's log copies them (kept empty).
     placed_scratch: Vec<Entry>,
+    /// Follower: the ring head of the last ring info sent to a leader (its flow control's
+    /// view of our free room; see [`Replica::answer_quietly`]).
+    ring_head_reported: u64,
     /// [`send::coalesce`]'s merged sizes, kept between `Ready`s.
     coalesce_sizes: Vec<u64>,
     scratch: Vec<u8>,

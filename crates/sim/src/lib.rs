@@ -209,11 +209,13 @@ pub struct Summary {
     pub ring_full: u64,
     /// Snapshots installed by followers (summed over the nodes alive at the end).
     pub snapshots_installed: u64,
-    /// `Durability::Replicated`: appends a leader counted on its write's completion, and
-    /// entries followers took from their rings without a descriptor (summed over the nodes
-    /// alive at the end).
+    /// `Durability::Replicated`: appends a leader counted on its write's completion,
+    /// entries followers took from their rings without a descriptor, and the followers'
+    /// answers to descriptors left unsent because the leader had counted them (summed over
+    /// the nodes alive at the end).
     pub nic_acks: u64,
     pub placed_taken: u64,
+    pub answers_skipped: u64,
     /// [`Options::callers_drive`]: passes that stopped at the events that resolved the
     /// waiting caller's ticket (summed over the nodes alive at the end).
     pub passes_stopped_at_commit: u64,
@@ -1865,6 +1867,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
             let alive = || run.c.nodes.values().flatten();
             run.summary.nic_acks = alive().map(|r| r.stats().nic_acks).sum();
             run.summary.placed_taken = alive().map(|r| r.stats().placed_taken).sum();
+            run.summary.answers_skipped = alive().map(|r| r.stats().answers_skipped).sum();
             run.summary.passes_stopped_at_commit =
                 alive().map(|r| r.stats().passes_stopped_at_commit).sum();
             run.summary.direct_proposals = alive().map(|r| r.stats().direct_proposals).sum();

@@ -124,6 +124,7 @@ fn main() -> anyhow::Result<()> {
     let mut ring_full = 0u64;
     let mut snapshots = 0u64;
     let (mut nic_acks, mut placed_taken, mut stopped) = (0u64, 0u64, 0u64);
+    let mut answers_skipped = 0u64;
     let mut direct = 0u64;
     let mut queued = 0u64;
     let mut last_draw = Instant::now() - Duration::from_secs(1);
@@ -145,6 +146,7 @@ fn main() -> anyhow::Result<()> {
                 snapshots += s.snapshots_installed;
                 nic_acks += s.nic_acks;
                 placed_taken += s.placed_taken;
+                answers_skipped += s.answers_skipped;
                 stopped += s.passes_stopped_at_commit;
                 direct += s.direct_proposals;
                 queued += s.queued_proposals;
@@ -166,8 +168,8 @@ fn main() -> anyhow::Result<()> {
         "{done} seeds passed in {:.1} s: {attempts} client attempts, {acked} acked, \
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
          full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
-         completion, {placed_taken} entries taken as placed, {stopped} passes stopped at a \
-         commit, {direct} proposals written ahead of raft, {queued} queued for a pass",
+         completion, {placed_taken} entries taken as placed, {answers_skipped} answers left \
+         unsent as already counted, {stopped} passes stopped at a commit, {direct} proposals written ahead of raft, {queued} queued for a pass",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");

@@ -415,7 +415,10 @@ impl<F: Fabric> Replica<F> {
             // the descriptor says, then answer for what the log holds.
             self.take_placed();
             if self.holds_descriptor(&m) {
+                let last = Index(m.entries.last().expect("held: not empty").index);
+                let leader = m.from;
                 self.step(m);
+                self.answer_quietly(leader, last);
                 return Ok(());
             }
         }
@@ -567,6 +570,43 @@ impl<F: Fabric> Replica<F> {
             && m.entries
                 .iter()
                 .all(|e| r.raft_log.term(e.index).ok() == Some(e.term))
+    }
+
+    /// Follower, Replicated: drops raft's answer to a descriptor this node held, when it says
+    /// only what the leader already counted. The leader stepped that very response when the
+    /// write that placed the entries completed (a descriptor arrives behind its write on the
+    /// same reliable connection, so the write had landed); sending it too would cost both
+    /// sides a message, a decode and a raft step per append for nothing. Raft tolerates lost
+    /// messages, so this can cost liveness at most, never safety, and it does not: if the
+    /// write's completion failed instead, the leader's raft still counts the follower behind,
+    /// its next append or heartbeat goes by the slow path, and the answer to that is sent.
+    /// A refusal, or an answer to anything but a held descriptor, always goes.
+    ///
+    /// The answer also carries our ring head, the leader's flow control: it is sent anyway
+    /// once the head moved a quarter of the ring since the last report, so the leader's view
+    /// of our free room never lags more than that (a stale view is only ever too small: the
+    /// leader then sends by the slow path, whose answer reports the head).
+    fn answer_quietly(&mut self, leader: u64, last: Index) {
+        let moved = self
+            .consumer
+            .head()
+            .0
+            .saturating_sub(self.ring_head_reported);
+        if moved >= self.cfg.ring_bytes / 4 {
+            return;
+        }
+        let r = &mut self.raw.raft;
+        let only_counted = r.msgs.last().is_some_and(|a| {
+            a.get_msg_type() == MessageType::MsgAppendResponse
+                && a.to == leader
+                && a.term == r.term
+                && !a.reject
+                && a.index == last.0
+        });
+        if only_counted {
+            r.msgs.pop();
+            self.stats.answers_skipped += 1;
+        }
     }
 
     /// Follower, Replicated: takes into raft's log every record our leader placed in the ring

@@ -60,6 +60,9 @@ impl<F: Fabric> Replica<F> {
             self.stats.slow_appends += 1;
         }
         let ring = (self.raw.raft.state != StateRole::Leader).then(|| self.ring_info());
+        if let Some(r) = &ring {
+            self.ring_head_reported = r.ring_head;
+        }
         let cluster_id = self.cfg.cluster_id;
         self.send_frame(to, |buf| {
             wire::encode_raft(cluster_id, &m, ring.as_ref(), buf)

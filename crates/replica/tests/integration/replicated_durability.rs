@@ -9,7 +9,9 @@
 //!   follower takes them from its ring at open, because the ring was left open to writes;
 //! - they survive the leader's death too: the stalled followers take them from their rings
 //!   before they vote, and elect a leader that has them; with the test-only
-//!   `Mutation::NoPlacedTake` the same run loses them, so the test can tell.
+//!   `Mutation::NoPlacedTake` the same run loses them, so the test can tell;
+//! - followers leave unsent the answers the leader already counted, yet report their ring
+//!   head often enough that the leader's flow control never falls back to the slow path.
 
 use std::collections::BTreeMap;
 
@@ -203,4 +205,78 @@ fn stalled_followers_take_the_placed_entries_before_they_vote() {
         "followers that never take placed records kept every entry anyway: the scenario \
          no longer leaves entries only in the rings, and the check above proves nothing"
     );
+}
+
+/// Commits `n` entries of `len` bytes on `leader` one at a time, each acknowledged before
+/// the next, delivering packets and running passes but never a raft tick (so no heartbeat,
+/// whose answers report a follower's ring head too, goes out); returns them.
+fn commit_without_ticks(
+    c: &mut SimCluster,
+    leader: u64,
+    n: u64,
+    len: usize,
+) -> Vec<(u64, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let data: Vec<u8> = (0..len).map(|k| (i as usize * 7 + k) as u8).collect();
+            let t = c.node(leader).propose(&data).unwrap();
+            let index = loop {
+                c.process_all().unwrap();
+                if let Some(r) = c.node(leader).ticket_status(t) {
+                    break r.unwrap();
+                }
+                assert!(
+                    c.net.step(),
+                    "nothing left to deliver, entry {i} not committed"
+                );
+            };
+            (index, data)
+        })
+        .collect()
+}
+
+/// A follower does not answer a descriptor whose entries the leader already counted on its
+/// write's completion (the answer would cost both sides a message and a raft step per
+/// append), yet it still reports its ring head often enough that the leader's flow control
+/// never runs out of room it has: with a ring that wraps several times and no heartbeat,
+/// every append after the warm-up still goes by the fast path.
+#[test]
+fn followers_leave_unsent_the_answers_the_leader_already_counted() {
+    let mut c = SimCluster::new(3, 24, SimConfig::default(), |cfg: &mut ReplicaConfig| {
+        cfg.durability = Durability::Replicated;
+        cfg.segment_bytes = 64 << 20;
+        cfg.ring_bytes = 64 << 10;
+        cfg.block_bytes = 16 << 10;
+        cfg.max_entry_bytes = 8 << 10;
+    })
+    .unwrap();
+    let (leader, mut acked) = warm_up(&mut c);
+    let before: Vec<_> = (1..=3).map(|id| c.node(id).stats()).collect();
+    // 4 KiB entries through a 64 KiB ring: it wraps six times.
+    acked.extend(commit_without_ticks(&mut c, leader, 100, 4096));
+    let after: Vec<_> = (1..=3).map(|id| c.node(id).stats()).collect();
+    let l = (leader - 1) as usize;
+    let slow = after[l].slow_appends - before[l].slow_appends;
+    let fast = after[l].fast_appends - before[l].fast_appends;
+    let skipped: Vec<u64> = (0..3)
+        .filter(|&k| k != l)
+        .map(|k| after[k].answers_skipped - before[k].answers_skipped)
+        .collect();
+    println!(
+        "100 appends of 4 KiB through 64 KiB rings: {fast} fast and {slow} slow appends, \
+         answers left unsent by the followers: {skipped:?}"
+    );
+    for &s in &skipped {
+        assert!(
+            (50..100).contains(&s),
+            "a follower left {s} of 100 answers unsent: it should skip most, and answer at \
+             least once per quarter of its ring"
+        );
+    }
+    assert_eq!(
+        slow, 0,
+        "the leader fell back to the slow path: it did not learn of the room its followers \
+         freed"
+    );
+    verify(&mut c, &acked);
 }
