@@ -119,6 +119,9 @@ pub struct Status {
     pub nic_acks: u64,
     /// Entries it took from its ring as its leader placed them (replicated).
     pub placed: u64,
+    /// Answers to its leader's descriptors it left unsent because the leader had counted
+    /// them on its write's completion (replicated).
+    pub quiet: u64,
     /// Each peer's connection state as `id:state`, comma-separated.
     pub conns: String,
     /// Whether it is recovering from a start that lost entries it may have acknowledged (it
@@ -151,6 +154,7 @@ impl Status {
                 "snap_installed" => s.snap_installed = n()?,
                 "nic_acks" => s.nic_acks = n()?,
                 "placed" => s.placed = n()?,
+                "quiet" => s.quiet = n()?,
                 "conns" => s.conns = v.to_string(),
                 "recovering" => s.recovering = n()? != 0,
                 _ => {}

@@ -18,13 +18,14 @@
 //!   `index` (state: the text `lab checkpoint at <index>`) and truncates the log below it
 //! - `STATUS` → `STATUS id=<id> role=<role> term=<t> leader=<l> commit=<c> last=<i> fast=<n>
 //!   slow=<n> fenced=<n> reconnects=<n> grants=<n> revokes=<n> recovered=<n> first=<n>
-//!   snap_sent=<n> snap_installed=<n> nic_acks=<n> placed=<n> conns=<id>:<state>,...`
+//!   snap_sent=<n> snap_installed=<n> nic_acks=<n> placed=<n> quiet=<n> conns=<id>:<state>,...`
 //!   (`recovered`: entries taken at start-up from the shared-memory ring a crashed process
 //!   left, under `--durability memory` or `replicated`; `first`: the first index the log
 //!   holds; `snap_*`: snapshots sent to followers behind a checkpoint, and installed from the
 //!   leader; `nic_acks`: appends it counted as a follower's when its RDMA Write completed,
-//!   and `placed`: entries it took from its ring as its leader placed them, both under
-//!   `--durability replicated`)
+//!   `placed`: entries it took from its ring as its leader placed them, and `quiet`: answers
+//!   to its leader's descriptors it left unsent because the leader had counted them, all
+//!   three under `--durability replicated`)
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -187,7 +188,7 @@ fn answer(log: &Log<Endpoint>, line: &str) -> String {
                 Role::Candidate => "candidate",
             };
             format!(
-                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} recovered={} first={} snap_sent={} snap_installed={} nic_acks={} placed={} recovering={} conns={}",
+                "STATUS id={} role={role} term={} leader={} commit={} last={} fast={} slow={} fenced={} reconnects={} grants={} revokes={} recovered={} first={} snap_sent={} snap_installed={} nic_acks={} placed={} quiet={} recovering={} conns={}",
                 s.id,
                 s.term,
                 s.leader.unwrap_or(0),
@@ -205,6 +206,7 @@ fn answer(log: &Log<Endpoint>, line: &str) -> String {
                 s.stats.snapshots_installed,
                 s.stats.nic_acks,
                 s.stats.placed_taken,
+                s.stats.answers_skipped,
                 u64::from(s.recovering.is_some()),
                 s.peers
                     .iter()

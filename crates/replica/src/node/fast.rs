@@ -417,8 +417,9 @@ impl<F: Fabric> Replica<F> {
             if self.holds_descriptor(&m) {
                 let last = Index(m.entries.last().expect("held: not empty").index);
                 let leader = m.from;
+                let queued = self.raw.raft.msgs.len();
                 self.step(m);
-                self.answer_quietly(leader, last);
+                self.answer_quietly(leader, last, queued);
                 return Ok(());
             }
         }
@@ -586,7 +587,9 @@ impl<F: Fabric> Replica<F> {
     /// once the head moved a quarter of the ring since the last report, so the leader's view
     /// of our free room never lags more than that (a stale view is only ever too small: the
     /// leader then sends by the slow path, whose answer reports the head).
-    fn answer_quietly(&mut self, leader: u64, last: Index) {
+    /// `queued` is how many messages raft held before it stepped the descriptor: only the
+    /// one that step added is looked at.
+    fn answer_quietly(&mut self, leader: u64, last: Index, queued: usize) {
         let moved = self
             .consumer
             .head()
@@ -596,13 +599,14 @@ impl<F: Fabric> Replica<F> {
             return;
         }
         let r = &mut self.raw.raft;
-        let only_counted = r.msgs.last().is_some_and(|a| {
-            a.get_msg_type() == MessageType::MsgAppendResponse
-                && a.to == leader
-                && a.term == r.term
-                && !a.reject
-                && a.index == last.0
-        });
+        let only_counted = r.msgs.len() == queued + 1
+            && r.msgs.last().is_some_and(|a| {
+                a.get_msg_type() == MessageType::MsgAppendResponse
+                    && a.to == leader
+                    && a.term == r.term
+                    && !a.reject
+                    && a.index == last.0
+            });
         if only_counted {
             r.msgs.pop();
             self.stats.answers_skipped += 1;
