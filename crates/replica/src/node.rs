@@ -317,7 +317,9 @@ struct Peer {
     remote: Option<RemoteRegion>,
     /// The leader's fast-path state for this peer's connection.
     fast: FastPeer,
-    ring_head: u64,
+    /// The first Lsn the follower still holds in its ring, as it last reported: the leader
+    /// never writes past it plus the ring's capacity.
+    ring_head: Lsn,
     last_connect_tick: Option<u64>,
     /// Tick since which the connection has been down, as the higher id of the pair sees it.
     down_since: Option<u64>,
@@ -496,7 +498,7 @@ pub struct Replica<F: Fabric> {
     placed_scratch: Vec<Entry>,
     /// Follower: the ring head of the last ring info sent to a leader (its flow control's
     /// view of our free room; see [`Replica::answer_quietly`]).
-    ring_head_reported: u64,
+    ring_head_reported: Lsn,
     /// [`send::coalesce`]'s merged sizes, kept between `Ready`s.
     coalesce_sizes: Vec<u64>,
     scratch: Vec<u8>,
@@ -1084,7 +1086,7 @@ impl<F: Fabric> Replica<F> {
                 let p = self.peers.entry(peer.0).or_default();
                 p.remote = remote;
                 p.fast.reset();
-                p.ring_head = 0;
+                p.ring_head = Lsn(0);
                 // A new connection starts without remote write: grant again if it is the leader's.
                 if self.granted == Some(peer.0) {
                     self.granted = None;
@@ -1155,7 +1157,7 @@ impl<F: Fabric> Replica<F> {
                 if let (Some(a), Some(b)) = (m.entries.first(), m.entries.last()) {
                     step!(self.cfg.id, "received", a.index, b.index);
                 }
-                self.on_fast_append(peer, m, lsn_start, lsn_end)?;
+                self.on_fast_append(peer, m, Lsn(lsn_start), Lsn(lsn_end))?;
             }
             Frame::SnapshotChunk {
                 index,

@@ -132,8 +132,8 @@ impl FastPeer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct NicAck {
     pub(super) peer: u64,
-    pub(super) index: u64,
-    pub(super) term: u64,
+    pub(super) index: Index,
+    pub(super) term: Term,
 }
 
 /// A signaled RDMA Write still in flight: which peer it goes to, and the Lsn it starts at
@@ -243,21 +243,21 @@ pub(super) enum FastReject {
     /// The descriptor does not continue our log (its previous index or term differs).
     LogEnd,
     /// The descriptor's first byte is not where our ring ends.
-    RingPosition { ours: u64, descriptor: u64 },
+    RingPosition { ours: Lsn, descriptor: Lsn },
     /// No entries, or an empty byte range.
     Empty,
     /// The bytes failed the ring's checks (crc, index chain, term).
     Records(String),
     /// The records end at another index than the descriptor's last entry.
-    LastIndex { records: u64, descriptor: u64 },
+    LastIndex { records: Index, descriptor: Index },
     /// A record the descriptor names is not in the ring.
-    MissingRecord { lsn: u64 },
+    MissingRecord { lsn: Lsn },
     /// A record's header differs from the descriptor's entry.
     Header {
-        index: u64,
-        term: u64,
-        want_index: u64,
-        want_term: u64,
+        index: Index,
+        term: Term,
+        want_index: Index,
+        want_term: Term,
     },
     /// A record's payload is not an entry.
     Payload(String),
@@ -287,7 +287,7 @@ impl fmt::Display for FastReject {
             }
             FastReject::LogEnd => write!(f, "does not continue our log"),
             FastReject::RingPosition { ours, descriptor } => {
-                write!(f, "starts at Lsn {descriptor}, our ring ends at Lsn {ours}")
+                write!(f, "starts at {descriptor}, our ring ends at {ours}")
             }
             FastReject::Empty => write!(f, "carries no entries"),
             FastReject::Records(e) => write!(f, "records fail their checks: {e}"),
@@ -296,9 +296,9 @@ impl fmt::Display for FastReject {
                 descriptor,
             } => write!(
                 f,
-                "records end at index {records}, the descriptor at {descriptor}"
+                "records end at {records}, the descriptor at {descriptor}"
             ),
-            FastReject::MissingRecord { lsn } => write!(f, "no record at Lsn {lsn}"),
+            FastReject::MissingRecord { lsn } => write!(f, "no record at {lsn}"),
             FastReject::Header {
                 index,
                 term,
@@ -306,8 +306,7 @@ impl fmt::Display for FastReject {
                 want_term,
             } => write!(
                 f,
-                "record of index {index} term {term} where the descriptor has index \
-                 {want_index} term {want_term}"
+                "record of {index} {term} where the descriptor has {want_index} {want_term}"
             ),
             FastReject::Payload(e) => write!(f, "a record's payload is not an entry: {e}"),
         }
@@ -348,7 +347,7 @@ impl<F: Fabric> Replica<F> {
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
-        p.ring_head = r.ring_head;
+        p.ring_head = Lsn(r.ring_head);
         if m.term != self.raw.raft.term {
             return;
         }
@@ -389,8 +388,8 @@ impl<F: Fabric> Replica<F> {
         &mut self,
         peer: u64,
         mut m: Message,
-        lsn_start: u64,
-        lsn_end: u64,
+        lsn_start: Lsn,
+        lsn_end: Lsn,
     ) -> Result<(), ReplicaError> {
         if m.term > self.raw.raft.term {
             self.fence_ring();
@@ -398,13 +397,13 @@ impl<F: Fabric> Replica<F> {
         if !self.cfg.durability.commits_on_nic_ack()
             && m.term == self.raw.raft.term
             && self.granted == Some(peer)
-            && lsn_start < self.producer.position().lsn.0
+            && lsn_start < self.producer.position().lsn
         {
             // Under Replicated the records of an earlier write may already have been taken
             // as placed, so this holds only for the other modes.
             tracing::warn!(
                 peer,
-                lsn_start,
+                lsn_start = lsn_start.0,
                 tail = self.producer.position().lsn.0,
                 "the leader wrote over records this follower had accepted"
             );
@@ -464,8 +463,8 @@ impl<F: Fabric> Replica<F> {
         &self,
         peer: u64,
         m: &Message,
-        lsn_start: u64,
-        lsn_end: u64,
+        lsn_start: Lsn,
+        lsn_end: Lsn,
     ) -> Result<(), FastReject> {
         let r = &self.raw.raft;
         if m.term != r.term
@@ -480,9 +479,9 @@ impl<F: Fabric> Replica<F> {
             return Err(FastReject::LogEnd);
         }
         let pos = self.producer.position();
-        if pos.lsn.0 != lsn_start || pos.last_index.0 != m.index {
+        if pos.lsn != lsn_start || pos.last_index.0 != m.index {
             return Err(FastReject::RingPosition {
-                ours: pos.lsn.0,
+                ours: pos.lsn,
                 descriptor: lsn_start,
             });
         }
@@ -493,7 +492,7 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// Validates the leader's bytes and builds raft's entries from them.
-    fn accept_fast(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, FastReject> {
+    fn accept_fast(&mut self, m: &Message, lsn_end: Lsn) -> Result<Vec<Entry>, FastReject> {
         let kept = self.ring_entries.len();
         let r = self.accept_fast_inner(m, lsn_end);
         if r.is_err() {
@@ -502,7 +501,7 @@ impl<F: Fabric> Replica<F> {
         r
     }
 
-    fn accept_fast_inner(&mut self, m: &Message, lsn_end: u64) -> Result<Vec<Entry>, FastReject> {
+    fn accept_fast_inner(&mut self, m: &Message, lsn_end: Lsn) -> Result<Vec<Entry>, FastReject> {
         let before = self.producer.position();
         // The entries are built from the copy the ring's checks just verified (one read and
         // one checksum per record on this side); the first mismatch with the descriptor is
@@ -514,17 +513,17 @@ impl<F: Fabric> Replica<F> {
         let arena = &mut self.arena;
         let after = self
             .producer
-            .accept_written_each(Lsn(lsn_end), |lsn, d| {
+            .accept_written_each(lsn_end, |lsn, d| {
                 let Some(want) = m.entries.get(out.len()).filter(|_| mismatch.is_none()) else {
                     return;
                 };
                 let (index, term) = (d.header.index.0, d.header.term.0);
                 if index != want.index || term != want.term {
                     mismatch = Some(FastReject::Header {
-                        index,
-                        term,
-                        want_index: want.index,
-                        want_term: want.term,
+                        index: d.header.index,
+                        term: d.header.term,
+                        want_index: Index(want.index),
+                        want_term: Term(want.term),
                     });
                     return;
                 }
@@ -540,10 +539,10 @@ impl<F: Fabric> Replica<F> {
                 pos = entry.end;
             })
             .map_err(|e| FastReject::Records(e.to_string()))?;
-        let want_last = m.entries.last().map(|e| e.index).unwrap_or(0);
-        if after.last_index.0 != want_last {
+        let want_last = Index(m.entries.last().map_or(0, |e| e.index));
+        if after.last_index != want_last {
             return Err(FastReject::LastIndex {
-                records: after.last_index.0,
+                records: after.last_index,
                 descriptor: want_last,
             });
         }
@@ -551,9 +550,9 @@ impl<F: Fabric> Replica<F> {
             return Err(reject);
         }
         if out.len() < m.entries.len() {
-            return Err(FastReject::MissingRecord { lsn: pos.0 });
+            return Err(FastReject::MissingRecord { lsn: pos });
         }
-        self.fast_accepted_to = want_last;
+        self.fast_accepted_to = want_last.0;
         Ok(out)
     }
 
@@ -594,7 +593,7 @@ impl<F: Fabric> Replica<F> {
             .consumer
             .head()
             .0
-            .saturating_sub(self.ring_head_reported);
+            .saturating_sub(self.ring_head_reported.0);
         if moved >= self.cfg.ring_bytes / 4 {
             return;
         }
@@ -752,7 +751,7 @@ impl<F: Fabric> Replica<F> {
         }
         let end = last_end;
         // Flow control: never past the follower's head plus its capacity.
-        if end.saturating_sub(p.ring_head) > remote.len_bytes {
+        if end.saturating_sub(p.ring_head.0) > remote.len_bytes {
             return false;
         }
         let cap_local = self.cfg.ring_bytes;
@@ -863,8 +862,8 @@ impl<F: Fabric> Replica<F> {
         }
         let ack = NicAck {
             peer: w.peer,
-            index: last.0,
-            term: r.term,
+            index: last,
+            term: Term(r.term),
         };
         self.stats.nic_acks += 1;
         super::step!(self.cfg.id, "nic_acked", last.0, last.0);
@@ -894,8 +893,8 @@ impl<F: Fabric> Replica<F> {
             ack.set_msg_type(MessageType::MsgAppendResponse);
             ack.from = a.peer;
             ack.to = self.cfg.id;
-            ack.term = a.term;
-            ack.index = a.index;
+            ack.term = a.term.0;
+            ack.index = a.index.0;
             let _ = self.raw.step(ack);
         }
         // Keep the buffer: no allocation per completion.
@@ -929,7 +928,7 @@ impl<F: Fabric> Replica<F> {
     /// never fall along the log and a leader's log holds no term above its own, so every
     /// index from `index` on is of this term and raft-rs's term condition holds with no
     /// look-up.
-    pub(super) fn nic_quorum_reaches(&self, index: u64) -> bool {
+    pub(super) fn nic_quorum_reaches(&self, index: Index) -> bool {
         let r = &self.raw.raft;
         if self.acks_unstepped.is_empty() || r.state != StateRole::Leader {
             return false;
@@ -939,7 +938,7 @@ impl<F: Fabric> Replica<F> {
         }
         // A waiter asks again and again between events: remember the last answer until an
         // event (the work counter), a new completion or a new term can change it.
-        let key = (self.work, self.acks_unstepped.len(), r.term, index);
+        let key = (self.work, self.acks_unstepped.len(), r.term, index.0);
         if let Some((k, reaches)) = self.quorum_memo.get()
             && k == key
         {
@@ -948,15 +947,15 @@ impl<F: Fabric> Replica<F> {
         // The leader holds what its ring holds of its term: raft counts it at its next
         // `Ready`, which persists from there ([`crate::node::direct`]).
         let holds = |id: u64| {
-            r.prs().get(id).is_some_and(|pr| pr.matched >= index)
+            r.prs().get(id).is_some_and(|pr| pr.matched >= index.0)
                 || (id == self.cfg.id
                     && self
-                        .ring_entry(index)
+                        .ring_entry(index.0)
                         .is_some_and(|(_, e)| e.term.0 == r.term))
                 || self
                     .acks_unstepped
                     .iter()
-                    .any(|a| a.peer == id && a.term == r.term && a.index >= index)
+                    .any(|a| a.peer == id && a.term.0 == r.term && a.index >= index)
         };
         // The configuration raft counts with is the one this node stored with it (both change
         // together: at a conf change's apply, and a leader restores no snapshot). Outside a
@@ -1102,16 +1101,16 @@ mod tests {
     #[test]
     fn rejects_name_their_cause() {
         let r = FastReject::RingPosition {
-            ours: 10,
-            descriptor: 20,
+            ours: Lsn(10),
+            descriptor: Lsn(20),
         };
-        assert_eq!(r.to_string(), "starts at Lsn 20, our ring ends at Lsn 10");
+        assert_eq!(r.to_string(), "starts at lsn 20, our ring ends at lsn 10");
         assert!(
             FastReject::Header {
-                index: 5,
-                term: 2,
-                want_index: 5,
-                want_term: 3
+                index: Index(5),
+                term: Term(2),
+                want_index: Index(5),
+                want_term: Term(3)
             }
             .to_string()
             .contains("term 3")

@@ -130,7 +130,7 @@ impl<F: Fabric> Replica<F> {
             encode_buf: Vec::with_capacity(wire::MAX_BODY_BYTES),
             arena: PayloadArena::default(),
             placed_scratch: Vec::new(),
-            ring_head_reported: 0,
+            ring_head_reported: Lsn(0),
             coalesce_sizes: Vec::new(),
             scratch: Vec::new(),
             reads: Reads::default(),

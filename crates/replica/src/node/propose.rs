@@ -324,7 +324,7 @@ impl<F: Fabric> Replica<F> {
             // Under `Replicated` a caller's pass resolves at the write completion that makes
             // the quorum, before raft steps it (the next pass does, and checks that raft's
             // commit index then reaches what was resolved here).
-            if self.nic_quorum_reaches(t.index) {
+            if self.nic_quorum_reaches(Index(t.index)) {
                 let (term, index) = self.nic_promised.get();
                 if term != t.term || index < t.index {
                     self.nic_promised.set((t.term, t.index));

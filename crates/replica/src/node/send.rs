@@ -61,7 +61,7 @@ impl<F: Fabric> Replica<F> {
         }
         let ring = (self.raw.raft.state != StateRole::Leader).then(|| self.ring_info());
         if let Some(r) = &ring {
-            self.ring_head_reported = r.ring_head;
+            self.ring_head_reported = Lsn(r.ring_head);
         }
         let cluster_id = self.cfg.cluster_id;
         self.send_frame(to, |buf| {
