@@ -309,6 +309,11 @@ pub enum Mutation {
     /// wrapper that turns raft-rs's panic on a failed read into a fail-stop: an injected read
     /// error panics the process instead of failing the replica stop.
     TickOutsideFailStop,
+    /// A `Durability::Replicated` follower leaves unsent every accepting answer to its leader,
+    /// not only the ones to descriptors whose entries the leader counted on its write's
+    /// completion (`Replica::answer_quietly`): a leader that closed its fast path to it never
+    /// hears that it caught up.
+    QuietEveryAnswer,
     /// Not a rule of the replica's: the simulator's in-process fabric lets a connection be
     /// used as soon as it is up, before its owner polled its `Connected`
     /// (`fabric::sim::SimConfig::use_before_announced`). The replica ignores it.

@@ -496,7 +496,7 @@ pub struct Replica<F: Fabric> {
     arena: PayloadArena,
     /// The entries a follower takes as placed, before raft's log copies them (kept empty).
     placed_scratch: Vec<Entry>,
-    /// Follower: the ring head of the last ring info sent to a leader (its flow control's
+    /// Follower: the ring head of the last ring info sent to our leader (its flow control's
     /// view of our free room; see [`Replica::answer_quietly`]).
     ring_head_reported: Lsn,
     /// [`send::coalesce`]'s merged sizes, kept between `Ready`s.

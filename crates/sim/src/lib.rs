@@ -307,6 +307,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("conf-change-commit-lags", Mutation::ConfChangeCommitLags),
     ("removed-leader-leads", Mutation::RemovedLeaderLeads),
     ("tick-outside-fail-stop", Mutation::TickOutsideFailStop),
+    ("quiet-every-answer", Mutation::QuietEveryAnswer),
     (
         "use-connection-before-announced",
         Mutation::UseConnectionBeforeAnnounced,

@@ -54,8 +54,11 @@ use replica::{Durability, Mutation};
 /// not what the committed log holds there; proposals ahead of raft, `node::direct`), and the
 /// earlier rules that apply to it, skip-revoke 3 (ring integrity),
 /// private-ring 2, no-recovering-guard 11 (state machine safety), snapshot-own-lsn 6 (Lsn
-/// agreement). ack-before-crc does not apply: in that mode the leader counts the NIC's
-/// completion, which comes before any check of the follower's (see ARCHITECTURE.md).
+/// agreement), and quiet-every-answer 1 (liveness: followers that leave unsent every
+/// accepting answer, not only those their leader counted on a write's completion, never
+/// open its fast path, and the cluster stops committing). ack-before-crc does not apply: in
+/// that mode the leader counts the NIC's completion, which comes before any check of the
+/// follower's (see ARCHITECTURE.md).
 const WITHIN: u64 = 300;
 
 fn first_failure(mutation: Mutation) -> Option<(u64, String)> {
@@ -180,6 +183,20 @@ fn counting_a_write_before_its_grant_of_this_term_is_caught() {
         caught.is_some(),
         "leaders counting completed writes on grants a follower gave for an earlier term went \
          unnoticed for {WITHIN} seeds"
+    );
+}
+
+/// A `Replicated` follower leaving unsent every accepting answer, not only those to the
+/// descriptors whose entries its leader counted on the write's completion: a leader that
+/// closed its fast path to it (a failed write, a reconnect) never hears it caught up again,
+/// and with both followers so the cluster stops committing (liveness).
+#[test]
+fn answering_only_what_the_leader_counted_is_checked() {
+    let caught = first_failure_in(Mutation::QuietEveryAnswer, Some(Durability::Replicated));
+    eprintln!("quiet every answer: {caught:?}");
+    assert!(
+        caught.is_some_and(|(_, v)| v.starts_with("liveness")),
+        "followers leaving every accepting answer unsent went unnoticed for {WITHIN} seeds"
     );
 }
 

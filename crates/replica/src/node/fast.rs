@@ -586,6 +586,7 @@ impl<F: Fabric> Replica<F> {
     /// once the head moved a quarter of the ring since the last report, so the leader's view
     /// of our free room never lags more than that (a stale view is only ever too small: the
     /// leader then sends by the slow path, whose answer reports the head).
+    ///
     /// `queued` is how many messages raft held before it stepped the descriptor: only the
     /// one that step added is looked at.
     fn answer_quietly(&mut self, leader: u64, last: Index, queued: usize) {

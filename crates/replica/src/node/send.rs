@@ -28,6 +28,13 @@ impl<F: Fabric> Replica<F> {
             return;
         }
         if m.get_msg_type() == MessageType::MsgAppendResponse && !m.reject {
+            if self.cfg.mutation == crate::Mutation::QuietEveryAnswer
+                && self.cfg.durability.commits_on_nic_ack()
+            {
+                // The mutation: every accepting answer is taken as one the leader counted.
+                self.stats.answers_skipped += 1;
+                return;
+            }
             step!(self.cfg.id, "answered", m.index, m.index);
         }
         if m.get_msg_type() == MessageType::MsgSnapshot {
@@ -60,7 +67,7 @@ impl<F: Fabric> Replica<F> {
             self.stats.slow_appends += 1;
         }
         let ring = (self.raw.raft.state != StateRole::Leader).then(|| self.ring_info());
-        if let Some(r) = &ring {
+        if let Some(r) = ring.as_ref().filter(|_| to == self.raw.raft.leader_id) {
             self.ring_head_reported = Lsn(r.ring_head);
         }
         let cluster_id = self.cfg.cluster_id;
