@@ -1154,7 +1154,13 @@ impl<F: Fabric> Replica<F> {
                     self.reject_peer(peer);
                     return Ok(());
                 }
-                if let (Some(a), Some(b)) = (m.entries.first(), m.entries.last()) {
+                // Under Replicated the records were received when `take_placed` took them
+                // (it marks them); the descriptor names only the batch's last entry.
+                if let (Some(a), Some(b), false) = (
+                    m.entries.first(),
+                    m.entries.last(),
+                    self.cfg.durability.commits_on_nic_ack(),
+                ) {
                     step!(self.cfg.id, "received", a.index, b.index);
                 }
                 self.on_fast_append(peer, m, Lsn(lsn_start), Lsn(lsn_end))?;
