@@ -13,7 +13,7 @@ use std::fmt;
 
 use fabric::{ConnState, Fabric, NodeId, WcStatus, WriteRequest};
 use raft::StateRole;
-use raft::prelude::{Entry, Message, MessageType};
+use raft::prelude::{Message, MessageType};
 use wal::{Index, Lsn, Term};
 
 use super::{MAX_OUTBOX, Replica, RingEntry};
@@ -425,10 +425,9 @@ impl<F: Fabric> Replica<F> {
         let pos = self.producer.position();
         let checked = self
             .check_fast_descriptor(peer, &m, lsn_start, lsn_end)
-            .and_then(|()| self.accept_fast(&m, lsn_end));
+            .and_then(|()| self.accept_fast(&mut m, lsn_end));
         let why = match checked {
-            Ok(entries) => {
-                m.set_entries(entries.into());
+            Ok(()) => {
                 self.step(m);
                 return Ok(());
             }
@@ -491,8 +490,11 @@ impl<F: Fabric> Replica<F> {
         Ok(())
     }
 
-    /// Validates the leader's bytes and builds raft's entries from them.
-    fn accept_fast(&mut self, m: &Message, lsn_end: Lsn) -> Result<Vec<Entry>, FastReject> {
+    /// Validates the leader's bytes and builds raft's entries from them, in place of the
+    /// descriptor's (which name each entry's index and term, without payload): raft steps
+    /// the message with the vector its decode made, and no other is allocated. On an error
+    /// some of the descriptor's entries may already be replaced.
+    fn accept_fast(&mut self, m: &mut Message, lsn_end: Lsn) -> Result<(), FastReject> {
         let kept = self.ring_entries.len();
         let r = self.accept_fast_inner(m, lsn_end);
         if r.is_err() {
@@ -501,12 +503,13 @@ impl<F: Fabric> Replica<F> {
         r
     }
 
-    fn accept_fast_inner(&mut self, m: &Message, lsn_end: Lsn) -> Result<Vec<Entry>, FastReject> {
+    fn accept_fast_inner(&mut self, m: &mut Message, lsn_end: Lsn) -> Result<(), FastReject> {
         let before = self.producer.position();
         // The entries are built from the copy the ring's checks just verified (one read and
         // one checksum per record on this side); the first mismatch with the descriptor is
         // reported after the records' own checks, as a reader of them one by one would.
-        let mut out = Vec::with_capacity(m.entries.len());
+        let named = m.entries.len();
+        let mut built = 0;
         let mut mismatch = None;
         let mut pos = before.lsn;
         let ring_entries = &mut self.ring_entries;
@@ -514,7 +517,7 @@ impl<F: Fabric> Replica<F> {
         let after = self
             .producer
             .accept_written_each(lsn_end, |lsn, d| {
-                let Some(want) = m.entries.get(out.len()).filter(|_| mismatch.is_none()) else {
+                let Some(want) = m.entries.get_mut(built).filter(|_| mismatch.is_none()) else {
                     return;
                 };
                 let (index, term) = (d.header.index.0, d.header.term.0);
@@ -528,7 +531,10 @@ impl<F: Fabric> Replica<F> {
                     return;
                 }
                 match entry_from_payload_in(arena, index, term, d.payload) {
-                    Ok(entry) => out.push(entry),
+                    Ok(entry) => {
+                        *want = entry;
+                        built += 1;
+                    }
                     Err(e) => {
                         mismatch = Some(FastReject::Payload(e));
                         return;
@@ -549,11 +555,11 @@ impl<F: Fabric> Replica<F> {
         if let Some(reject) = mismatch {
             return Err(reject);
         }
-        if out.len() < m.entries.len() {
+        if built < named {
             return Err(FastReject::MissingRecord { lsn: pos });
         }
         self.fast_accepted_to = want_last.0;
-        Ok(out)
+        Ok(())
     }
 
     /// Follower, Replicated: whether the log already holds every entry a descriptor names
