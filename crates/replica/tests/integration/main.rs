@@ -5,6 +5,7 @@
 //! `lab_*` binary inside the lab.
 
 mod ahead_of_raft;
+mod allocations;
 mod batch_and_tickets;
 mod caller_driven_pass;
 mod commit_broadcast;
