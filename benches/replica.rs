@@ -21,30 +21,36 @@ fn zero_delay() -> SimConfig {
 
 fn round_trip(c: &mut Criterion) {
     let mut g = c.benchmark_group("replicated_commit");
-    for size in [8usize, 64, 512, 4096, 16 * 1024, 64 * 1024] {
-        // Memory durability only: the simulator's disk is FaultFs, whose fsync snapshots whole
-        // files and would measure the test double; Fsync is measured on real disks in the lab.
-        let mut cluster = SimCluster::new(3, 1, zero_delay(), |cfg| {
-            cfg.durability = Durability::Memory;
-            cfg.ring_bytes = 16 << 20;
-        })
-        .expect("cluster");
-        let leader = cluster.elect().expect("leader");
-        let payload = vec![7u8; size];
-        g.throughput(Throughput::Bytes(size as u64));
-        g.bench_with_input(BenchmarkId::new("memory", size), &payload, |b, p| {
-            b.iter(|| {
-                let t = cluster.node(leader).propose(black_box(p)).expect("propose");
-                // Drain the fabric until the ticket resolves; no ticks are needed.
-                loop {
-                    cluster.net.step();
-                    cluster.process_all().expect("process");
-                    if let Some(r) = cluster.node(leader).ticket_status(t) {
-                        break r.expect("committed");
-                    }
-                }
+    // Memory and Replicated (the NIC-acknowledged commit) only: the simulator's disk is
+    // FaultFs, whose fsync snapshots whole files and would measure the test double; Fsync is
+    // measured on real disks in the lab.
+    for (name, durability) in [
+        ("memory", Durability::Memory),
+        ("replicated", Durability::Replicated),
+    ] {
+        for size in [8usize, 64, 512, 4096, 16 * 1024, 64 * 1024] {
+            let mut cluster = SimCluster::new(3, 1, zero_delay(), |cfg| {
+                cfg.durability = durability;
+                cfg.ring_bytes = 16 << 20;
             })
-        });
+            .expect("cluster");
+            let leader = cluster.elect().expect("leader");
+            let payload = vec![7u8; size];
+            g.throughput(Throughput::Bytes(size as u64));
+            g.bench_with_input(BenchmarkId::new(name, size), &payload, |b, p| {
+                b.iter(|| {
+                    let t = cluster.node(leader).propose(black_box(p)).expect("propose");
+                    // Drain the fabric until the ticket resolves; no ticks are needed.
+                    loop {
+                        cluster.net.step();
+                        cluster.process_all().expect("process");
+                        if let Some(r) = cluster.node(leader).ticket_status(t) {
+                            break r.expect("committed");
+                        }
+                    }
+                })
+            });
+        }
     }
     g.finish();
 }
