@@ -228,6 +228,9 @@ pub struct RdmaEndpoint {
     frame: Vec<u8>,
     events: Events,
     wc: Vec<verbs::Completion>,
+    /// The peers a poll walks (overdue admissions, credit updates), kept between polls so
+    /// that a poll allocates nothing.
+    peer_scratch: Vec<NodeId>,
     slot_bytes: usize,
     /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
     /// owner's other threads, through [`Fabric::waiter`]).
@@ -384,6 +387,7 @@ impl RdmaEndpoint {
             frame: Vec::with_capacity(slot_bytes),
             events: Events::default(),
             wc: vec![verbs::Completion::EMPTY; WC_BATCH],
+            peer_scratch: Vec::new(),
             slot_bytes,
             wait,
         })
@@ -1086,22 +1090,26 @@ impl Fabric for RdmaEndpoint {
     fn poll(&mut self, out: &mut [Event]) -> usize {
         self.poll_cm();
         let limit = self.cfg.admission_timeout;
-        let late: Vec<NodeId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.broken && c.admission.overdue(limit))
-            .map(|(p, _)| *p)
-            .collect();
-        for peer in late {
+        let mut peers = std::mem::take(&mut self.peer_scratch);
+        peers.clear();
+        peers.extend(
+            self.conns
+                .iter()
+                .filter(|(_, c)| !c.broken && c.admission.overdue(limit))
+                .map(|(p, _)| *p),
+        );
+        for &peer in &peers {
             self.refuse(peer, "it did not prove it knows the cluster secret in time");
         }
         self.poll_send_cq();
         self.poll_recv_cq();
         // A credit update that found no free send slot is retried here.
-        let peers: Vec<NodeId> = self.conns.keys().copied().collect();
-        for peer in peers {
+        peers.clear();
+        peers.extend(self.conns.keys().copied());
+        for &peer in &peers {
             self.maybe_send_credit(peer);
         }
+        self.peer_scratch = peers;
         self.events.drain_into(out)
     }
 }
