@@ -29,17 +29,11 @@ const REPLICATED: f64 = 18.0;
 /// The same under `Memory`: 22.4 measured.
 const MEMORY: f64 = 23.0;
 /// Allocations per `Replicated` entry with 64 in flight, three replicas: 0.63 measured
-/// (raft-rs's, shared by the entries of a batch).
+/// (the per-batch allocations above, shared by the entries of a batch).
 const PIPELINED: f64 = 1.0;
 
 fn cluster(durability: Durability) -> (SimCluster, u64) {
-    let zero = SimConfig {
-        one_way_ns: 0,
-        per_kib_ns: 0,
-        jitter_ns: 0,
-        ..SimConfig::default()
-    };
-    let mut c = SimCluster::new(3, 1, zero, |cfg: &mut ReplicaConfig| {
+    let mut c = SimCluster::new(3, 1, SimConfig::zero_delay(), |cfg: &mut ReplicaConfig| {
         cfg.durability = durability;
     })
     .unwrap();
