@@ -10,15 +10,6 @@ use fabric::sim::SimConfig;
 use replica::Durability;
 use replica::sim::SimCluster;
 
-fn zero_delay() -> SimConfig {
-    SimConfig {
-        one_way_ns: 0,
-        per_kib_ns: 0,
-        jitter_ns: 0,
-        ..SimConfig::default()
-    }
-}
-
 fn round_trip(c: &mut Criterion) {
     let mut g = c.benchmark_group("replicated_commit");
     // Memory and Replicated (the NIC-acknowledged commit) only: the simulator's disk is
@@ -29,7 +20,7 @@ fn round_trip(c: &mut Criterion) {
         ("replicated", Durability::Replicated),
     ] {
         for size in [8usize, 64, 512, 4096, 16 * 1024, 64 * 1024] {
-            let mut cluster = SimCluster::new(3, 1, zero_delay(), |cfg| {
+            let mut cluster = SimCluster::new(3, 1, SimConfig::zero_delay(), |cfg| {
                 cfg.durability = durability;
                 cfg.ring_bytes = 16 << 20;
             })

@@ -166,18 +166,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.remove(1);
     }
     let n: u64 = args.get(1).map(|a| a.parse()).transpose()?.unwrap_or(1000);
-    let zero = SimConfig {
-        one_way_ns: 0,
-        per_kib_ns: 0,
-        jitter_ns: 0,
-        ..SimConfig::default()
-    };
     let durability: Durability = match args.get(2) {
         Some(d) => d.parse()?,
         None => Durability::Memory,
     };
     let bytes: usize = args.get(3).map(|a| a.parse()).transpose()?.unwrap_or(64);
-    let mut c = SimCluster::new(3, 1, zero, |cfg| cfg.durability = durability)?;
+    let mut c = SimCluster::new(3, 1, SimConfig::zero_delay(), |cfg| {
+        cfg.durability = durability
+    })?;
     let leader = c.elect()?;
     // Let the election's last messages land, so that the runs below start from a quiet cluster.
     c.run_for(50_000_000)?;

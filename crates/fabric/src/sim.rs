@@ -86,6 +86,19 @@ impl Default for SimConfig {
     }
 }
 
+impl SimConfig {
+    /// No network delay, no jitter (the rest as [`SimConfig::default`]): for benchmarks and
+    /// instruction counts, where what remains of a commit is the replicas' own work.
+    pub fn zero_delay() -> Self {
+        SimConfig {
+            one_way_ns: 0,
+            per_kib_ns: 0,
+            jitter_ns: 0,
+            ..SimConfig::default()
+        }
+    }
+}
+
 /// Places a random subset of `data`'s 8-byte words at `base` of `memory`: a write torn on the
 /// wire (its writer crashed, or its target revoked access mid-DMA).
 fn place_torn(rng: &mut SplitMix64, memory: &dyn Memory, base: u64, data: &[u8]) {

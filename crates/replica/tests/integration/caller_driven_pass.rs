@@ -16,13 +16,7 @@ fn cluster(durability: Durability) -> (SimCluster, u64) {
 /// A three-node cluster of `durability` with its fast paths open and nothing in flight: the
 /// cluster and its leader.
 pub fn cluster_with(durability: Durability, mutation: Mutation) -> (SimCluster, u64) {
-    let zero = SimConfig {
-        one_way_ns: 0,
-        per_kib_ns: 0,
-        jitter_ns: 0,
-        ..SimConfig::default()
-    };
-    let mut c = SimCluster::new(3, 5, zero, |cfg: &mut ReplicaConfig| {
+    let mut c = SimCluster::new(3, 5, SimConfig::zero_delay(), |cfg: &mut ReplicaConfig| {
         cfg.durability = durability;
         cfg.mutation = mutation;
     })
