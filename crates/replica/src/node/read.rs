@@ -81,8 +81,17 @@ impl<F: Fabric> Replica<F> {
 
     /// Starts a linearizable read on the leader (raft's ReadIndex, see [`crate::reads`]): the
     /// ticket resolves through [`Replica::read_status`] to an index at or above every entry
-    /// the cluster had committed when this was called. `NotLeader` on any other node.
+    /// the cluster had committed when this was called. `NotLeader` on any other node;
+    /// `Poisoned` once the replica stopped (a failed read of the log here stops it too, as
+    /// in a pass: raft-rs panics on it).
     pub fn read_index(&mut self) -> Result<ReadTicket, ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        self.fail_stop_on_read_error(|r| r.read_index_inner())
+    }
+
+    fn read_index_inner(&mut self) -> Result<ReadTicket, ReplicaError> {
         // A caller may already know of a commit whose write completions raft has not stepped
         // yet: step them, so that the read index covers it.
         if self.cfg.mutation != crate::Mutation::ReadBeforeNicAcks {
