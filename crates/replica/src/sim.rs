@@ -44,7 +44,27 @@ pub struct SimCluster {
     /// (`PollMode::Busy`): [`SimCluster::process_all`] runs that node's pass with
     /// [`Replica::process_until_resolved`]. Cleared when the process dies.
     pub waiting: BTreeMap<u64, crate::Ticket>,
+    /// Nodes of [`SimCluster::waiting`] whose caller, the moment its ticket resolves, starts
+    /// a linearizable read there ([`Replica::read_index`]) before anything else runs on the
+    /// node, as a busy caller reading its own write does; it then stops waiting. Cleared
+    /// with `waiting`.
+    pub read_on_resolve: std::collections::BTreeSet<u64>,
+    /// The reads so started since the driver last took them.
+    pub reads_on_resolve: Vec<ReadOnResolve>,
     next_tick: u64,
+}
+
+/// A read a caller started the moment its ticket resolved ([`SimCluster::read_on_resolve`]).
+#[derive(Debug)]
+pub struct ReadOnResolve {
+    /// The node.
+    pub node: u64,
+    /// The append ticket that resolved.
+    pub resolved: crate::Ticket,
+    /// The read's ticket, or why the node refused it.
+    pub read: Result<crate::ReadTicket, ReplicaError>,
+    /// Virtual time it started.
+    pub at_ns: u64,
 }
 
 impl SimCluster {
@@ -69,6 +89,8 @@ impl SimCluster {
             fail_stop: false,
             failed: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            read_on_resolve: Default::default(),
+            reads_on_resolve: Vec::new(),
             next_tick: 10_000_000,
         };
         let spread = ReplicaConfig::new(1, Vec::new(), 0, PathBuf::new()).election_tick;
@@ -117,6 +139,18 @@ impl SimCluster {
                     Some(&t) => r.process_until_resolved(t),
                     None => r.process(),
                 };
+                if let (Ok(()), Some(&t)) = (&pass, self.waiting.get(id)) {
+                    if self.read_on_resolve.contains(id) && r.ticket_status(t).is_some() {
+                        self.read_on_resolve.remove(id);
+                        self.waiting.remove(id);
+                        self.reads_on_resolve.push(ReadOnResolve {
+                            node: *id,
+                            resolved: t,
+                            read: r.read_index(),
+                            at_ns: self.net.now(),
+                        });
+                    }
+                }
                 if let Err(e) = pass {
                     if !self.fail_stop {
                         return Err(e);
@@ -231,6 +265,7 @@ impl SimCluster {
         // out.
         self.disks[&id].crash_now();
         self.waiting.remove(&id);
+        self.read_on_resolve.remove(&id);
         if let Some(r) = self.nodes.insert(id, None).flatten() {
             r.abandon();
         }
@@ -242,6 +277,7 @@ impl SimCluster {
     pub fn stop(&mut self, id: u64) -> Result<(), ReplicaError> {
         self.paused.remove(&id);
         self.waiting.remove(&id);
+        self.read_on_resolve.remove(&id);
         let closed = match self.nodes.insert(id, None).flatten() {
             Some(r) => r.close(),
             None => Ok(()),
@@ -257,6 +293,7 @@ impl SimCluster {
         self.paused.remove(&id);
         self.net.kill_process(NodeId(id));
         self.waiting.remove(&id);
+        self.read_on_resolve.remove(&id);
         if let Some(r) = self.nodes.insert(id, None).flatten() {
             r.abandon();
         }

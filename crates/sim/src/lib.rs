@@ -23,6 +23,7 @@
 pub mod check;
 mod episodes;
 pub mod rates;
+mod reads;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -91,6 +92,11 @@ pub struct Options {
     /// apply, the answers) runs one pass later. The seed family of `tests/callers_drive.rs`;
     /// off by default, so the CI seeds' runs stay as they were.
     pub callers_drive: bool,
+    /// Clients also read through raft's ReadIndex (`Replica::read_index`), and every answer is
+    /// checked against what was committed and acknowledged before the read began (see
+    /// `reads`). The seed family of `tests/reads.rs`; off by default, so the CI seeds' runs
+    /// stay as they were.
+    pub reads: bool,
 }
 
 /// Clients with a session each, when [`Options::sessions`] is on.
@@ -109,6 +115,7 @@ impl Default for Options {
             sessions: false,
             kill_mid_op: true,
             callers_drive: false,
+            reads: false,
         }
     }
 }
@@ -225,6 +232,11 @@ pub struct Summary {
     /// Proposals a leader queued for its next pass, which stepped them into raft as one
     /// (summed over the nodes alive at the end).
     pub queued_proposals: u64,
+    /// Linearizable reads started (accepted by a leader), answered and checked, and refused
+    /// (`NotLeader` at once or later).
+    pub reads_started: u64,
+    pub reads_answered: u64,
+    pub reads_refused: u64,
     /// Virtual time the run took, ns.
     pub virtual_ns: u64,
     /// A hash of the run's event trace (same seed, same trace).
@@ -314,6 +326,8 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ),
     ("condition-on-commit", Mutation::ConditionOnCommit),
     ("dedup-committed-only", Mutation::DedupCommittedOnly),
+    ("read-without-quorum", Mutation::ReadWithoutQuorum),
+    ("read-before-nic-acks", Mutation::ReadBeforeNicAcks),
 ];
 
 /// The flags of `rdmalog-sim` that select `options` (beside the seed), so that a failure's
@@ -341,6 +355,7 @@ fn replay_flags(o: &Options) -> String {
         (o.conditional, " --conditional"),
         (o.sessions, " --sessions"),
         (o.callers_drive, " --callers-drive"),
+        (o.reads, " --reads"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
     ] {
         if on {
@@ -422,6 +437,13 @@ struct Run {
     episode_rng: SplitMix64,
     /// The clients of [`Options::sessions`].
     clients: Vec<SessionClient>,
+    /// The nodes that acknowledged a client's append in this step's `drive_clients`, in
+    /// order (a client of [`Options::reads`] may read on one at once).
+    acked_on: Vec<u64>,
+    /// Linearizable reads in flight.
+    reads: Vec<reads::ReadOp>,
+    /// The seed's generator for reads, so seeds without reads run as before.
+    read_rng: SplitMix64,
 }
 
 fn mix(h: u64, v: u64) -> u64 {
@@ -1429,6 +1451,11 @@ impl Run {
         if let (true, Ok(tickets)) = (self.options.callers_drive, &result) {
             if let Some(&last) = tickets.last() {
                 self.c.waiting.insert(node, last);
+                if self.options.reads && self.read_rng.below(2) == 0 {
+                    self.c.read_on_resolve.insert(node);
+                } else {
+                    self.c.read_on_resolve.remove(&node);
+                }
             }
         }
         let incarnation = self.incarnations.get(&node).copied().unwrap_or(0);
@@ -1516,6 +1543,7 @@ impl Run {
                     }
                     if let Outcome::Acked { index, .. } = outcome {
                         self.summary.acked += 1;
+                        self.acked_on.push(a_node);
                         self.ops[op].done = true;
                         self.event(format!("op {op} acked at index {index}"));
                         continue;
@@ -1554,6 +1582,7 @@ impl Run {
         self.c
             .run_for(STEP_NS)
             .map_err(|e| format!("the cluster failed outside fail-stop: {e}"))?;
+        self.take_reads_on_resolve();
         for (id, why) in std::mem::take(&mut self.c.failed) {
             self.checker.node_restarted(id);
             *self.incarnations.entry(id).or_default() += 1;
@@ -1838,6 +1867,9 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         removal_asked: BTreeMap::new(),
         episode: None,
         episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0002),
+        acked_on: Vec::new(),
+        reads: Vec::new(),
+        read_rng: SplitMix64::new(seed ^ 0x4ead_1de0_0000_0003),
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.drive()))
         .unwrap_or_else(|panic| {
@@ -1896,6 +1928,7 @@ impl Run {
                 self.inject_faults()?;
             }
             self.drive_clients(true);
+            self.drive_reads(true)?;
             self.step()?;
             self.retire_removed();
             self.replace_lost();
@@ -1916,6 +1949,7 @@ impl Run {
         let last = self.new_ops(1);
         loop {
             self.drive_clients(false);
+            self.drive_reads(false)?;
             if self.quiet() {
                 break;
             }
@@ -1944,6 +1978,8 @@ impl Run {
         if !acked_last {
             return Err("liveness: the append made after the repair was never acknowledged".into());
         }
+        // One linearizable read too, with a bound of its own.
+        self.final_read(self.now() + LIVENESS_ELECTION_TIMEOUTS * election_ns)?;
         self.checker.check_history(&self.history)
     }
 }

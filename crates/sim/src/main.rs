@@ -61,6 +61,10 @@ struct Args {
     /// events that commit it (the seed family of tests/callers_drive.rs).
     #[arg(long)]
     callers_drive: bool,
+    /// Clients also make linearizable reads, each answer checked against what was committed
+    /// and acknowledged before it began (the seed family of tests/reads.rs).
+    #[arg(long)]
+    reads: bool,
     /// Never kill a process in the middle of a disk operation (the schedule seeds had before
     /// that fault existed).
     #[arg(long)]
@@ -96,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         conditional: args.conditional,
         sessions: args.sessions,
         callers_drive: args.callers_drive,
+        reads: args.reads,
         kill_mid_op: !args.no_kill_mid_op,
         ..sim::Options::default()
     };
@@ -127,6 +132,7 @@ fn main() -> anyhow::Result<()> {
     let mut answers_skipped = 0u64;
     let mut direct = 0u64;
     let mut queued = 0u64;
+    let (mut reads_started, mut reads_answered, mut reads_refused) = (0u64, 0u64, 0u64);
     let mut last_draw = Instant::now() - Duration::from_secs(1);
     for seed in args.start..args.start.saturating_add(count) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -150,6 +156,9 @@ fn main() -> anyhow::Result<()> {
                 stopped += s.passes_stopped_at_commit;
                 direct += s.direct_proposals;
                 queued += s.queued_proposals;
+                reads_started += s.reads_started;
+                reads_answered += s.reads_answered;
+                reads_refused += s.reads_refused;
             }
             Err(f) => {
                 eprintln!("\n{f}");
@@ -169,7 +178,9 @@ fn main() -> anyhow::Result<()> {
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
          full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
          completion, {placed_taken} entries taken as placed, {answers_skipped} answers left \
-         unsent as already counted, {stopped} passes stopped at a commit, {direct} proposals written ahead of raft, {queued} queued for a pass",
+         unsent as already counted, {stopped} passes stopped at a commit, {direct} proposals written ahead of raft, {queued} queued for a pass, \
+         {reads_started} linearizable reads started, {reads_answered} answered and checked, \
+         {reads_refused} refused",
         started.elapsed().as_secs_f64()
     );
     println!("seeds per durability mode: {modes:?}");

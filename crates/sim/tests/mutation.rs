@@ -34,11 +34,12 @@ use replica::{Durability, Mutation};
 /// (a rule of the in-process fabric's) was caught at seed 928 once; since a leader coalesces
 /// its appends no seed of the CI budget catches it, so
 /// `replica/tests/integration/woken_leader_after_reconnect.rs` sets up its one
-/// situation on purpose and catches it on 5 of its 6 seeds. `read-without-quorum` is
-/// not here either: the simulator's clients do not read
-/// through raft's ReadIndex; `replica/tests/integration/linearizable_reads.rs` catches it deterministically
-/// (a deposed leader answers below the new commit index), as `read-before-nic-acks` is by
-/// `replica/tests/integration/caller_driven_pass.rs`. `nic-quorum-any-index` is caught by the
+/// situation on purpose and catches it on 5 of its 6 seeds. `read-without-quorum` and
+/// `read-before-nic-acks` are caught by the seed family of linearizable reads
+/// (`tests/reads.rs`: at seed 17 of `--reads`, and at seed 1 of `--reads --callers-drive
+/// --durability replicated`; the default options make no reads but the final one), and
+/// deterministically by `replica/tests/integration/linearizable_reads.rs` (a deposed leader
+/// answers below the new commit index) and `replica/tests/integration/caller_driven_pass.rs`. `nic-quorum-any-index` is caught by the
 /// callers-drive seed family at its first seed (`tests/callers_drive.rs`): only a caller's
 /// pass resolves tickets from unstepped write completions. `removed-leader-leads` is caught
 /// by regression seed 10,500,953 of `Durability::Fsync` (a panic) and deterministically by

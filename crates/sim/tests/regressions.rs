@@ -406,3 +406,20 @@ fn seed_10700044_sessions_a_client_that_refused_itself() {
         },
     );
 }
+
+/// A panic: a client's linearizable read on a leader whose disk failed the read raft-rs made
+/// of its log (the term of its commit index, to see whether it committed in its own term)
+/// unwound out of `Replica::read_index`: raft-rs panics on any storage error it does not
+/// expect, and only the passes and proposals turned that into a fail-stop. Found by the first
+/// run of the `--reads` family. Fixed in `replica` (`read_index` fail-stops like a pass, and
+/// refuses `Poisoned` once stopped).
+#[test]
+fn seed_30001061_reads_a_read_error_in_a_linearizable_read() {
+    pass_with(
+        30_001_061,
+        sim::Options {
+            reads: true,
+            ..sim::Options::default()
+        },
+    );
+}
