@@ -1726,6 +1726,38 @@ impl Run {
     }
 }
 
+/// A seed that caught a mutation, and how.
+#[derive(Clone, Debug)]
+pub struct Catch {
+    /// The seed.
+    pub seed: u64,
+    /// Its failure with the mutation on.
+    pub failure: Box<Failure>,
+}
+
+/// For the mutation tests: the first of `seeds` that fails with `options` (a mutation on),
+/// once the same seed with the same options but no mutation has passed, so that the catch is
+/// the mutation's and not some other failure of that seed. `Err` holds the failure of that
+/// run without the mutation.
+pub fn first_catch(
+    options: Options,
+    seeds: impl IntoIterator<Item = u64>,
+) -> Result<Option<Catch>, Box<Failure>> {
+    let Some(catch) = seeds.into_iter().find_map(|seed| {
+        run(seed, options, false)
+            .err()
+            .map(|failure| Catch { seed, failure })
+    }) else {
+        return Ok(None);
+    };
+    let unmutated = Options {
+        mutation: Mutation::None,
+        ..options
+    };
+    run(catch.seed, unmutated, false)?;
+    Ok(Some(catch))
+}
+
 /// Runs one seed with `options`; `verbose` prints every event to stderr.
 pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Failure>> {
     let mut rng = SplitMix64::new(seed ^ 0x5157_0bad_cafe_f00d);

@@ -52,13 +52,11 @@ fn every_seed_holds_with_passes_stopping_at_a_commit() {
 }
 
 /// The first seed of the family, every seed `Replicated`, that fails with `mutation` on: the
-/// seed and the failure's report.
+/// seed and the failure's report. Panics if that seed fails without the mutation too.
 fn first_catch(mutation: Mutation) -> Option<(u64, String)> {
-    (1..=seeds()).find_map(|seed| {
-        sim::run(seed, options(mutation, Some(Durability::Replicated)), false)
-            .err()
-            .map(|f| (seed, f.to_string()))
-    })
+    sim::first_catch(options(mutation, Some(Durability::Replicated)), 1..=seeds())
+        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
+        .map(|c| (c.seed, c.failure.to_string()))
 }
 
 #[test]

@@ -43,11 +43,9 @@ fn conditional_appends_commit_right_after_the_end_they_expected() {
 
 #[test]
 fn the_family_catches_a_condition_checked_against_the_commit_index() {
-    let caught = (1..=seeds()).find_map(|seed| {
-        sim::run(seed, options(Mutation::ConditionOnCommit), false)
-            .err()
-            .map(|f| (seed, f.to_string()))
-    });
+    let caught = sim::first_catch(options(Mutation::ConditionOnCommit), 1..=seeds())
+        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
+        .map(|c| (c.seed, c.failure.to_string()));
     let Some((seed, why)) = caught else {
         panic!("no seed of 1..={} caught condition-on-commit", seeds());
     };

@@ -3,8 +3,8 @@
 //! number of seeds.
 //!
 //! Method: run seeds 1.. with the mutation on and the seed's own fault rates; the first
-//! failing seed must come within `WITHIN` seeds. The same seeds pass without the mutation (the
-//! CI run covers them).
+//! failing seed must come within `WITHIN` seeds, and must pass with the same options without
+//! the mutation (`sim::first_catch`), so that a catch is the mutation's own.
 
 use replica::{Durability, Mutation};
 
@@ -71,7 +71,8 @@ fn first_failure_in(mutation: Mutation, durability: Option<Durability>) -> Optio
     first_failure_within(mutation, durability, WITHIN)
 }
 
-/// The first of seeds `1..=seeds` that catches `mutation`, and what caught it.
+/// The first of seeds `1..=seeds` that catches `mutation`, and what caught it. Panics if that
+/// seed fails without the mutation too (the catch would prove nothing).
 fn first_failure_within(
     mutation: Mutation,
     durability: Option<Durability>,
@@ -82,11 +83,16 @@ fn first_failure_within(
         durability,
         ..sim::Options::default()
     };
-    (1..=seeds).find_map(|seed| {
-        sim::run(seed, options, false)
-            .err()
-            .map(|f| (seed, f.violation.clone()))
-    })
+    caught_by(options, 1..=seeds)
+}
+
+/// The first of `seeds` that fails with `options` (a mutation on), and its violation; panics
+/// if that seed fails without the mutation too.
+fn caught_by(options: sim::Options, seeds: impl IntoIterator<Item = u64>) -> Option<(u64, String)> {
+    match sim::first_catch(options, seeds) {
+        Ok(catch) => catch.map(|c| (c.seed, c.failure.violation.clone())),
+        Err(f) => panic!("the catching seed fails without the mutation too:\n{f}"),
+    }
 }
 
 /// A node that stores a membership change with the commit index it had before comes back
@@ -300,7 +306,7 @@ fn sending_raft_batches_unrepaired_is_caught() {
         kill_mid_op: false,
         ..sim::Options::default()
     };
-    let caught = sim::run(1088, options, false).err().map(|f| f.violation);
+    let caught = caught_by(options, [1088]).map(|(_, v)| v);
     eprintln!("unrepaired raft batches, seed 1088: {caught:?}");
     assert!(
         caught.is_some_and(|v| v.starts_with("well-formed messages")),
@@ -321,7 +327,7 @@ fn cutting_the_wal_before_the_ring_is_caught() {
         durability: Some(Durability::Replicated),
         ..sim::Options::default()
     };
-    let caught = sim::run(501055, options, false).err().map(|f| f.violation);
+    let caught = caught_by(options, [501055]).map(|(_, v)| v);
     eprintln!("cut wal before ring, seed 501055: {caught:?}");
     assert!(
         caught.is_some_and(|v| v.starts_with("liveness")),
@@ -342,9 +348,7 @@ fn ticking_outside_the_fail_stop_wrapper_is_caught() {
         conditional: true,
         ..sim::Options::default()
     };
-    let caught = sim::run(9_800_079, options, false)
-        .err()
-        .map(|f| f.violation);
+    let caught = caught_by(options, [9_800_079]).map(|(_, v)| v);
     eprintln!("tick outside fail-stop, seed 9800079: {caught:?}");
     assert!(
         caught.is_some_and(|v| v.starts_with("panic")),

@@ -84,12 +84,11 @@ fn every_answered_read_covers_what_was_committed_before_it_with_callers_driving(
 }
 
 /// The first seed of `1..=seeds()` that fails with `options`: the seed and the report.
+/// Panics if that seed fails without the mutation too.
 fn first_catch(options: sim::Options) -> Option<(u64, String)> {
-    (1..=seeds()).find_map(|seed| {
-        sim::run(seed, options, false)
-            .err()
-            .map(|f| (seed, f.to_string()))
-    })
+    sim::first_catch(options, 1..=seeds())
+        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
+        .map(|c| (c.seed, c.failure.to_string()))
 }
 
 #[test]

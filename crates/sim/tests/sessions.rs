@@ -52,11 +52,9 @@ fn no_session_entry_is_committed_twice() {
 
 #[test]
 fn the_family_catches_a_leader_that_forgets_its_unapplied_entries() {
-    let caught = (1..=seeds()).find_map(|seed| {
-        sim::run(seed, options(Mutation::DedupCommittedOnly), false)
-            .err()
-            .map(|f| (seed, f.to_string()))
-    });
+    let caught = sim::first_catch(options(Mutation::DedupCommittedOnly), 1..=seeds())
+        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
+        .map(|c| (c.seed, c.failure.to_string()));
     let Some((seed, why)) = caught else {
         panic!("no seed of 1..={} caught dedup-committed-only", seeds());
     };
