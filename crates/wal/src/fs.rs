@@ -167,6 +167,8 @@ struct FaultState {
     fail_next_sync_of: Option<String>,
     /// Fail the next read with EIO.
     fail_next_read: bool,
+    /// Fail the next write with EIO after this many of its bytes reached the file.
+    fail_next_write: Option<usize>,
     /// Total bytes of all files may not exceed this (ENOSPC).
     space_limit: Option<u64>,
 }
@@ -317,6 +319,13 @@ impl FaultFs {
         self.lock().fail_next_read = true;
     }
 
+    /// Makes the next write fail with EIO after its first `reached` bytes reached the file
+    /// (the page cache: a short write, then the error), as a failing disk or controller may
+    /// do. Later writes succeed.
+    pub fn fail_next_write(&self, reached: usize) {
+        self.lock().fail_next_write = Some(reached);
+    }
+
     /// Disarms a read failure no read has taken yet.
     pub fn clear_read_failure(&self) {
         self.lock().fail_next_read = false;
@@ -379,6 +388,7 @@ impl FaultFs {
         state.fail_next_sync = false;
         state.fail_next_sync_of = None;
         state.fail_next_read = false;
+        state.fail_next_write = None;
     }
 
     /// The bytes of a file as the process sees them (for tests that corrupt files).
@@ -468,6 +478,8 @@ impl WalFile for FaultHandle {
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.with(true, |state, id| {
+            let failing = state.fail_next_write.take();
+            let buf = &buf[..failing.map_or(buf.len(), |reached| reached.min(buf.len()))];
             let end = offset as usize + buf.len();
             let current = state.files[&id].data.len();
             if end > current {
@@ -488,7 +500,10 @@ impl WalFile for FaultHandle {
             let last = (end as u64).div_ceil(FAULT_SECTOR_BYTES as u64);
             file.dirty_sectors.extend(first..last);
             file.lost_sectors.retain(|s| !(first..last).contains(s));
-            Ok(())
+            match failing {
+                Some(_) => Err(rustix::io::Errno::IO.into()),
+                None => Ok(()),
+            }
         })
     }
 

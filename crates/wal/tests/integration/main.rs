@@ -9,6 +9,7 @@ mod crash_consistency;
 mod decode_fuzz;
 mod enospc;
 mod failed_sync;
+mod failed_write;
 mod foreign_segments;
 mod fsync_poison;
 mod group_commit;
