@@ -1050,4 +1050,80 @@ mod tests {
             Err(DecodeError::Checksum { .. })
         ));
     }
+
+    /// The bytes are where docs/FORMAT.md puts them: the offsets and sizes of its tables
+    /// written out here as numbers, not through the constants the code uses, so a constant
+    /// changed in the code alone fails this.
+    #[test]
+    fn the_layout_is_the_documented_one() {
+        let le32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let le64 = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+
+        // Section 2: an entry record of a 5-byte payload at Lsn 0x1_2345_6788.
+        let payload = b"hello";
+        let mut rec = [0xffu8; 40];
+        let len = encode_entry(&mut rec, Lsn(0x1_2345_6788), Index(77), Term(5), payload);
+        assert_eq!(len, 40, "32-byte header, 5 bytes, aligned to 8");
+        assert_eq!(le32(&rec, 4), 5, "payload_len at 4");
+        assert_eq!(le64(&rec, 8), 77, "index at 8");
+        assert_eq!(le64(&rec, 16), 5, "term at 16");
+        assert_eq!(le32(&rec, 24), 0x2345_6788, "lsn_low at 24");
+        assert_eq!(rec[28], 1, "version 1 at 28");
+        assert_eq!(rec[29], 1, "kind 1 (entry) at 29");
+        assert_eq!(&rec[30..32], &[0, 0], "reserved");
+        assert_eq!(&rec[32..37], payload, "the payload after the header");
+        assert_eq!(&rec[37..40], &[0, 0, 0], "zero alignment");
+        let mut covered = rec[4..32].to_vec();
+        covered.extend_from_slice(payload);
+        assert_eq!(
+            le32(&rec, 0),
+            crc32c::crc32c(&covered),
+            "crc of 4..32 and the payload"
+        );
+
+        // Section 3: a segment header.
+        let seg = SegmentHeader {
+            block_bytes: 4096,
+            cluster_id: 0x0102_0304_0506_0708,
+            first_index: Index(11),
+            first_lsn: Lsn(8192),
+            prev_term: Term(2),
+            data_bytes: 16384,
+            window_bytes: 8192,
+        }
+        .encode();
+        assert_eq!(seg.len(), 64);
+        assert_eq!(&seg[0..8], b"RDMALOG\0", "magic");
+        assert_eq!(le32(&seg, 8), 1, "version at 8");
+        assert_eq!(le32(&seg, 12), 4096, "block_bytes at 12");
+        assert_eq!(le64(&seg, 16), 0x0102_0304_0506_0708, "cluster_id at 16");
+        assert_eq!(le64(&seg, 24), 11, "first_index at 24");
+        assert_eq!(le64(&seg, 32), 8192, "first_lsn at 32");
+        assert_eq!(le64(&seg, 40), 2, "prev_term at 40");
+        assert_eq!(le64(&seg, 48), 16384, "data_bytes at 48");
+        assert_eq!(le32(&seg, 56), 8192, "window_bytes at 56");
+        assert_eq!(
+            le32(&seg, 60),
+            crc32c::crc32c(&seg[..60]),
+            "crc of 0..60 at 60"
+        );
+
+        // Section 3: a truncation marker.
+        let marker = TruncationMarker {
+            kind: TruncationKind::Restart,
+            keep_lsn: Lsn(6144),
+        }
+        .encode();
+        assert_eq!(marker.len(), 32);
+        assert_eq!(&marker[0..8], b"RLWALCUT", "magic");
+        assert_eq!(le32(&marker, 8), 1, "version at 8");
+        assert_eq!(le32(&marker, 12), 2, "kind 2 (restart) at 12");
+        assert_eq!(le64(&marker, 16), 6144, "keep_lsn at 16");
+        assert_eq!(
+            le32(&marker, 24),
+            crc32c::crc32c(&marker[..24]),
+            "crc of 0..24 at 24"
+        );
+        assert_eq!(&marker[28..32], &[0; 4], "reserved");
+    }
 }
