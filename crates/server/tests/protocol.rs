@@ -1136,3 +1136,56 @@ fn trim_and_retention_delete_old_segments_and_readers_behind_get_compacted() {
         assert!(m.contains("rdmalog_retention_failures_total 0\n"), "{m}");
     }
 }
+
+/// A connection keeps at most `max_in_flight` requests pending: past that the server reads
+/// nothing more from it until an answer goes out, so a pipelining client is held back by TCP,
+/// not queued without bound. Two reads that wait for an index far ahead (`AtLeast`) stay
+/// pending until `append_timeout`; an append pipelined behind them is not read, so not in the
+/// log, until they are answered; then it is, and the answers come back in request order.
+#[test]
+fn a_connection_keeps_at_most_max_in_flight_requests_pending() {
+    use proto::ReadConsistency;
+    let c = cluster(|o| {
+        o.max_in_flight = 2;
+        // Far longer than the look below takes, even on a loaded machine.
+        o.append_timeout = Duration::from_secs(5);
+    });
+    let l = c.leader();
+    let log = c.server(l).log().clone();
+    let mut client = connect(c.server(l).client_addr(), None);
+    let before = log.status().last_index;
+    for id in 1..=2 {
+        let far = Request::ReadWith {
+            id,
+            from: 1,
+            max_bytes: 1 << 10,
+            consistency: ReadConsistency::AtLeast(1 << 40),
+        };
+        write_frame(&mut client.s, &far).unwrap();
+    }
+    let behind = Request::Append {
+        id: 3,
+        entries: vec![b"behind two waiting reads".to_vec()],
+    };
+    write_frame(&mut client.s, &behind).unwrap();
+    // Well inside the reads' timeout: the append is still unread.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        log.status().last_index,
+        before,
+        "the server took a third request while two were pending"
+    );
+    // The reads time out, in order, and only then is the append read and committed.
+    for id in 1..=2 {
+        let r = client.recv();
+        assert!(
+            matches!(r, Response::Error { id: Some(i), code: ErrorCode::Timeout, .. } if i == id),
+            "{r:?}"
+        );
+    }
+    let r = client.recv();
+    let Response::Appended { first, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert!(first > before, "{r:?}");
+}
