@@ -60,8 +60,8 @@ fn partitions_heal_and_a_cut_off_leader_cannot_commit() {
 
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
-fn power_loss_of_all_three_keeps_every_acknowledged_entry() {
-    s::power_loss_of_all_three_keeps_every_acknowledged_entry(&Setup::LAB_RDMA);
+fn kill_9_of_all_three_keeps_every_acknowledged_entry() {
+    s::kill_9_of_all_three_keeps_every_acknowledged_entry(&Setup::LAB_RDMA);
 }
 
 #[test]
@@ -156,8 +156,8 @@ fn tcp_leader_crash_mid_load_fails_over_and_rejoins() {
 
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
-fn tcp_power_loss_of_all_three_keeps_every_acknowledged_entry() {
-    s::power_loss_of_all_three_keeps_every_acknowledged_entry(&Setup::LAB_TCP);
+fn tcp_kill_9_of_all_three_keeps_every_acknowledged_entry() {
+    s::kill_9_of_all_three_keeps_every_acknowledged_entry(&Setup::LAB_TCP);
 }
 
 #[test]

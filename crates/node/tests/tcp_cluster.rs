@@ -50,7 +50,7 @@ fn leader_crash_mid_load_fails_over_and_rejoins() {
 
 #[test]
 fn kill_9_of_all_three_keeps_every_acknowledged_entry() {
-    run(s::power_loss_of_all_three_keeps_every_acknowledged_entry);
+    run(s::kill_9_of_all_three_keeps_every_acknowledged_entry);
 }
 
 #[test]

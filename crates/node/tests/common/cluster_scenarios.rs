@@ -574,7 +574,7 @@ pub fn partitions_heal_and_a_cut_off_leader_cannot_commit(setup: &Setup) {
     println!("the cut-off leader's append is in no node's committed log");
 }
 
-pub fn power_loss_of_all_three_keeps_every_acknowledged_entry(setup: &Setup) {
+pub fn kill_9_of_all_three_keeps_every_acknowledged_entry(setup: &Setup) {
     assert!(
         setup.loopback || std::env::var_os("RDMALOG_LAB_DISK").is_some(),
         "this test needs the lab's ext4 disk: run the lab with --disk-mib (ops/test does)"
