@@ -1189,3 +1189,40 @@ fn a_connection_keeps_at_most_max_in_flight_requests_pending() {
     };
     assert!(first > before, "{r:?}");
 }
+
+/// A connection with nothing pending, no tail and no frame for `idle_timeout` is closed with
+/// an error frame that says so (docs/PROTOCOL.md, section 3); a tailing connection is not,
+/// however long nothing commits, and still streams what commits later.
+#[test]
+fn an_idle_connection_is_closed_and_a_tail_never_idles_out() {
+    let idle = Duration::from_millis(400);
+    let c = cluster(|o| o.idle_timeout = idle);
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+
+    let mut quiet = connect(addr, None);
+    let mut tail = connect(addr, None);
+    write_frame(&mut tail.s, &Request::Tail { id: 7, from: 1 }).unwrap();
+    // Three idle timeouts with nothing to say on either connection.
+    std::thread::sleep(idle * 3);
+    let (code, message) = refused(quiet.s.try_clone().unwrap());
+    assert_eq!(code, ErrorCode::Malformed, "{message}");
+    assert!(message.contains("idle"), "{message}");
+    drop(quiet);
+
+    // The tail is still open: what commits now reaches it.
+    let mut writer = connect(addr, None);
+    let Response::Appended { first, .. } = append(&mut writer, b"after a long quiet") else {
+        panic!("the append failed")
+    };
+    loop {
+        match tail.recv() {
+            Response::Entries { id: 7, entries, .. } => {
+                if entries.iter().any(|e| e.index == first) {
+                    break;
+                }
+            }
+            other => panic!("the tail got {other:?}"),
+        }
+    }
+}
