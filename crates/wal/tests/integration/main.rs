@@ -16,6 +16,7 @@ mod group_commit;
 mod inspect;
 mod mid_log_corruption;
 mod model;
+mod repair_crash;
 mod replicate_through_ring;
 mod restart_at;
 mod rotation_crash;
