@@ -1195,4 +1195,92 @@ mod tests {
         fs.corrupt(&dir.join("raft-state"), 20, &[0xFF]);
         assert!(sf.load().unwrap_err().contains("checksum"));
     }
+
+    /// Writes a file the way an older version did: `magic`, `version`, the crc of `body`,
+    /// `body`.
+    fn write_old(fs: &FaultFs, path: &Path, magic: &[u8; 4], version: u32, body: &[u8]) {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(magic);
+        buf.extend_from_slice(&version.to_le_bytes());
+        buf.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+        buf.extend_from_slice(body);
+        fs.create(path).unwrap().write_all_at(&buf, 0).unwrap();
+    }
+
+    /// A raft-state of version 1 (no history, no guard) or 2 (no guard) reads with the guard
+    /// set to "the ring may be in use, not recovering", never the other way round: a missing
+    /// ring then counts as lost (docs/FORMAT.md, section 10). A later store writes version 3
+    /// and keeps that guard.
+    #[test]
+    fn old_state_files_read_with_the_ring_taken_to_be_in_use() {
+        let mut hs = HardState::default();
+        hs.term = 4;
+        hs.vote = 2;
+        hs.commit = 17;
+        let mut cs = ConfState::default();
+        cs.voters = vec![1, 2, 3];
+        let mut v1 = Vec::new();
+        for v in [hs.term, hs.vote, hs.commit] {
+            v1.extend_from_slice(&v.to_le_bytes());
+        }
+        encode_conf(&cs, &mut v1);
+        let mut v2 = v1.clone();
+        v2.extend_from_slice(&0u64.to_le_bytes()); // the history's base index
+        encode_conf(&cs, &mut v2);
+        v2.extend_from_slice(&0u64.to_le_bytes()); // no changes since
+        for (version, body) in [(1, v1), (2, v2)] {
+            let fs = Arc::new(FaultFs::new());
+            let dir = Path::new("/d");
+            fs.create_dir_all(dir).unwrap();
+            write_old(&fs, &dir.join("raft-state"), STATE_MAGIC, version, &body);
+            let mut sf = StateFile::new(fs.clone(), dir);
+            let loaded = sf.load().unwrap().expect("a state");
+            assert_eq!(
+                (loaded.hs, &loaded.cs),
+                (hs.clone(), &cs),
+                "version {version}"
+            );
+            assert_eq!(loaded.history, ConfHistory::new(0, cs.clone()));
+            assert!(
+                loaded.guard.ring_in_use,
+                "version {version}: the ring not in use"
+            );
+            assert_eq!(loaded.guard.recovering_above_term, None);
+            sf.store(&hs, &cs, &loaded.history).unwrap();
+            let file = fs.read_file(&dir.join("raft-state")).unwrap();
+            assert_eq!(&file[4..8], &STATE_VERSION.to_le_bytes());
+            let again = StateFile::new(fs.clone(), dir).load().unwrap().unwrap();
+            assert_eq!(again.guard, loaded.guard, "version {version}: rewritten");
+        }
+    }
+
+    /// A version 1 snapshot (its data the Lsn, then the state) reads as a checkpoint without
+    /// sessions, its state intact.
+    #[test]
+    fn an_old_snapshot_reads_as_having_no_sessions() {
+        let fs = Arc::new(FaultFs::new());
+        let dir = Path::new("/d");
+        fs.create_dir_all(dir).unwrap();
+        let mut cs = ConfState::default();
+        cs.voters = vec![1, 2, 3];
+        let mut body = Vec::new();
+        body.extend_from_slice(&9u64.to_le_bytes());
+        body.extend_from_slice(&2u64.to_le_bytes());
+        encode_conf(&cs, &mut body);
+        let mut data = 4096u64.to_le_bytes().to_vec();
+        data.extend_from_slice(b"the state");
+        body.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        body.extend_from_slice(&data);
+        write_old(&fs, &dir.join("snapshot"), SNAPSHOT_MAGIC, 1, &body);
+        let snap = SnapshotFile::new(fs.clone(), dir).load().unwrap().unwrap();
+        assert_eq!(
+            (snap.get_metadata().index, snap.get_metadata().term),
+            (9, 2)
+        );
+        let cp = CheckpointData::decode(&snap.data).unwrap();
+        assert_eq!(cp.lsn, 4096);
+        assert!(cp.sessions.is_empty());
+        assert!(cp.session_table().unwrap().is_empty());
+        assert_eq!(cp.state, b"the state");
+    }
 }

@@ -77,7 +77,10 @@ fn each_crash_point(tear: bool) {
         assert_eq!(entries[4].2, b"after the repair");
     }
     eprintln!("{repair_ops} operations in the repair; {interrupted} opens cut short");
-    assert_eq!(interrupted, repair_ops, "every cut point falls inside the open");
+    assert_eq!(
+        interrupted, repair_ops,
+        "every cut point falls inside the open"
+    );
 }
 
 #[test]
