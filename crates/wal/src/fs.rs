@@ -169,6 +169,9 @@ struct FaultState {
     fail_next_read: bool,
     /// Fail the next write with EIO after this many of its bytes reached the file.
     fail_next_write: Option<usize>,
+    /// The most bytes ever written but not yet durable at once (see
+    /// [`FaultFs::track_unsynced`]), when tracked.
+    unsynced_high: Option<u64>,
     /// Total bytes of all files may not exceed this (ENOSPC).
     space_limit: Option<u64>,
 }
@@ -188,6 +191,24 @@ struct FaultFile {
 impl FaultState {
     fn used_bytes(&self) -> u64 {
         self.files.values().map(|f| f.data.len() as u64).sum()
+    }
+
+    /// Per file, the span of bytes written that differ from the disk's, summed.
+    fn unsynced_bytes(&self) -> u64 {
+        let mut total = 0;
+        for f in self.files.values() {
+            let differs = |at: usize| f.data[at] != f.durable.get(at).copied().unwrap_or(0);
+            let mut span: Option<(usize, usize)> = None;
+            for &sector in &f.dirty_sectors {
+                let start = sector as usize * FAULT_SECTOR_BYTES;
+                let end = (start + FAULT_SECTOR_BYTES).min(f.data.len());
+                for at in (start..end).filter(|&at| differs(at)) {
+                    span = Some(span.map_or((at, at), |(lo, hi)| (lo.min(at), hi.max(at))));
+                }
+            }
+            total += span.map_or(0, |(lo, hi)| (hi - lo + 1) as u64);
+        }
+        total
     }
 
     /// Counts one mutating operation and fails it if the machine has "crashed" or the process
@@ -324,6 +345,19 @@ impl FaultFs {
     /// do. Later writes succeed.
     pub fn fail_next_write(&self, reached: usize) {
         self.lock().fail_next_write = Some(reached);
+    }
+
+    /// From now on, after every write, measures the bytes written but not durable yet: per
+    /// file, the span from the first to the last byte whose content differs from the disk's,
+    /// summed over the files (zeroes written over zeroes do not count). Costs a scan of the
+    /// written sectors per write; for tests. See [`FaultFs::unsynced_high_water`].
+    pub fn track_unsynced(&self) {
+        self.lock().unsynced_high.get_or_insert(0);
+    }
+
+    /// The most bytes [`FaultFs::track_unsynced`] measured at once since it was called.
+    pub fn unsynced_high_water(&self) -> u64 {
+        self.lock().unsynced_high.unwrap_or(0)
     }
 
     /// Disarms a read failure no read has taken yet.
@@ -500,6 +534,10 @@ impl WalFile for FaultHandle {
             let last = (end as u64).div_ceil(FAULT_SECTOR_BYTES as u64);
             file.dirty_sectors.extend(first..last);
             file.lost_sectors.retain(|s| !(first..last).contains(s));
+            if state.unsynced_high.is_some() {
+                let now = state.unsynced_bytes();
+                state.unsynced_high = state.unsynced_high.map(|h| h.max(now));
+            }
             match failing {
                 Some(_) => Err(rustix::io::Errno::IO.into()),
                 None => Ok(()),

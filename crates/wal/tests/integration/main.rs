@@ -23,4 +23,5 @@ mod rotation_crash;
 mod segment_gap;
 mod torn_tail;
 mod truncate_prefix_keeps_the_checkpoint_entry;
+mod unsynced_window;
 mod verified_copy;
