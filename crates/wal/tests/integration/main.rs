@@ -21,6 +21,7 @@ mod replicate_through_ring;
 mod restart_at;
 mod rotation_crash;
 mod segment_gap;
+mod suffix_cut_crash;
 mod torn_tail;
 mod truncate_prefix_keeps_the_checkpoint_entry;
 mod unsynced_window;
