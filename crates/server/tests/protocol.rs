@@ -1226,3 +1226,63 @@ fn an_idle_connection_is_closed_and_a_tail_never_idles_out() {
         }
     }
 }
+
+/// A client that stops reading while the server has frames for it (here a tail of a few
+/// megabytes it never reads) is disconnected once a write blocks for `frame_timeout`, without
+/// an error frame (docs/PROTOCOL.md, section 1): its connection thread does not hang on it,
+/// and the server goes on serving others.
+#[test]
+fn a_client_that_stops_reading_is_disconnected() {
+    let frame_timeout = Duration::from_millis(500);
+    let c = cluster(|o| o.frame_timeout = frame_timeout);
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+    let mut writer = connect(addr, None);
+    let chunk = vec![0x5A; 60 << 10];
+    for _ in 0..8 {
+        let r = writer.call(|id| Request::Append {
+            id,
+            entries: vec![chunk.clone(); 16],
+        });
+        assert!(matches!(r, Response::Appended { .. }), "{r:?}");
+    }
+    // About 7.5 MiB to stream: more than the socket buffers on both sides hold.
+    let mut stuck = connect(addr, None);
+    write_frame(&mut stuck.s, &Request::Tail { id: 1, from: 1 }).unwrap();
+    std::thread::sleep(frame_timeout * 6);
+    // Reading now drains what the buffers held, then finds the connection closed.
+    stuck
+        .s
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t = Instant::now();
+    let mut sink = vec![0u8; 1 << 20];
+    let mut drained = 0usize;
+    let closed = loop {
+        match stuck.s.read(&mut sink) {
+            Ok(0) => break true,
+            Ok(n) => drained += n,
+            // Still open, with nothing more to say: not closed.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break false;
+            }
+            Err(_) => break true,
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            break false;
+        }
+    };
+    assert!(closed, "the server kept a client that stopped reading");
+    assert!(
+        drained < 8 * 16 * chunk.len(),
+        "the whole tail arrived ({drained} bytes): the client never blocked the server"
+    );
+    // The server still serves.
+    let r = append(&mut writer, b"after the stuck client");
+    assert!(matches!(r, Response::Appended { .. }), "{r:?}");
+}
