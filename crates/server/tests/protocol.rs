@@ -1200,7 +1200,7 @@ fn an_idle_connection_is_closed_and_a_tail_never_idles_out() {
     let l = c.leader();
     let addr = c.server(l).client_addr();
 
-    let mut quiet = connect(addr, None);
+    let quiet = connect(addr, None);
     let mut tail = connect(addr, None);
     write_frame(&mut tail.s, &Request::Tail { id: 7, from: 1 }).unwrap();
     // Three idle timeouts with nothing to say on either connection.
