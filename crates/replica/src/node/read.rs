@@ -118,8 +118,14 @@ impl<F: Fabric> Replica<F> {
     /// `None` while read `t` is unconfirmed, or confirmed above this node's commit index;
     /// `Some(Ok(index))` once a read of the committed log here is linearizable for it (then
     /// the ticket is spent); `Some(Err(NotLeader))` if this node stopped leading `t`'s term
-    /// before a majority confirmed it.
+    /// before a majority confirmed it; `Some(Err(Poisoned))` once the replica stopped.
     pub fn read_status(&mut self, t: ReadTicket) -> Option<Result<u64, ReplicaError>> {
+        if let Some(p) = &self.poisoned {
+            // A stopped replica confirms nothing more; the caller must not wait for it.
+            let e = ReplicaError::Poisoned(p.clone());
+            self.reads.forget(t);
+            return Some(Err(e));
+        }
         if let Some(index) = self.reads.index_of(t) {
             if self.commit_index() < index {
                 return None;
