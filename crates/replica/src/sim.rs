@@ -65,6 +65,9 @@ pub struct ReadOnResolve {
     pub read: Result<crate::ReadTicket, ReplicaError>,
     /// Virtual time it started.
     pub at_ns: u64,
+    /// The highest commit index of any live node when the pass that started it began: every
+    /// entry up to it was committed before the read.
+    pub committed_before: u64,
 }
 
 impl SimCluster {
@@ -133,6 +136,11 @@ impl SimCluster {
     /// Lets every live node process what is pending.
     pub fn process_all(&mut self) -> Result<(), ReplicaError> {
         let mut dead = Vec::new();
+        let committed_before = if self.read_on_resolve.is_empty() {
+            0
+        } else {
+            self.max_commit()
+        };
         for (id, r) in self.nodes.iter_mut() {
             if let Some(r) = r.as_mut().filter(|_| !self.paused.contains(id)) {
                 let pass = match self.waiting.get(id) {
@@ -148,6 +156,7 @@ impl SimCluster {
                             resolved: t,
                             read: r.read_index(),
                             at_ns: self.net.now(),
+                            committed_before,
                         });
                     }
                 }
@@ -164,6 +173,16 @@ impl SimCluster {
             self.failed.insert(id, why);
         }
         Ok(())
+    }
+
+    /// The highest commit index of the live nodes.
+    pub fn max_commit(&self) -> u64 {
+        self.nodes
+            .values()
+            .flatten()
+            .map(Replica::commit_index)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Runs the cluster for `ns` of virtual time.

@@ -39,7 +39,7 @@ pub(crate) struct ReadOp {
     incarnation: u64,
     ticket: ReadTicket,
     invoked_ns: u64,
-    /// The highest index any node had committed when the read began (the checker's view).
+    /// The highest index any node had committed when the read began.
     committed_before: u64,
     /// The append acknowledged before the read began at the highest index: that index and
     /// its attempt in the history.
@@ -83,10 +83,14 @@ impl Run {
 
     /// Starts a linearizable read on `node`; a refusal ends it at once.
     fn start_read(&mut self, node: u64) -> Option<ReadTicket> {
+        if self.c.paused.contains(&node) {
+            return None; // its process is stopped: the request waits in the socket, unread
+        }
+        let committed_before = self.c.max_commit();
         let r = self.c.nodes.get_mut(&node).and_then(Option::as_mut)?;
         match r.read_index() {
             Ok(ticket) => {
-                self.track_read(node, ticket, self.c.net.now(), None);
+                self.track_read(node, ticket, self.c.net.now(), committed_before, None);
                 Some(ticket)
             }
             Err(_) => {
@@ -97,14 +101,16 @@ impl Run {
     }
 
     /// Tracks read `ticket`, begun on `node` at `invoked_ns`, with what it must cover: the
-    /// highest index a node had committed by the checker's last look, and the highest index of
-    /// an append acknowledged before (clients' acknowledgements so far, and `own`, one the
-    /// reading caller itself was just told of, with its attempt).
+    /// highest index a node had committed before it began (`committed_before`, or the
+    /// checker's view if that is higher), and the highest index of an append acknowledged
+    /// before (clients' acknowledgements so far, and `own`, one the reading caller itself was
+    /// just told of, with its attempt).
     fn track_read(
         &mut self,
         node: u64,
         ticket: ReadTicket,
         invoked_ns: u64,
+        committed_before: u64,
         own: Option<(u64, usize)>,
     ) {
         let acked_before = self
@@ -123,7 +129,7 @@ impl Run {
             incarnation: self.incarnations.get(&node).copied().unwrap_or(0),
             ticket,
             invoked_ns,
-            committed_before: self.checker.max_committed(),
+            committed_before: committed_before.max(self.checker.max_committed()),
             acked_before,
         });
     }
@@ -156,7 +162,7 @@ impl Run {
                     .map(|k| (index, k)),
                 _ => None,
             };
-            self.track_read(begun.node, ticket, begun.at_ns, own);
+            self.track_read(begun.node, ticket, begun.at_ns, begun.committed_before, own);
         }
     }
 

@@ -36,7 +36,7 @@ use replica::{Durability, Mutation};
 /// `replica/tests/integration/woken_leader_after_reconnect.rs` sets up its one
 /// situation on purpose and catches it on 5 of its 6 seeds. `read-without-quorum` and
 /// `read-before-nic-acks` are caught by the seed family of linearizable reads
-/// (`tests/reads.rs`: at seed 17 of `--reads`, and at seed 1 of `--reads --callers-drive
+/// (`tests/reads.rs`: at seed 27 of `--reads`, and at seed 1 of `--reads --callers-drive
 /// --durability replicated`; the default options make no reads but the final one), and
 /// deterministically by `replica/tests/integration/linearizable_reads.rs` (a deposed leader
 /// answers below the new commit index) and `replica/tests/integration/caller_driven_pass.rs`. `nic-quorum-any-index` is caught by the
