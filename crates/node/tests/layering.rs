@@ -21,6 +21,15 @@ fn dependencies(name: &str) -> BTreeSet<String> {
     let mut inside = false;
     for line in manifest.lines().map(str::trim) {
         if line.starts_with('[') {
+            // A dependency as a table of its own: `[dependencies.name]`.
+            if let Some(name) = line
+                .strip_prefix("[dependencies.")
+                .and_then(|rest| rest.strip_suffix(']'))
+            {
+                out.insert(name.trim_matches('"').to_owned());
+                inside = false;
+                continue;
+            }
             // Target-specific dependencies count too; dev- and build-dependencies do not.
             inside = line == "[dependencies]"
                 || (line.ends_with(".dependencies]") && line.starts_with("[target."));

@@ -512,8 +512,6 @@ impl WalFile for FaultHandle {
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.with(true, |state, id| {
-            let failing = state.fail_next_write.take();
-            let buf = &buf[..failing.map_or(buf.len(), |reached| reached.min(buf.len()))];
             let end = offset as usize + buf.len();
             let current = state.files[&id].data.len();
             if end > current {
@@ -525,6 +523,10 @@ impl WalFile for FaultHandle {
                     return Err(no_space());
                 }
             }
+            // An armed failure is taken by the next write that gets this far.
+            let failing = state.fail_next_write.take();
+            let buf = &buf[..failing.map_or(buf.len(), |reached| reached.min(buf.len()))];
+            let end = offset as usize + buf.len();
             let file = state.files.get_mut(&id).expect("checked above");
             if end > file.data.len() {
                 file.data.resize(end, 0);

@@ -33,10 +33,22 @@ fn open_with(fs: &FaultFs, config: WalConfig) -> Result<wal::Wal, WalError> {
     wal::Wal::open(dyn_fs, Path::new(DIR), config).map(|(wal, _)| wal)
 }
 
+/// Every file of the log directory with its bytes.
+fn files(fs: &FaultFs) -> Vec<(String, Option<Vec<u8>>)> {
+    fs.names(Path::new(DIR))
+        .into_iter()
+        .map(|n| {
+            let bytes = fs.read_file(&Path::new(DIR).join(&n));
+            (n, bytes)
+        })
+        .collect()
+}
+
 fn refused_then_intact(changed: WalConfig, field: &str) {
     let fs = FaultFs::new();
     let before = written(&fs);
     assert_eq!(before.len(), 40);
+    let on_disk = files(&fs);
     match open_with(&fs, changed) {
         Err(WalError::SegmentMismatch { reason, .. }) => {
             assert!(
@@ -47,6 +59,7 @@ fn refused_then_intact(changed: WalConfig, field: &str) {
         Err(e) => panic!("refused, but not as a segment of another configuration: {e}"),
         Ok(_) => panic!("a log whose segments have another {field} was opened"),
     }
+    assert!(files(&fs) == on_disk, "the refused open changed the files");
     let wal = open(&fs).expect("the log opens as it was written");
     assert_eq!(read_all(&wal), before, "the refused open changed the log");
 }
