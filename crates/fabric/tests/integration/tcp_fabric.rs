@@ -794,40 +794,47 @@ fn garbage_from_a_peer_breaks_only_its_connection() {
     });
 }
 
-/// A configured peer's address that says a valid hello and then sends a message, or a write
-/// into the advertised region, before it proved it knows the cluster secret: refused, with
-/// nothing delivered or placed. One that proves nothing is dropped once `admission_timeout`
-/// passed. (README, "Peers": nothing a peer sends is acted on before it proved the secret.)
-#[test]
-fn data_before_the_proof_is_refused_and_a_peer_that_never_proves_is_dropped() {
-    let port = 28300;
+/// A peer's hello to node A of a secret-holding endpoint on `port`, answered with A's hello:
+/// the stream, and the address and key of A's advertised region.
+fn hello_to_a(port: u16) -> (TcpStream, u64, u32) {
+    let mut s = TcpStream::connect(addr(port, A)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&fake_peer_hello(B.0, 16)).unwrap();
+    let mut reply = [0u8; 64];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(reply[4], 1, "the endpoint answers with its hello");
+    let region = u64::from_le_bytes(reply[8 + 32..16 + 32].try_into().unwrap());
+    let rkey = u32::from_le_bytes(reply[8 + 48..12 + 48].try_into().unwrap());
+    (s, region, rkey)
+}
+
+fn secret_holder(port: u16, admission_timeout: Duration) -> Node {
     let mut cfg = config(A, &[B], port);
     cfg.secret = Some(Arc::new(b"correct horse battery staple".to_vec()));
-    cfg.admission_timeout = Duration::from_millis(500);
-    let mut a = open(cfg, true);
+    cfg.admission_timeout = admission_timeout;
+    open(cfg, true)
+}
+
+fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(&[kind, 0, 0, 0]);
+    f.extend_from_slice(body);
+    f
+}
+
+/// A configured peer's address that says a valid hello and then sends a message, or a write
+/// into the advertised region, before it proved it knows the cluster secret: refused, with
+/// nothing delivered or placed. (README, "Peers": nothing a peer sends is acted on before it
+/// proved the secret.) The admission deadline is far away, so no refusal here is its doing.
+#[test]
+fn data_before_the_proof_is_refused() {
+    let port = 28300;
+    let mut a = secret_holder(port, Duration::from_secs(30));
     let mut before = vec![0u8; 4096];
     read_bytes(a.mem.as_ref(), 0, &mut before);
-    // A peer's hello, answered with the endpoint's, which carries its advertised region.
-    let hello = || {
-        let mut s = TcpStream::connect(addr(port, A)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(&fake_peer_hello(B.0, 16)).unwrap();
-        let mut reply = [0u8; 64];
-        s.read_exact(&mut reply).unwrap();
-        assert_eq!(reply[4], 1, "the endpoint answers with its hello");
-        let at = |o: usize| u64::from_le_bytes(reply[8 + o..16 + o].try_into().unwrap());
-        let rkey = u32::from_le_bytes(reply[8 + 48..12 + 48].try_into().unwrap());
-        (s, at(32), rkey)
-    };
-    let frame = |kind: u8, body: &[u8]| {
-        let mut f = (body.len() as u32).to_le_bytes().to_vec();
-        f.extend_from_slice(&[kind, 0, 0, 0]);
-        f.extend_from_slice(body);
-        f
-    };
 
     // A message (kind 4: grant, then the message).
-    let (mut s, _, _) = hello();
+    let (mut s, _, _) = hello_to_a(port);
     let mut body = 0u64.to_le_bytes().to_vec();
     body.extend_from_slice(b"let me in");
     s.write_all(&frame(4, &body)).unwrap();
@@ -839,34 +846,66 @@ fn data_before_the_proof_is_refused_and_a_peer_that_never_proves_is_dropped() {
     drop(s);
 
     // A write into the advertised region (kind 3: grant, rkey and padding, address, data).
-    let (mut s, region, rkey) = hello();
+    // The connection has no grant before admission: the placement refuses it
+    // (`RemoteAccess`), or, when the I/O thread gets to it before the endpoint took the
+    // connection up, the endpoint finds it closed and refuses it.
+    let ended = |n: &Node| {
+        n.events
+            .iter()
+            .filter(|e| matches!(e, Event::Disconnected { .. }))
+            .count()
+    };
+    assert_eq!(ended(&a), 1);
+    let (mut s, region, rkey) = hello_to_a(port);
     let mut body = u64::MAX.to_le_bytes().to_vec();
     body.extend_from_slice(&rkey.to_le_bytes());
     body.extend_from_slice(&[0; 4]);
     body.extend_from_slice(&region.to_le_bytes());
     body.extend_from_slice(&[0xEE; 256]);
     s.write_all(&frame(3, &body)).unwrap();
-    // The connection has no grant before admission: the placement refuses the write.
     until(&mut [&mut a], "the refusal of a write", |n| {
-        n[0].events.iter().any(|e| {
-            matches!(
-                e,
-                Event::Disconnected {
-                    reason: DisconnectReason::Failed(WcStatus::RemoteAccess),
-                    ..
-                }
-            )
-        })
+        ended(n[0]) >= 2
     });
+    let last = a.events.iter().rev().find_map(|e| match e {
+        Event::Disconnected { reason, .. } => Some(*reason),
+        _ => None,
+    });
+    assert!(
+        matches!(
+            last,
+            Some(DisconnectReason::Failed(WcStatus::RemoteAccess) | DisconnectReason::Refused)
+        ),
+        "{last:?}"
+    );
     drop(s);
 
-    // Silence after the hello: dropped when overdue.
-    let refused = a.ep.refusals();
-    let (mut s, _, _) = hello();
+    assert!(
+        !a.events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv)),
+        "a message from an unproven peer was delivered: {:?}",
+        a.events
+    );
+    let mut after = vec![0u8; 4096];
+    read_bytes(a.mem.as_ref(), 0, &mut after);
+    assert_eq!(
+        before, after,
+        "a write from an unproven peer changed memory"
+    );
+}
+
+/// A peer that says a valid hello and then proves nothing is dropped once
+/// `admission_timeout` passed.
+#[test]
+fn a_peer_that_never_proves_is_dropped() {
+    let port = 28400;
+    let admission = Duration::from_millis(500);
+    let mut a = secret_holder(port, admission);
+    let (mut s, _, _) = hello_to_a(port);
     let t = Instant::now();
     s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
     let mut sink = [0u8; 4096];
-    while t.elapsed() < Duration::from_secs(10) {
+    while t.elapsed() < Duration::from_secs(20) {
         // The endpoint judges admission deadlines when it is polled.
         pump(&mut [&mut a]);
         match s.read(&mut sink) {
@@ -881,26 +920,13 @@ fn data_before_the_proof_is_refused_and_a_peer_that_never_proves_is_dropped() {
         }
     }
     until(&mut [&mut a], "the overdue peer's refusal", |n| {
-        n[0].ep.refusals() > refused
+        n[0].ep.refusals() >= 1
     });
+    let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
+    assert!(why.contains("in time"), "{why}");
     assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "dropped only after {:?}",
+        t.elapsed() >= admission,
+        "dropped before its deadline, after {:?}",
         t.elapsed()
-    );
-
-    // Nothing was delivered or placed.
-    assert!(
-        !a.events
-            .iter()
-            .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv)),
-        "a message from an unproven peer was delivered: {:?}",
-        a.events
-    );
-    let mut after = vec![0u8; 4096];
-    read_bytes(a.mem.as_ref(), 0, &mut after);
-    assert_eq!(
-        before, after,
-        "a write from an unproven peer changed memory"
     );
 }
