@@ -172,6 +172,8 @@ struct FaultState {
     /// The most bytes ever written but not yet durable at once (see
     /// [`FaultFs::track_unsynced`]), when tracked.
     unsynced_high: Option<u64>,
+    /// Sectors written but not synced that a tearing reboot kept, over every reboot.
+    torn_kept: u64,
     /// Total bytes of all files may not exceed this (ENOSPC).
     space_limit: Option<u64>,
 }
@@ -380,6 +382,13 @@ impl FaultFs {
         self.lock().used_bytes()
     }
 
+    /// Sectors written since their file's last fdatasync that tearing reboots
+    /// ([`FaultFs::reboot`] with a seed) kept, over every reboot: zero means the tears so far
+    /// left exactly the durable bytes, as a reboot without a tear would.
+    pub fn unsynced_sectors_kept(&self) -> u64 {
+        self.lock().torn_kept
+    }
+
     /// Restarts the machine after a crash (or at any time, as a power loss): every file gets
     /// its durable bytes back and every directory its durable entries. With `tear_seed`, each
     /// sector written since the last fdatasync survives with probability one half, chosen by
@@ -387,6 +396,7 @@ impl FaultFs {
     pub fn reboot(&self, tear_seed: Option<u64>) {
         let mut state = self.lock();
         let mut rng = tear_seed.map(|seed| seed | 1);
+        let mut kept_unsynced = 0;
         state.entries = state.durable_entries.clone();
         for file in state.files.values_mut() {
             let mut kept = std::mem::take(&mut file.durable);
@@ -396,6 +406,7 @@ impl FaultFs {
                     *rng ^= *rng >> 7;
                     *rng ^= *rng << 17;
                     if *rng & 1 == 1 {
+                        kept_unsynced += 1;
                         let start = sector as usize * FAULT_SECTOR_BYTES;
                         let end = (start + FAULT_SECTOR_BYTES).min(file.data.len());
                         if start < end {
@@ -412,6 +423,7 @@ impl FaultFs {
             file.dirty_sectors.clear();
             file.lost_sectors.clear();
         }
+        state.torn_kept += kept_unsynced;
         state.gc();
         state.boot += 1;
         state.ops = 0;

@@ -74,3 +74,20 @@ pub fn rdma_write(
         to.words()[((pos & to_mask) / 8) as usize].store(word, Ordering::Relaxed);
     }
 }
+
+/// The power-cut points `1..=ops` of an operation, each once without a tear (`tear` false) or
+/// with eight tear seeds (for [`FaultFs::reboot`]), mixed so that they differ in every bit.
+pub fn cut_points(ops: u64, tear: bool) -> Vec<(u64, Option<u64>)> {
+    (1..=ops)
+        .flat_map(|k| {
+            let seeds: Vec<Option<u64>> = if tear {
+                (0..8u64)
+                    .map(|s| Some((k * 8 + s).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED))
+                    .collect()
+            } else {
+                vec![None]
+            };
+            seeds.into_iter().map(move |seed| (k, seed))
+        })
+        .collect()
+}
