@@ -20,7 +20,7 @@
 //! that gets no answer learns nothing. After the faults stop, one linearizable read must be
 //! answered, and is checked the same way (liveness of reads), in every seed family.
 
-use replica::{Committed, ReadTicket, ReplicaError};
+use replica::{Committed, ReadTicket};
 
 use crate::check::{Outcome, Violation};
 use crate::{CLIENT_TIMEOUT_NS, Run};
@@ -276,62 +276,51 @@ impl Run {
     /// Liveness of reads, after the faults stopped and every append finished: a
     /// linearizable read on the leader is answered within `bound` (virtual ns), and checked.
     pub(crate) fn final_read(&mut self, bound: u64) -> Result<(), Violation> {
-        loop {
-            if let Some(leader) = self.leader() {
-                if let Some(ticket) = self.start_read(leader) {
-                    let incarnation = self.incarnations.get(&leader).copied().unwrap_or(0);
-                    while self.now() < bound {
-                        self.step()?;
-                        let gone =
-                            self.incarnations.get(&leader).copied().unwrap_or(0) != incarnation;
-                        let Some(r) = self.c.nodes.get_mut(&leader).and_then(Option::as_mut) else {
-                            break;
-                        };
-                        if gone {
-                            break;
-                        }
-                        match r.read_status(ticket) {
-                            None => continue,
-                            Some(Err(ReplicaError::NotLeader { .. })) => break,
-                            Some(Err(e)) => {
-                                return Err(format!(
-                                    "liveness: the read after the repair failed on leader \
-                                     {leader}: {e}"
-                                ));
-                            }
-                            Some(Ok(index)) => {
-                                let k = self
-                                    .reads
-                                    .iter()
-                                    .position(|r| r.ticket == ticket && r.node == leader)
-                                    .expect("started reads are kept until they end");
-                                let read = self.reads.swap_remove(k);
-                                self.summary.reads_answered += 1;
-                                self.event(format!(
-                                    "the read after the repair answered at {index}"
-                                ));
-                                return self.check_read(&read, index);
-                            }
-                        }
-                    }
-                    self.reads
-                        .retain(|r| !(r.ticket == ticket && r.node == leader));
-                }
-            }
-            if self.now() >= bound {
-                return Err(format!(
-                    "liveness: no linearizable read was answered within {} election timeouts \
-                     after the faults stopped; leader {:?}; nodes: {}",
-                    crate::LIVENESS_ELECTION_TIMEOUTS,
-                    self.leader(),
-                    self.describe_nodes()
-                ));
+        // The read in flight: its node and ticket (kept in `self.reads` like any other).
+        let mut pending = None;
+        while self.now() < bound {
+            if pending.is_none() {
+                pending = self
+                    .leader()
+                    .and_then(|l| self.start_read(l).map(|t| (l, t)));
             }
             self.step()?;
             // A node that fail-stopped meanwhile (an EIO armed before) restarts.
             for id in self.down.clone() {
                 self.restart(id)?;
             }
+            let Some((node, ticket)) = pending else {
+                continue;
+            };
+            let k = self
+                .reads
+                .iter()
+                .position(|r| r.ticket == ticket && r.node == node)
+                .expect("started reads are kept until they end");
+            let Some(end) = self.read_end(k, self.now()) else {
+                continue;
+            };
+            let read = self.reads.swap_remove(k);
+            match end {
+                ReadEnd::Answered(index) => {
+                    self.summary.reads_answered += 1;
+                    self.event(format!("the read after the repair answered at {index}"));
+                    return self.check_read(&read, index);
+                }
+                // Its node stopped leading or died: ask the leader again.
+                ReadEnd::Refused => {
+                    self.summary.reads_refused += 1;
+                    pending = None;
+                }
+                ReadEnd::Lost => pending = None,
+            }
         }
+        Err(format!(
+            "liveness: no linearizable read was answered within {} election timeouts after \
+             the faults stopped; leader {:?}; nodes: {}",
+            crate::LIVENESS_ELECTION_TIMEOUTS,
+            self.leader(),
+            self.describe_nodes()
+        ))
     }
 }
