@@ -9,33 +9,16 @@
 //! tail, a power cut at `k`, a reboot, and an open that must succeed with the four good entries
 //! and nothing else; an entry appended then must survive one more reopen.
 
-use std::path::Path;
-
 use crate::common;
 
-use common::{DIR, cut_points, open, payload, read_all};
+use common::{cut_points, open, read_all, write_torn_tail};
 use wal::fs::FaultFs;
 use wal::{Durability, Term};
 
-const DATA_OFFSET: u64 = 4096;
-
-/// A log of four good entries and a torn fifth (its header and 20 bytes of payload written,
-/// the rest zero), closed. Returns the disk and the four entries.
+/// The torn log, and its four good entries.
 fn torn() -> (FaultFs, Vec<(u64, u64, Vec<u8>)>) {
     let fs = FaultFs::new();
-    let wal = open(&fs).unwrap();
-    for i in 1..=4 {
-        wal.append_next(Term(1), &payload(i, 0), Durability::Fsync)
-            .unwrap();
-    }
-    let good = read_all(&wal);
-    let entry = wal
-        .append_next(Term(1), &[0xAB; 100], Durability::Fsync)
-        .unwrap();
-    wal.close().unwrap();
-    drop(wal);
-    let segment = Path::new(DIR).join("00000000000000000000.wal");
-    fs.corrupt(&segment, DATA_OFFSET + entry.lsn.0 + 52, &[0; 80]);
+    let good = write_torn_tail(&fs).good;
     (fs, good)
 }
 

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{DIR, open, payload, read_all, small_config};
+use common::{DIR, TornTail, open, payload, read_all, small_config, write_torn_tail};
 use std::path::Path;
 use std::sync::Arc;
 use wal::fs::{FaultFs, FileSystem};
@@ -15,26 +15,12 @@ const DATA_OFFSET: u64 = 4096;
 #[test]
 fn partial_last_entry_is_cut_and_kept_in_a_broken_file() {
     let fs = FaultFs::new();
-    let wal = open(&fs).unwrap();
-    for i in 1..=4 {
-        wal.append_next(Term(1), &payload(i, 0), Durability::Fsync)
-            .unwrap();
-    }
-    let last = wal.position();
-    let entry = wal
-        .append_next(Term(1), &[0xAB; 100], Durability::Fsync)
-        .unwrap();
-    wal.close().unwrap();
-    drop(wal);
-    // Tear the last entry: keep its header and the first 20 payload bytes, zero the rest.
-    let segment = Path::new(DIR).join("00000000000000000000.wal");
-    let cut_from = DATA_OFFSET + entry.lsn.0 + 52;
-    fs.corrupt(&segment, cut_from, &[0; 80]);
+    let TornTail { last, torn, .. } = write_torn_tail(&fs);
 
     let dyn_fs: Arc<dyn FileSystem> = Arc::new(fs.clone());
     let (wal, report) = Wal::open(dyn_fs, Path::new(DIR), small_config()).unwrap();
     let (lsn, bytes, path) = report.torn_tail.expect("the torn tail is reported");
-    assert_eq!(lsn, entry.lsn);
+    assert_eq!(lsn, torn);
     assert!(bytes >= 52, "the cut covers the torn record");
     let broken = fs.read_file(&path).expect("the .broken file exists");
     assert_eq!(&broken[32..52], &[0xAB; 20], "the cut bytes are kept");

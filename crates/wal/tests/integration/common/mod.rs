@@ -91,3 +91,38 @@ pub fn cut_points(ops: u64, tear: bool) -> Vec<(u64, Option<u64>)> {
         })
         .collect()
 }
+
+/// A closed log of four good entries and a torn fifth: the fifth's header and the first 20
+/// of its 100 payload bytes (0xAB) on disk, the rest zeroed, as a crash mid-write leaves it.
+pub struct TornTail {
+    /// The four good entries.
+    pub good: Vec<(u64, u64, Vec<u8>)>,
+    /// Where the log ends after them.
+    pub last: wal::Position,
+    /// Where the torn record starts.
+    pub torn: wal::Lsn,
+}
+
+/// Writes [`TornTail`]'s log on `fs`.
+pub fn write_torn_tail(fs: &FaultFs) -> TornTail {
+    let wal = open(fs).unwrap();
+    for i in 1..=4 {
+        wal.append_next(wal::Term(1), &payload(i, 0), wal::Durability::Fsync)
+            .unwrap();
+    }
+    let good = read_all(&wal);
+    let last = wal.position();
+    let entry = wal
+        .append_next(wal::Term(1), &[0xAB; 100], wal::Durability::Fsync)
+        .unwrap();
+    wal.close().unwrap();
+    drop(wal);
+    let segment = Path::new(DIR).join("00000000000000000000.wal");
+    let cut_from = wal::format::SEGMENT_DATA_OFFSET + entry.lsn.0 + 52;
+    fs.corrupt(&segment, cut_from, &[0; 80]);
+    TornTail {
+        good,
+        last,
+        torn: entry.lsn,
+    }
+}
