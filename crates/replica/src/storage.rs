@@ -1151,6 +1151,17 @@ mod tests {
         assert_eq!(e, entry_from_payload(3, 2, &[TAG_NORMAL, 1, 2]).unwrap());
     }
 
+    /// A hard state (term 4, vote 2, commit 17) and a membership of voters 1, 2 and 3.
+    fn term_4_of_three_voters() -> (HardState, ConfState) {
+        let mut hs = HardState::default();
+        hs.term = 4;
+        hs.vote = 2;
+        hs.commit = 17;
+        let mut cs = ConfState::default();
+        cs.voters = vec![1, 2, 3];
+        (hs, cs)
+    }
+
     #[test]
     fn state_file_round_trips_and_detects_corruption() {
         let fs = Arc::new(FaultFs::new());
@@ -1158,12 +1169,7 @@ mod tests {
         fs.create_dir_all(dir).unwrap();
         let mut sf = StateFile::new(fs.clone(), dir);
         assert_eq!(sf.load().unwrap(), None);
-        let mut hs = HardState::default();
-        hs.term = 4;
-        hs.vote = 2;
-        hs.commit = 17;
-        let mut cs = ConfState::default();
-        cs.voters = vec![1, 2, 3];
+        let (hs, cs) = term_4_of_three_voters();
         let mut history = ConfHistory::new(0, cs.clone());
         let mut four = cs.clone();
         four.voters.push(4);
@@ -1213,12 +1219,7 @@ mod tests {
     /// and keeps that guard.
     #[test]
     fn old_state_files_read_with_the_ring_taken_to_be_in_use() {
-        let mut hs = HardState::default();
-        hs.term = 4;
-        hs.vote = 2;
-        hs.commit = 17;
-        let mut cs = ConfState::default();
-        cs.voters = vec![1, 2, 3];
+        let (hs, cs) = term_4_of_three_voters();
         let mut v1 = Vec::new();
         for v in [hs.term, hs.vote, hs.commit] {
             v1.extend_from_slice(&v.to_le_bytes());
@@ -1261,8 +1262,7 @@ mod tests {
         let fs = Arc::new(FaultFs::new());
         let dir = Path::new("/d");
         fs.create_dir_all(dir).unwrap();
-        let mut cs = ConfState::default();
-        cs.voters = vec![1, 2, 3];
+        let (_, cs) = term_4_of_three_voters();
         let mut body = Vec::new();
         body.extend_from_slice(&9u64.to_le_bytes());
         body.extend_from_slice(&2u64.to_le_bytes());
