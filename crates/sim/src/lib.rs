@@ -488,6 +488,14 @@ impl Run {
         (!v.is_empty()).then(|| v[self.rng.below(v.len() as u64) as usize])
     }
 
+    /// Where a client sends after asking live node `asked` for the leader: the leader it
+    /// names if that one is live too, else `asked` itself (a client knows no more than any
+    /// node tells it).
+    fn told_leader(&mut self, asked: u64, live: &[u64]) -> u64 {
+        let hint = self.c.node(asked).leader();
+        hint.filter(|h| live.contains(h)).unwrap_or(asked)
+    }
+
     /// Nodes that are members in the cluster's eyes (not retired), up or down.
     fn members(&self) -> Vec<u64> {
         self.c
@@ -1111,8 +1119,7 @@ impl Run {
             let Some(asked) = self.pick(&live) else {
                 continue;
             };
-            let hint = self.c.node(asked).leader();
-            let target = hint.filter(|h| live.contains(h)).unwrap_or(asked);
+            let target = self.told_leader(asked, &live);
             let inc = self.incarnations.get(&target).copied().unwrap_or(0);
             match self.c.nodes.get_mut(&target).and_then(Option::as_mut) {
                 Some(r) => match r.open_session() {
@@ -1503,8 +1510,7 @@ impl Run {
             if k > 1 && self.can_attempt(first) {
                 let live = self.live();
                 if let Some(asked) = self.pick(&live) {
-                    let hint = self.c.node(asked).leader();
-                    let target = hint.filter(|h| live.contains(h)).unwrap_or(asked);
+                    let target = self.told_leader(asked, &live);
                     let ops: Vec<usize> = (first..first + k).collect();
                     self.attempt_batch(&ops, target);
                 }
@@ -1572,8 +1578,7 @@ impl Run {
             let Some(asked) = self.pick(&live) else {
                 continue;
             };
-            let hint = self.c.node(asked).leader();
-            let target = hint.filter(|h| live.contains(h)).unwrap_or(asked);
+            let target = self.told_leader(asked, &live);
             self.attempt(op, target);
         }
     }

@@ -72,8 +72,7 @@ impl Run {
                 let live = self.live();
                 if !live.is_empty() {
                     let asked = live[self.read_rng.below(live.len() as u64) as usize];
-                    let hint = self.c.node(asked).leader();
-                    let target = hint.filter(|h| live.contains(h)).unwrap_or(asked);
+                    let target = self.told_leader(asked, &live);
                     self.start_read(target);
                 }
             }
