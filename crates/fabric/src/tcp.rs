@@ -835,9 +835,11 @@ impl TcpEndpoint {
         match challenge {
             None => self.events.announce(peer, hello.region),
             Some(msg) => {
-                if self.send_frame(peer, K_CONTROL, &msg).is_err() {
-                    self.break_conn(peer, None, DisconnectReason::Refused);
-                }
+                // A failed send means the link is closed: the I/O thread failed it (a peer
+                // that wrote right after its hello), and its `Down`, with the reason, follows
+                // this `Up`; or the socket failed, which the I/O thread sees too. Either way
+                // the connection ends through `Down`, or at the admission deadline.
+                let _ = self.send_frame(peer, K_CONTROL, &msg);
             }
         }
     }
@@ -989,6 +991,21 @@ impl TcpEndpoint {
                 let Some(peer) = peer_of(self, link) else {
                     return;
                 };
+                if !self.conns[&peer].admission.admitted()
+                    && matches!(
+                        reason,
+                        DisconnectReason::Refused
+                            | DisconnectReason::Failed(WcStatus::RemoteAccess)
+                    )
+                {
+                    // The I/O thread refused what an unproven peer sent (a write: it has no
+                    // grant before admission; or a malformed frame).
+                    self.refuse(
+                        peer,
+                        &format!("{why}, before proving it knows the cluster secret"),
+                    );
+                    return;
+                }
                 tracing::info!(%peer, why, "connection lost");
                 let first =
                     (!self.conns[&peer].inflight.is_empty()).then_some(WcStatus::RetryExceeded);

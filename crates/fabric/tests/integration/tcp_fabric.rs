@@ -846,16 +846,9 @@ fn data_before_the_proof_is_refused() {
     drop(s);
 
     // A write into the advertised region (kind 3: grant, rkey and padding, address, data).
-    // The connection has no grant before admission: the placement refuses it
-    // (`RemoteAccess`), or, when the I/O thread gets to it before the endpoint took the
-    // connection up, the endpoint finds it closed and refuses it.
-    let ended = |n: &Node| {
-        n.events
-            .iter()
-            .filter(|e| matches!(e, Event::Disconnected { .. }))
-            .count()
-    };
-    assert_eq!(ended(&a), 1);
+    // The connection has no grant before admission: the I/O thread refuses the placement,
+    // whether or not the endpoint took the connection up before, and the endpoint counts it
+    // as a refusal with its own reason.
     let (mut s, region, rkey) = hello_to_a(port);
     let mut body = u64::MAX.to_le_bytes().to_vec();
     body.extend_from_slice(&rkey.to_le_bytes());
@@ -864,18 +857,25 @@ fn data_before_the_proof_is_refused() {
     body.extend_from_slice(&[0xEE; 256]);
     s.write_all(&frame(3, &body)).unwrap();
     until(&mut [&mut a], "the refusal of a write", |n| {
-        ended(n[0]) >= 2
+        n[0].ep.refusals() >= 2
     });
-    let last = a.events.iter().rev().find_map(|e| match e {
-        Event::Disconnected { reason, .. } => Some(*reason),
-        _ => None,
-    });
+    let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
     assert!(
-        matches!(
-            last,
-            Some(DisconnectReason::Failed(WcStatus::RemoteAccess) | DisconnectReason::Refused)
-        ),
-        "{last:?}"
+        why.contains("wrote") && why.contains("before proving"),
+        "{why}"
+    );
+    let ended: Vec<_> = a
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Disconnected { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [DisconnectReason::Refused, DisconnectReason::Refused],
+        "each connection ends once, refused"
     );
     drop(s);
 
