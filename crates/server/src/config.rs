@@ -503,9 +503,10 @@ impl ServerConfig {
                 )
             })
         };
-        let anonymous_role = match file.auth.anonymous_role.as_deref().unwrap_or("read-only") {
-            "none" => None,
-            s => Some(role("auth.anonymous_role", s)?),
+        let anonymous_role = match file.auth.anonymous_role.as_deref() {
+            None => Some(crate::DEFAULT_ANONYMOUS_ROLE),
+            Some("none") => None,
+            Some(s) => Some(role("auth.anonymous_role", s)?),
         };
         let mut tokens = HashMap::new();
         for (k, t) in file.auth.tokens.iter().enumerate() {
@@ -608,6 +609,11 @@ plaintext = true
         assert_eq!(c.cluster_id, 0x1ab);
         assert_eq!(c.durability, replica::Durability::Fsync);
         assert_eq!(c.anonymous_role, Some(Role::ReadOnly));
+        let embedded = crate::ServerOptions::new(1, 0x1ab, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(
+            embedded.anonymous_role, c.anonymous_role,
+            "an embedded server is as closed as a configured one"
+        );
         assert_eq!(c.file.raft.tick_ms, 20);
         assert_eq!(c.advertise(), "0.0.0.0:7600");
         assert_eq!(c.transport, fabric::Transport::Rdma, "rdma by default");

@@ -32,6 +32,11 @@ use replica::Log;
 
 pub use metrics::Metrics;
 
+/// The role of a client without a token when nothing says otherwise, in
+/// [`ServerOptions::new`] and in the configuration file (`auth.anonymous_role`): it may read,
+/// never write, so an embedded server is no more open than a configured one.
+pub const DEFAULT_ANONYMOUS_ROLE: Role = Role::ReadOnly;
+
 /// How a server serves clients.
 #[derive(Clone)]
 pub struct ServerOptions {
@@ -49,7 +54,8 @@ pub struct ServerOptions {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Tokens and the role each grants.
     pub tokens: HashMap<String, Role>,
-    /// The role of a client without a token; `None` refuses it.
+    /// The role of a client without a token; `None` refuses it. [`DEFAULT_ANONYMOUS_ROLE`]
+    /// unless set, as in the configuration file.
     pub anonymous_role: Option<Role>,
     /// Most open client connections; more are told `Busy` and closed.
     pub max_connections: usize,
@@ -91,8 +97,9 @@ impl std::fmt::Debug for ServerOptions {
 }
 
 impl ServerOptions {
-    /// Plain-TCP options with sane defaults (tests and embedded use); the configuration file
-    /// builds its own.
+    /// Plain-TCP options with the configuration file's defaults (embedded use and tests):
+    /// anonymous clients may only read ([`DEFAULT_ANONYMOUS_ROLE`]); set `tokens`, or
+    /// `anonymous_role`, to let clients write.
     pub fn new(node_id: u64, cluster_id: u64, client_listen: SocketAddr) -> Self {
         ServerOptions {
             node_id,
@@ -101,7 +108,7 @@ impl ServerOptions {
             client_listen,
             tls: None,
             tokens: HashMap::new(),
-            anonymous_role: Some(Role::ReadWrite),
+            anonymous_role: Some(DEFAULT_ANONYMOUS_ROLE),
             max_connections: 1024,
             max_in_flight: 256,
             max_frame_bytes: proto::DEFAULT_MAX_FRAME_BYTES,

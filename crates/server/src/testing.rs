@@ -107,6 +107,8 @@ impl SimServers {
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             let mut so = ServerOptions::new(id, CLUSTER, addrs[id as usize - 1]);
             so.members = members.clone();
+            // The tests' clients write without a token.
+            so.anonymous_role = Some(proto::Role::ReadWrite);
             so.metrics_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
             tune(&mut so);
             match crate::start(so, Arc::new(log)) {
