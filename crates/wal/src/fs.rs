@@ -195,13 +195,15 @@ impl FaultState {
         self.files.values().map(|f| f.data.len() as u64).sum()
     }
 
-    /// Per file, the span of bytes written that differ from the disk's, summed.
+    /// Per file, the span of bytes written that differ from the disk's, summed: in sectors
+    /// written since the last fdatasync and in sectors whose write-back failed (their bytes
+    /// never reach the disk).
     fn unsynced_bytes(&self) -> u64 {
         let mut total = 0;
         for f in self.files.values() {
             let differs = |at: usize| f.data[at] != f.durable.get(at).copied().unwrap_or(0);
             let mut span: Option<(usize, usize)> = None;
-            for &sector in &f.dirty_sectors {
+            for &sector in f.dirty_sectors.union(&f.lost_sectors) {
                 let start = sector as usize * FAULT_SECTOR_BYTES;
                 let end = (start + FAULT_SECTOR_BYTES).min(f.data.len());
                 for at in (start..end).filter(|&at| differs(at)) {
@@ -738,6 +740,28 @@ mod tests {
         assert!(crate::WalError::is_no_space(
             &f.write_all_at(&[1], 100).unwrap_err()
         ));
+    }
+
+    #[test]
+    fn unsynced_bytes_include_a_failed_write_back() {
+        let fs = FaultFs::new();
+        fs.track_unsynced();
+        let f = fs.create(Path::new("/d/f")).unwrap();
+        f.write_all_at(&[7; 100], 0).unwrap();
+        assert_eq!(fs.unsynced_high_water(), 100);
+        fs.fail_next_sync();
+        assert!(f.sync_data().is_err());
+        // The 100 bytes never reach the disk: a later write beside them is at risk with them.
+        f.write_all_at(&[8; 10], 2 * FAULT_SECTOR_BYTES as u64).unwrap();
+        assert_eq!(
+            fs.unsynced_high_water(),
+            2 * FAULT_SECTOR_BYTES as u64 + 10,
+            "the lost sector's bytes and the new ones, one span"
+        );
+        f.write_all_at(&[9; 100], 0).unwrap();
+        f.sync_data().unwrap();
+        f.write_all_at(&[1], 0).unwrap();
+        assert_eq!(fs.lock().unsynced_bytes(), 1, "a new write repairs a lost sector");
     }
 
     #[test]
