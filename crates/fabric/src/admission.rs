@@ -33,10 +33,7 @@ pub const PROOF_BYTES: usize = 1 + 32;
 /// ignored), readable by its owner only.
 pub fn load_secret(path: &std::path::Path) -> Result<Vec<u8>, FabricError> {
     use std::os::unix::fs::PermissionsExt;
-    let bad = |reason: String| FabricError::Register {
-        len_bytes: 0,
-        reason,
-    };
+    let bad = |reason: String| FabricError::Setup { reason };
     let meta = std::fs::metadata(path).map_err(|e| {
         bad(format!(
             "cannot read the secret file {}: {e}",

@@ -279,6 +279,13 @@ pub enum FabricError {
         /// The node.
         node: NodeId,
     },
+    /// The endpoint cannot be set up: its configuration is refused, or the device, the
+    /// listening socket or the secret file cannot be used.
+    #[error("cannot set up the fabric: {reason}")]
+    Setup {
+        /// Why, naming the setting or resource.
+        reason: String,
+    },
     /// Registration failed.
     #[error("cannot register {len_bytes} bytes: {reason}")]
     Register {

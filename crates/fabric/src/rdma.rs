@@ -259,11 +259,16 @@ impl Waiter for WaitSet {
 }
 
 fn verr(e: verbs::Error) -> FabricError {
-    FabricError::Register {
-        len_bytes: 0,
+    FabricError::Setup {
         reason: e.to_string(),
     }
 }
+
+/// Remote rights a queue pair must not start with: a connection is granted remote write only
+/// by [`Fabric::set_remote_write`], after admission, and revoked by it (the replica's fencing).
+const REMOTE_ACCESS: AccessFlags = AccessFlags::REMOTE_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
 
 fn map_status(s: verbs::WcStatus) -> WcStatus {
     match s {
@@ -307,9 +312,20 @@ impl RdmaEndpoint {
     /// Opens the device, starts listening and the connection-manager thread.
     pub fn open(cfg: RdmaConfig) -> Result<RdmaEndpoint, FabricError> {
         cfg.qp.validate().map_err(verr)?;
+        if cfg.qp.access.bits() & REMOTE_ACCESS.bits() != 0 {
+            // A queue pair with remote rights from its creation would let a peer write the
+            // ring before it proved the cluster secret, and after a revoke's reconnect.
+            return Err(FabricError::Setup {
+                reason: format!(
+                    "qp.access {:#x} grants remote access to every new connection; leave it \
+                     local (remote write is granted per connection, after admission, by \
+                     set_remote_write)",
+                    cfg.qp.access.bits()
+                ),
+            });
+        }
         if cfg.recv_slots < 2 {
-            return Err(FabricError::Register {
-                len_bytes: 0,
+            return Err(FabricError::Setup {
                 reason: "recv_slots must be at least 2 (one is kept for credit updates)".into(),
             });
         }
@@ -1301,6 +1317,46 @@ mod tests {
         assert_eq!(
             map_status(verbs::WcStatus::LocalError),
             WcStatus::RetryExceeded
+        );
+    }
+
+    /// Refused before any device is opened, so this runs on a host without RDMA.
+    #[test]
+    fn a_queue_pair_with_remote_rights_from_the_start_is_refused() {
+        for remote in [
+            AccessFlags::REMOTE_WRITE,
+            AccessFlags::REMOTE_READ,
+            AccessFlags::REMOTE_ATOMIC,
+        ] {
+            let mut cfg = RdmaConfig::new(
+                NodeId(1),
+                1,
+                "192.0.2.11:7470".parse().unwrap(),
+                BTreeMap::new(),
+            );
+            cfg.device = Some("no-such-device".into());
+            cfg.qp.access = AccessFlags::LOCAL_WRITE | remote;
+            match RdmaEndpoint::open(cfg) {
+                Err(FabricError::Setup { reason }) => {
+                    assert!(reason.contains("qp.access"), "{reason}")
+                }
+                other => panic!("{:?}", other.err()),
+            }
+        }
+        let mut cfg = RdmaConfig::new(
+            NodeId(1),
+            1,
+            "192.0.2.11:7470".parse().unwrap(),
+            BTreeMap::new(),
+        );
+        cfg.recv_slots = 1;
+        let Err(err) = RdmaEndpoint::open(cfg) else {
+            panic!("one receive slot was accepted")
+        };
+        assert!(
+            err.to_string()
+                .starts_with("cannot set up the fabric: recv_slots"),
+            "{err}"
         );
     }
 

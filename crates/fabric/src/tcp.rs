@@ -171,10 +171,7 @@ impl TcpConfig {
 pub type TcpMemory = WordMemory;
 
 fn setup_err(reason: String) -> FabricError {
-    FabricError::Register {
-        len_bytes: 0,
-        reason,
-    }
+    FabricError::Setup { reason }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -752,7 +752,8 @@ mod tests {
         fs.fail_next_sync();
         assert!(f.sync_data().is_err());
         // The 100 bytes never reach the disk: a later write beside them is at risk with them.
-        f.write_all_at(&[8; 10], 2 * FAULT_SECTOR_BYTES as u64).unwrap();
+        f.write_all_at(&[8; 10], 2 * FAULT_SECTOR_BYTES as u64)
+            .unwrap();
         assert_eq!(
             fs.unsynced_high_water(),
             2 * FAULT_SECTOR_BYTES as u64 + 10,
@@ -761,7 +762,11 @@ mod tests {
         f.write_all_at(&[9; 100], 0).unwrap();
         f.sync_data().unwrap();
         f.write_all_at(&[1], 0).unwrap();
-        assert_eq!(fs.lock().unsynced_bytes(), 1, "a new write repairs a lost sector");
+        assert_eq!(
+            fs.lock().unsynced_bytes(),
+            1,
+            "a new write repairs a lost sector"
+        );
     }
 
     #[test]
