@@ -1458,7 +1458,12 @@ impl Run {
         if let (true, Ok(tickets)) = (self.options.callers_drive, &result) {
             if let Some(&last) = tickets.last() {
                 self.c.waiting.insert(node, last);
-                if self.options.reads && self.read_rng.below(2) == 0 {
+                // Reads begun inside a pass count against the same bound as the others.
+                let in_flight = self.reads.len() + self.c.read_on_resolve.len();
+                if self.options.reads
+                    && self.read_rng.below(2) == 0
+                    && in_flight < reads::MAX_READS_IN_FLIGHT
+                {
                     self.c.read_on_resolve.insert(node);
                 } else {
                     self.c.read_on_resolve.remove(&node);
@@ -1711,7 +1716,13 @@ impl Run {
     /// Whether all work is done: every client op finished, the live voters agree on a commit
     /// index covering every acknowledged append, and a fresh append went through.
     fn quiet(&mut self) -> bool {
-        if self.ops.iter().any(|o| !o.done) || !self.c.failed.is_empty() || !self.down.is_empty() {
+        // Reads in flight end too (answered and checked, refused, or timed out), so none
+        // leaves the run unchecked.
+        if self.ops.iter().any(|o| !o.done)
+            || !self.reads.is_empty()
+            || !self.c.failed.is_empty()
+            || !self.down.is_empty()
+        {
             return false;
         }
         let Some(l) = self.leader() else {

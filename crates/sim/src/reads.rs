@@ -28,8 +28,8 @@ use crate::{CLIENT_TIMEOUT_NS, Run};
 /// Chance per step that a client starts a read of its own, in ppm.
 const READ_PPM: u64 = 100_000;
 
-/// Reads in flight at most.
-const MAX_READS_IN_FLIGHT: usize = 4;
+/// Reads in flight at most (those callers begin inside a pass included).
+pub(crate) const MAX_READS_IN_FLIGHT: usize = 4;
 
 /// A client's linearizable read in flight.
 #[derive(Clone, Debug)]
