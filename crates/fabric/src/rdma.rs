@@ -780,8 +780,30 @@ impl RdmaEndpoint {
                         byte_len: 0,
                     }));
                 }
-                self.break_conn(peer, None, DisconnectReason::Failed(status));
+                self.failed(peer, status);
             }
+        }
+    }
+
+    /// An error completion broke `peer`'s connection. Before admission that is the peer's
+    /// doing as far as this side can tell (a write before the proof, which has no remote
+    /// rights, puts the queue pair in error): refused and counted, with that reason, not a
+    /// lost connection under an earlier refusal's reason.
+    fn failed(&mut self, peer: NodeId, status: WcStatus) {
+        if self
+            .conns
+            .get(&peer)
+            .is_some_and(|c| !c.admission.admitted())
+        {
+            self.refuse(
+                peer,
+                &format!(
+                    "its connection failed ({status:?}) before it proved it knows the cluster \
+                     secret, as a write before the proof makes it"
+                ),
+            );
+        } else {
+            self.break_conn(peer, None, DisconnectReason::Failed(status));
         }
     }
 
@@ -831,7 +853,7 @@ impl RdmaEndpoint {
             match got {
                 Ok(Ok(())) => {}
                 Ok(Err(status)) => {
-                    self.break_conn(peer, None, DisconnectReason::Failed(map_status(status)));
+                    self.failed(peer, map_status(status));
                     return;
                 }
                 Err(e) => {
