@@ -160,7 +160,18 @@ pub(crate) struct Conn {
     wbuf: Vec<u8>,
     max_frame: u32,
     request_timeout: Duration,
+    /// When the last request's answer arrived (or the hello's).
+    last_used: Instant,
 }
+
+/// A connection unused for at least this long may have been closed by the server for
+/// idleness just as a request went out (`idle_timeout`, PROTOCOL.md 2): a connection-level
+/// `Malformed` answering it is taken for that close, and the request goes again, once, on a
+/// new connection (the server read none of it).
+const IDLE_RACE: Duration = Duration::from_secs(1);
+
+/// [`Conn::stale`] looks at the socket only after the connection was unused this long.
+const STALE_CHECK_AFTER: Duration = Duration::from_millis(20);
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -259,6 +270,7 @@ impl Conn {
             wbuf: Vec::new(),
             max_frame: cfg.max_frame_bytes,
             request_timeout: cfg.request_timeout,
+            last_used: Instant::now(),
         };
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
@@ -393,6 +405,31 @@ impl Conn {
         r.map(Some).map_err(|e| RecvError::Protocol(e.to_string()))
     }
 
+    /// Whether the server said something unasked or closed the connection since the last
+    /// answer: only a connection-level error (an idle close, a shutdown) or the close itself
+    /// can arrive then, so the connection is of no more use and no request has been lost
+    /// on it.
+    pub(crate) fn stale(&self) -> bool {
+        if !self.rbuf.is_empty() {
+            return true;
+        }
+        if self.last_used.elapsed() < STALE_CHECK_AFTER {
+            // Back-to-back requests skip the three system calls; what a server says in
+            // between (a shutdown notice) answers the next request, and is retried.
+            return false;
+        }
+        let tcp = self.stream.tcp();
+        if tcp.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        let arrived = match tcp.peek(&mut probe) {
+            Ok(_) => true, // bytes, or 0: the server closed it
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        };
+        tcp.set_nonblocking(false).is_err() || arrived
+    }
+
     /// A broken connection, as a step.
     pub(crate) fn broken(&self, err: io::Error) -> Step {
         Step::Retry(Failure::Broken {
@@ -409,6 +446,7 @@ impl Conn {
         id: u64,
         deadline: Instant,
     ) -> Result<Response, Step> {
+        let idle = self.last_used.elapsed();
         self.send(req).map_err(|e| self.broken(e))?;
         let wait = self
             .request_timeout
@@ -436,6 +474,7 @@ impl Conn {
                 response_id(&resp)
             ))));
         }
+        self.last_used = Instant::now();
         match resp {
             Response::Error {
                 id: None,
@@ -445,6 +484,13 @@ impl Conn {
                 Step::Retry(Failure::Busy {
                     addr: self.addr.clone(),
                     message,
+                })
+            } else if code == ErrorCode::Malformed && idle >= IDLE_RACE {
+                // The idle close crossed our request; a new connection is idle for 0 s, so
+                // a real `Malformed` on it is returned.
+                Step::Retry(Failure::Broken {
+                    addr: self.addr.clone(),
+                    err: io::Error::new(io::ErrorKind::ConnectionReset, message),
                 })
             } else {
                 Step::fatal(ClientError::Refused { code, message })

@@ -27,6 +27,13 @@
 //! A proposal that a new leader superseded or that raft dropped is not in the log; the server
 //! reports it as `NotCommitted`, and the client resends it the same way.
 //!
+//! A connection the server closed while it was unused (`idle_timeout`, a shutdown) is
+//! replaced before the next request goes out, and a connection-level `Malformed` answering a
+//! request on a connection unused for a second or more is taken for an idle close that
+//! crossed it (the server read none of it): the request goes again, once, on a new
+//! connection (`tests/client.rs`, `a_connection_closed_for_idleness_is_replaced_silently`;
+//! `tests/partial_batch.rs`, `an_idle_close_crossing_a_request_is_retried_once`).
+//!
 //! The client speaks protocol version 4 ([`proto::PROTOCOL_VERSION`]); servers of an older
 //! build refuse it with `WrongVersion`: upgrade servers first.
 //!
@@ -346,8 +353,16 @@ impl Client {
     /// Connects if not connected; the next address is the preferred one, else the next in
     /// the rotation.
     fn ensure_conn(&mut self, deadline: Instant, tried: &mut Vec<String>) -> Result<(), Step> {
-        if self.conn.is_some() {
-            return Ok(());
+        match &self.conn {
+            // Closed for idleness or for a shutdown while unused: connect again, to the
+            // same server first. Nothing was pending on it.
+            Some(c) if c.stale() => {
+                tracing::debug!(addr = %c.addr, "the server closed the unused connection");
+                self.preferred.get_or_insert_with(|| c.addr.clone());
+                self.conn = None;
+            }
+            Some(_) => return Ok(()),
+            None => {}
         }
         let addr = match self.preferred.take() {
             Some(a) => a,

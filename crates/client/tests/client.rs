@@ -501,3 +501,24 @@ fn append_if_appends_only_where_the_log_ends() {
     // The connection stays usable.
     client.append_if(&[b"next"], end + 2).unwrap();
 }
+
+/// A client whose connection the server closed for idleness (its error frame, then the
+/// close) appends and reads on the next call as if nothing happened: an idle close is not
+/// the caller's business.
+#[test]
+fn a_connection_closed_for_idleness_is_replaced_silently() {
+    let c = cluster(|o| o.idle_timeout = Duration::from_millis(300));
+    let leader = c.leader();
+    let mut client = Client::connect(c.config(&[leader])).unwrap();
+    let (first, _) = client.append(&[b"before"]).unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    let (second, _) = client
+        .append(&[b"after"])
+        .expect("an append after an idle close");
+    assert!(second > first);
+    std::thread::sleep(Duration::from_millis(1_500));
+    let (entries, _) = client
+        .read(second, 1 << 20)
+        .expect("a read after an idle close");
+    assert_eq!(payloads(&entries), [&b"after"[..]]);
+}

@@ -4,6 +4,9 @@
 //! resend anything, and must say which entries committed. This is the plain, at-least-once
 //! `Append` (`exactly_once: false`); a session batch never gets `PartlyAppended`
 //! (`tests/sessions.rs`).
+//!
+//! The same scripted server also closes a connection for idleness just as a request crosses
+//! the close, which a real server does only in a window too small to hit on purpose.
 
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
@@ -95,4 +98,42 @@ fn a_partly_appended_answer_that_is_no_prefix_is_a_protocol_error() {
         assert!(matches!(e, ClientError::Protocol(_)), "{e:?}");
         assert_eq!(got.lock().unwrap().len(), 1);
     }
+}
+
+/// The server's idle close crossed the client's request on a connection unused for over a
+/// second (the error frame answers the request, then the close): the request goes again, on
+/// a new connection, and succeeds. A connection-level `Malformed` on a connection in use is
+/// the client's fault, and returned.
+#[test]
+fn an_idle_close_crossing_a_request_is_retried_once() {
+    let (addr, got) = scripted_server(|n, id, _| match n {
+        1 => Response::Error {
+            id: None,
+            code: proto::ErrorCode::Malformed,
+            message: "idle for more than 1s; closing".into(),
+        },
+        _ => Response::Appended {
+            id,
+            first: n as u64,
+            last: n as u64,
+        },
+    });
+    let mut c = client(addr);
+    assert_eq!(c.append(&[b"first"]).unwrap(), (0, 0));
+    std::thread::sleep(Duration::from_millis(1_200));
+    assert_eq!(
+        c.append(&[b"second"]).unwrap(),
+        (2, 2),
+        "resent once, on a new connection"
+    );
+    assert_eq!(got.lock().unwrap().len(), 3);
+
+    let (addr, _) = scripted_server(|_, _, _| Response::Error {
+        id: None,
+        code: proto::ErrorCode::Malformed,
+        message: "a frame that does not decode".into(),
+    });
+    let mut c = client(addr);
+    let e = c.append(&[b"x"]).unwrap_err();
+    assert_eq!(e.code(), Some(proto::ErrorCode::Malformed), "{e}");
 }
