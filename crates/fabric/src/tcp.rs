@@ -287,6 +287,14 @@ struct Link {
     grant: Mutex<bool>,
     /// The peer's cumulative grant of receive slots to us.
     peer_grant: AtomicU64,
+    /// When (ns after `Shared::epoch`) the last I/O pass began after which this socket was
+    /// read to empty: every byte the peer's had arrived by then has been read, and what it
+    /// carried is in the owner's channel. The owner judges the peer dead only by an ack
+    /// missing from such a pass, so a stall of this process (SIGSTOP, a long pause) that left
+    /// the acks unread in the kernel cannot make a live peer look dead; and, being this
+    /// link's own, another peer that floods (its socket always left with bytes at the read
+    /// budget) cannot hold the verdict on this one back.
+    read_through: AtomicU64,
     pool: Arc<Pool>,
 }
 
@@ -472,14 +480,8 @@ struct Shared {
     advertised: Mutex<Option<RemoteRegion>>,
     pool: Arc<Pool>,
     wait: Arc<TcpWaiter>,
-    /// What `read_through` and `stall_io_until` count from.
+    /// What links' `read_through` and `stall_io_until` count from.
     epoch: Instant,
-    /// When (ns after `epoch`) the I/O thread's last pass that read every socket to empty
-    /// began: every byte that had arrived by then has been read, and what it carried is in
-    /// the owner's channel. The owner judges a peer dead only by an ack missing from such a
-    /// pass, so a stall of this process (SIGSTOP, a long pause) that left the peer's acks
-    /// unread in the kernel cannot make a live peer look dead.
-    read_through: AtomicU64,
     /// Test-only: the I/O thread makes no pass before this time (ns after `epoch`; 0: none).
     stall_io_until: AtomicU64,
 }
@@ -489,8 +491,8 @@ impl Shared {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    fn read_through(&self) -> Instant {
-        self.epoch + Duration::from_nanos(self.read_through.load(Ordering::Acquire))
+    fn at(&self, ns: u64) -> Instant {
+        self.epoch + Duration::from_nanos(ns)
     }
 }
 
@@ -622,6 +624,8 @@ pub struct TcpEndpoint {
     connecting: BTreeMap<NodeId, ()>,
     last_errors: BTreeMap<NodeId, String>,
     refusals: u64,
+    /// Scratch for `poll`: (link id, its `read_through`) of links with operations outstanding.
+    marks: Vec<(u64, u64)>,
     events: Events,
     locals: Vec<Arc<dyn Memory>>,
     shared: Arc<Shared>,
@@ -659,7 +663,6 @@ impl TcpEndpoint {
             pool: Arc::new(Pool::default()),
             wait: Arc::new(TcpWaiter::default()),
             epoch: Instant::now(),
-            read_through: AtomicU64::new(0),
             stall_io_until: AtomicU64::new(0),
         });
         let (cmd_tx, cmd_rx) = mpsc::channel();
@@ -694,6 +697,7 @@ impl TcpEndpoint {
             connecting: BTreeMap::new(),
             last_errors: BTreeMap::new(),
             refusals: 0,
+            marks: Vec::new(),
             events: Events::default(),
             locals: Vec::new(),
             shared,
@@ -1232,8 +1236,16 @@ impl Fabric for TcpEndpoint {
     }
 
     fn poll(&mut self, out: &mut [Event]) -> usize {
-        // Taken before the channel is drained: what the I/O thread read by then is in it.
-        let read_through = self.shared.read_through();
+        // Taken before the channel is drained: what the I/O thread read of a link by its
+        // mark is in the channel. Only links with operations outstanding are judged.
+        let mut marks = std::mem::take(&mut self.marks);
+        marks.clear();
+        marks.extend(
+            self.conns
+                .values()
+                .filter(|c| !c.inflight.is_empty())
+                .map(|c| (c.link.id, c.link.read_through.load(Ordering::Acquire))),
+        );
         while let Ok(ev) = self.rx.try_recv() {
             self.on_io(ev);
         }
@@ -1244,14 +1256,14 @@ impl Fabric for TcpEndpoint {
         for (p, c) in &self.conns {
             if c.admission.overdue(admission) {
                 late.push(*p);
-            } else if c
-                .inflight
-                .front()
-                .is_some_and(|f| f.posted + dead < read_through)
+            } else if let Some(f) = c.inflight.front()
+                && let Some(&(_, mark)) = marks.iter().find(|(link, _)| *link == c.link.id)
+                && f.posted + dead < self.shared.at(mark)
             {
                 silent.push(*p);
             }
         }
+        self.marks = marks;
         for peer in late {
             self.refuse(peer, "it did not prove it knows the cluster secret in time");
         }
@@ -1336,15 +1348,15 @@ impl Io {
                 Duration::ZERO
             };
             self.stall_for_test();
+            // Taken before the poll: whatever had arrived by now is reported by it, or was
+            // read before, unless its connection is left in `unread`.
+            let pass_start = self.shared.since_epoch(Instant::now());
             if let Err(e) = self.poll.poll(&mut events, Some(wait))
                 && e.kind() != io::ErrorKind::Interrupted
             {
                 tracing::error!(error = %e, "the TCP fabric's poll failed");
                 std::thread::sleep(IO_TICK);
             }
-            // Everything that had arrived by now is either reported in `events` or already
-            // read, unless a connection is left in `unread`.
-            let pass_start = Instant::now();
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
@@ -1361,10 +1373,11 @@ impl Io {
                 self.dial(peer, addr);
             }
             self.deadlines();
-            if self.unread.is_empty() {
-                // After the reports of this pass went into the channel.
-                let at = self.shared.since_epoch(pass_start);
-                self.shared.read_through.store(at, Ordering::Release);
+            // After the reports of this pass went into the channel.
+            for (id, c) in &self.conns {
+                if !self.unread.contains(id) {
+                    c.link.read_through.store(pass_start, Ordering::Release);
+                }
             }
             if std::mem::take(&mut self.notify) {
                 self.shared.wait.wake();
@@ -1419,6 +1432,7 @@ impl Io {
             tls: tls.map(Mutex::new),
             grant: Mutex::new(false),
             peer_grant: AtomicU64::new(0),
+            read_through: AtomicU64::new(0),
             pool: self.shared.pool.clone(),
         });
         self.conns.insert(

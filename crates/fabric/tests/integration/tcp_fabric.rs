@@ -13,6 +13,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fabric::tcp::{TcpConfig, TcpEndpoint, WRITE_CHUNK_BYTES};
@@ -663,6 +664,61 @@ fn a_peer_that_stops_answering_fails_retry_exceeded_then_flushed() {
         peer: B,
         reason: DisconnectReason::Failed(WcStatus::RetryExceeded)
     }));
+    drop(s);
+}
+
+/// One peer floods this node (its socket always has bytes left at the I/O thread's read
+/// budget) while another stops answering: the silent one is still judged dead in about
+/// `dead_peer_timeout`. The verdict waits only for the silent peer's own socket to be read
+/// through, not for every socket's.
+#[test]
+fn a_flooding_peer_does_not_hide_a_dead_one() {
+    let port = 28500;
+    let fake_b = TcpListener::bind(addr(port, B)).unwrap();
+    let mut cfg = config(A, &[B, C], port);
+    cfg.dead_peer_timeout = Duration::from_millis(500);
+    let mut a = open(cfg, true);
+
+    // C says hello and then sends credit frames (grant only: nothing to deliver) without end.
+    let mut flood = TcpStream::connect(addr(port, A)).unwrap();
+    flood.write_all(&fake_peer_hello(C.0, 16)).unwrap();
+    let mut reply = [0u8; 64];
+    flood.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    flood.read_exact(&mut reply).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let chunk: Vec<u8> = (0..65_536u64)
+                .flat_map(|k| frame(6, &k.to_le_bytes()))
+                .collect();
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) && flood.write_all(&chunk).is_ok() {
+                sent += chunk.len() as u64;
+            }
+            sent
+        })
+    };
+
+    // B answers A's dial and then acknowledges nothing.
+    a.ep.connect(B).unwrap();
+    let (mut s, _) = fake_b.accept().unwrap();
+    let mut hello = [0u8; 64];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&fake_peer_hello(B.0, 16)).unwrap();
+    until(&mut [&mut a], "B up", |n| n[0].ep.conn_state(B) == ConnState::Up);
+    let t = Instant::now();
+    a.ep.post_write(B, write_req(&a, 1, 0, 64)).unwrap();
+    until(&mut [&mut a], "the verdict on the silent peer", |n| {
+        status_of(n[0], 1).is_some()
+    });
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let sent = flooding.join().unwrap();
+    println!("judged dead after {took:?}; the flooding peer sent {} MiB", sent >> 20);
+    assert_eq!(status_of(&a, 1), Some(WcStatus::RetryExceeded));
+    assert!(took >= Duration::from_millis(500));
+    assert!(sent > 16 << 20, "the flood never filled a read budget: {sent} bytes");
     drop(s);
 }
 
