@@ -883,9 +883,9 @@ impl TcpEndpoint {
             .on_control(secret, self.cfg.cluster_id, self.cfg.node, peer, msg)
         {
             ControlOutcome::Reply(out) => {
-                if self.send_frame(peer, K_CONTROL, &out).is_err() {
-                    self.break_conn(peer, None, DisconnectReason::Refused);
-                }
+                // A failed send means a closed link: its `Down` (with the reason) follows,
+                // as in `adopt`.
+                let _ = self.send_frame(peer, K_CONTROL, &out);
             }
             ControlOutcome::Admitted => {
                 let remote = c.region;
@@ -984,6 +984,14 @@ impl TcpEndpoint {
                 let Some(peer) = peer_of(self, link) else {
                     return;
                 };
+                if !self.conns[&peer].admission.admitted() {
+                    // Nothing is written to a peer before admission: a protocol violation.
+                    self.refuse(
+                        peer,
+                        "it refused a write before proving it knows the cluster secret",
+                    );
+                    return;
+                }
                 // Frames before the refused one were placed (the peer handles them in order).
                 self.on_acked(peer, seq - 1);
                 self.break_conn(peer, Some(status), DisconnectReason::Failed(status));
@@ -993,14 +1001,10 @@ impl TcpEndpoint {
                     return;
                 };
                 if !self.conns[&peer].admission.admitted()
-                    && matches!(
-                        reason,
-                        DisconnectReason::Refused
-                            | DisconnectReason::Failed(WcStatus::RemoteAccess)
-                    )
+                    && reason == DisconnectReason::Failed(WcStatus::RemoteAccess)
                 {
-                    // The I/O thread refused what an unproven peer sent (a write: it has no
-                    // grant before admission; or a malformed frame).
+                    // The I/O thread refused what an unproven peer sent: a write (it has no
+                    // grant before admission) or a malformed frame.
                     self.refuse(
                         peer,
                         &format!("{why}, before proving it knows the cluster secret"),

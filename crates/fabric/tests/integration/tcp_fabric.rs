@@ -683,7 +683,9 @@ fn a_flooding_peer_does_not_hide_a_dead_one() {
     let mut flood = TcpStream::connect(addr(port, A)).unwrap();
     flood.write_all(&fake_peer_hello(C.0, 16)).unwrap();
     let mut reply = [0u8; 64];
-    flood.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    flood
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     flood.read_exact(&mut reply).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let flooding = {
@@ -706,7 +708,9 @@ fn a_flooding_peer_does_not_hide_a_dead_one() {
     let mut hello = [0u8; 64];
     s.read_exact(&mut hello).unwrap();
     s.write_all(&fake_peer_hello(B.0, 16)).unwrap();
-    until(&mut [&mut a], "B up", |n| n[0].ep.conn_state(B) == ConnState::Up);
+    until(&mut [&mut a], "B up", |n| {
+        n[0].ep.conn_state(B) == ConnState::Up
+    });
     let t = Instant::now();
     a.ep.post_write(B, write_req(&a, 1, 0, 64)).unwrap();
     until(&mut [&mut a], "the verdict on the silent peer", |n| {
@@ -715,10 +719,16 @@ fn a_flooding_peer_does_not_hide_a_dead_one() {
     let took = t.elapsed();
     stop.store(true, Ordering::Relaxed);
     let sent = flooding.join().unwrap();
-    println!("judged dead after {took:?}; the flooding peer sent {} MiB", sent >> 20);
+    println!(
+        "judged dead after {took:?}; the flooding peer sent {} MiB",
+        sent >> 20
+    );
     assert_eq!(status_of(&a, 1), Some(WcStatus::RetryExceeded));
     assert!(took >= Duration::from_millis(500));
-    assert!(sent > 16 << 20, "the flood never filled a read budget: {sent} bytes");
+    assert!(
+        sent > 16 << 20,
+        "the flood never filled a read budget: {sent} bytes"
+    );
     drop(s);
 }
 
@@ -902,24 +912,48 @@ fn data_before_the_proof_is_refused() {
     drop(s);
 
     // A write into the advertised region (kind 3: grant, rkey and padding, address, data).
-    // The connection has no grant before admission: the I/O thread refuses the placement,
-    // whether or not the endpoint took the connection up before, and the endpoint counts it
-    // as a refusal with its own reason.
-    let (mut s, region, rkey) = hello_to_a(port);
-    let mut body = u64::MAX.to_le_bytes().to_vec();
-    body.extend_from_slice(&rkey.to_le_bytes());
-    body.extend_from_slice(&[0; 4]);
-    body.extend_from_slice(&region.to_le_bytes());
-    body.extend_from_slice(&[0xEE; 256]);
-    s.write_all(&frame(3, &body)).unwrap();
-    until(&mut [&mut a], "the refusal of a write", |n| {
-        n[0].ep.refusals() >= 2
-    });
-    let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
-    assert!(
-        why.contains("wrote") && why.contains("before proving"),
-        "{why}"
-    );
+    // The connection has no grant before admission: the I/O thread refuses the placement and
+    // the endpoint counts a refusal with its own reason, whichever of the two took the
+    // connection up first. First at once (either order), then after the endpoint's challenge
+    // arrived (the endpoint first).
+    for (round, after_challenge) in [(2, false), (3, true)] {
+        let (mut s, region, rkey) = hello_to_a(port);
+        if after_challenge {
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut head = [0u8; 8];
+            let mut got = 0;
+            let t = Instant::now();
+            while got < head.len() && t.elapsed() < Duration::from_secs(20) {
+                pump(&mut [&mut a]);
+                match s.read(&mut head[got..]) {
+                    Ok(n) => got += n,
+                    Err(e) => assert!(
+                        matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ),
+                        "{e}"
+                    ),
+                }
+            }
+            assert_eq!(head[4], 5, "the endpoint's challenge (a control frame)");
+        }
+        let mut body = u64::MAX.to_le_bytes().to_vec();
+        body.extend_from_slice(&rkey.to_le_bytes());
+        body.extend_from_slice(&[0; 4]);
+        body.extend_from_slice(&region.to_le_bytes());
+        body.extend_from_slice(&[0xEE; 256]);
+        s.write_all(&frame(3, &body)).unwrap();
+        until(&mut [&mut a], "the refusal of a write", |n| {
+            n[0].ep.refusals() >= round
+        });
+        let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
+        assert!(
+            why.contains("wrote") && why.contains("before proving"),
+            "{why}"
+        );
+        drop(s);
+    }
     let ended: Vec<_> = a
         .events
         .iter()
@@ -930,10 +964,9 @@ fn data_before_the_proof_is_refused() {
         .collect();
     assert_eq!(
         ended,
-        [DisconnectReason::Refused, DisconnectReason::Refused],
+        [DisconnectReason::Refused; 3],
         "each connection ends once, refused"
     );
-    drop(s);
 
     assert!(
         !a.events
