@@ -80,7 +80,10 @@ pub struct RdmaConfig {
     pub peers: BTreeMap<NodeId, SocketAddr>,
     /// RDMA device name; `None` finds the device whose RoCE v2 GID is `listen`'s address.
     pub device: Option<String>,
-    /// Queue-pair tuning: timeout and retry_cnt set the dead-peer bound.
+    /// Queue-pair tuning: timeout and retry_cnt set the dead-peer bound. `qp.access` must
+    /// stay local (`LOCAL_WRITE`, optionally `RELAXED_ORDERING`): remote write is granted per
+    /// connection by [`Fabric::set_remote_write`], after admission, and
+    /// [`RdmaEndpoint::open`] refuses any other right.
     pub qp: QpConfig,
     /// rdma_cm timeouts.
     pub connect: ConnectConfig,
@@ -264,11 +267,9 @@ fn verr(e: verbs::Error) -> FabricError {
     }
 }
 
-/// Remote rights a queue pair must not start with: a connection is granted remote write only
-/// by [`Fabric::set_remote_write`], after admission, and revoked by it (the replica's fencing).
-const REMOTE_ACCESS: AccessFlags = AccessFlags::REMOTE_WRITE
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
+/// The only rights a queue pair may start with: a connection is granted remote write only by
+/// [`Fabric::set_remote_write`], after admission, and revoked by it (the replica's fencing).
+const LOCAL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::RELAXED_ORDERING);
 
 fn map_status(s: verbs::WcStatus) -> WcStatus {
     match s {
@@ -286,8 +287,7 @@ fn map_status(s: verbs::WcStatus) -> WcStatus {
 /// Finds the device whose RoCE v2 GID is `ip`.
 pub fn device_for_ip(ip: IpAddr) -> Result<String, FabricError> {
     let IpAddr::V4(v4) = ip else {
-        return Err(FabricError::Register {
-            len_bytes: 0,
+        return Err(FabricError::Setup {
             reason: format!("{ip} is not IPv4; RoCE v2 devices are found by IPv4"),
         });
     };
@@ -299,8 +299,7 @@ pub fn device_for_ip(ip: IpAddr) -> Result<String, FabricError> {
             }
         }
     }
-    Err(FabricError::Register {
-        len_bytes: 0,
+    Err(FabricError::Setup {
         reason: format!(
             "no RDMA device has a RoCE v2 GID for {ip} (devices: {:?})",
             devices.iter().map(|d| &d.name).collect::<Vec<_>>()
@@ -312,14 +311,14 @@ impl RdmaEndpoint {
     /// Opens the device, starts listening and the connection-manager thread.
     pub fn open(cfg: RdmaConfig) -> Result<RdmaEndpoint, FabricError> {
         cfg.qp.validate().map_err(verr)?;
-        if cfg.qp.access.bits() & REMOTE_ACCESS.bits() != 0 {
+        if cfg.qp.access.without(LOCAL_ACCESS) != AccessFlags::NONE {
             // A queue pair with remote rights from its creation would let a peer write the
             // ring before it proved the cluster secret, and after a revoke's reconnect.
             return Err(FabricError::Setup {
                 reason: format!(
-                    "qp.access {:#x} grants remote access to every new connection; leave it \
-                     local (remote write is granted per connection, after admission, by \
-                     set_remote_write)",
+                    "qp.access {:#x} grants more than local access to every new connection; \
+                     leave it LOCAL_WRITE (remote write is granted per connection, after \
+                     admission, by set_remote_write)",
                     cfg.qp.access.bits()
                 ),
             });
@@ -375,8 +374,7 @@ impl RdmaEndpoint {
         let handle = std::thread::Builder::new()
             .name(format!("rdmalog-cm-{}", cfg.node.0))
             .spawn(move || worker.run())
-            .map_err(|e| FabricError::Register {
-                len_bytes: 0,
+            .map_err(|e| FabricError::Setup {
                 reason: format!("cannot start the connection thread: {e}"),
             })?;
         Ok(RdmaEndpoint {
@@ -1349,6 +1347,7 @@ mod tests {
             AccessFlags::REMOTE_WRITE,
             AccessFlags::REMOTE_READ,
             AccessFlags::REMOTE_ATOMIC,
+            AccessFlags::from_bits(1 << 4), // memory-window binding: not a local right either
         ] {
             let mut cfg = RdmaConfig::new(
                 NodeId(1),
