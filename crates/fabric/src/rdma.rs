@@ -560,8 +560,11 @@ impl RdmaEndpoint {
                 return;
             }
         };
-        if self.send_control(peer, &msg).is_err() {
-            self.break_conn(peer, None, DisconnectReason::Refused);
+        if let Err(e) = self.send_control(peer, &msg) {
+            self.refuse(
+                peer,
+                &format!("the admission challenge cannot be sent to it: {e}"),
+            );
             return;
         }
         for wc in early {
@@ -597,8 +600,11 @@ impl RdmaEndpoint {
             .on_control(secret, self.cfg.cluster_id, self.cfg.node, peer, msg)
         {
             ControlOutcome::Reply(out) => {
-                if self.send_control(peer, &out).is_err() {
-                    self.break_conn(peer, None, DisconnectReason::Refused);
+                if let Err(e) = self.send_control(peer, &out) {
+                    self.refuse(
+                        peer,
+                        &format!("our admission proof cannot be sent to it: {e}"),
+                    );
                 }
             }
             ControlOutcome::Admitted => {
@@ -783,26 +789,26 @@ impl RdmaEndpoint {
         }
     }
 
-    /// An error completion broke `peer`'s connection. Before admission that is the peer's
-    /// doing as far as this side can tell (a write before the proof, which has no remote
-    /// rights, puts the queue pair in error): refused and counted, with that reason, not a
-    /// lost connection under an earlier refusal's reason.
+    /// An error completion broke `peer`'s connection. Before admission the cause cannot be
+    /// told from the status (a write before the proof, which has no remote rights, puts our
+    /// queue pair in error, as does a peer that crashed or dropped a duplicate connection):
+    /// not counted as a refusal, but recorded, so the last reason is this one and not an
+    /// earlier refusal's.
     fn failed(&mut self, peer: NodeId, status: WcStatus) {
         if self
             .conns
             .get(&peer)
             .is_some_and(|c| !c.admission.admitted())
         {
-            self.refuse(
-                peer,
-                &format!(
-                    "its connection failed ({status:?}) before it proved it knows the cluster \
-                     secret, as a write before the proof makes it"
-                ),
+            let why = format!(
+                "the connection failed ({status:?}) before the peer proved it knows the \
+                 cluster secret (a write before the proof does that; so do a crash and a \
+                 dropped duplicate connection)"
             );
-        } else {
-            self.break_conn(peer, None, DisconnectReason::Failed(status));
+            tracing::info!(%peer, why, "connection lost before admission");
+            self.last_errors.insert(peer, why);
         }
+        self.break_conn(peer, None, DisconnectReason::Failed(status));
     }
 
     fn poll_recv_cq(&mut self) {
@@ -865,6 +871,14 @@ impl RdmaEndpoint {
                 }
             }
             let Some(adv) = header else {
+                if !c.admission.admitted() {
+                    self.refuse(
+                        peer,
+                        "it sent a frame shorter than its header before proving it knows the \
+                         cluster secret",
+                    );
+                    return;
+                }
                 tracing::warn!(%peer, "a frame shorter than its header; dropping the connection");
                 self.break_conn(peer, None, DisconnectReason::Failed(WcStatus::RemoteAccess));
                 return;
