@@ -1458,11 +1458,9 @@ impl Run {
         if let (true, Ok(tickets)) = (self.options.callers_drive, &result) {
             if let Some(&last) = tickets.last() {
                 self.c.waiting.insert(node, last);
-                // Reads begun inside a pass count against the same bound as the others.
-                let in_flight = self.reads.len() + self.c.read_on_resolve.len();
                 if self.options.reads
                     && self.read_rng.below(2) == 0
-                    && in_flight < reads::MAX_READS_IN_FLIGHT
+                    && self.reads_in_flight() < reads::MAX_READS_IN_FLIGHT
                 {
                     self.c.read_on_resolve.insert(node);
                 } else {
@@ -1713,11 +1711,11 @@ impl Run {
         Ok(())
     }
 
-    /// Whether all work is done: every client op finished, the live voters agree on a commit
-    /// index covering every acknowledged append, and a fresh append went through.
+    /// Whether all work is done: every client op finished, every read in flight ended
+    /// (answered and checked, refused, or timed out: none leaves the run unchecked), the live
+    /// voters agree on a commit index covering every acknowledged append, and a fresh append
+    /// went through.
     fn quiet(&mut self) -> bool {
-        // Reads in flight end too (answered and checked, refused, or timed out), so none
-        // leaves the run unchecked.
         if self.ops.iter().any(|o| !o.done)
             || !self.reads.is_empty()
             || !self.c.failed.is_empty()
@@ -2003,9 +2001,10 @@ impl Run {
             }
             if self.now() >= bound {
                 return Err(format!(
-                    "liveness: {} client appends still unfinished, leader {:?}, {} election \
-                     timeouts after the faults stopped; nodes: {}",
+                    "liveness: {} client appends and {} reads still unfinished, leader {:?}, \
+                     {} election timeouts after the faults stopped; nodes: {}",
                     self.ops.iter().filter(|o| !o.done).count(),
+                    self.reads.len(),
                     self.leader(),
                     LIVENESS_ELECTION_TIMEOUTS,
                     self.describe_nodes()

@@ -3,8 +3,8 @@
 //!
 //! A client starts a read (`Replica::read_index`) on the node it takes for the leader, now and
 //! then, and half the times it learns that one of its appends committed, on the node that
-//! told it. With callers driving their own waits, half the callers start their read the
-//! moment their ticket resolves, inside the pass, before anything else runs on the node (a
+//! told it, at most [`MAX_READS_IN_FLIGHT`] at once. With callers driving their own waits,
+//! half the callers (within that bound) start their read the moment their ticket resolves, inside the pass, before anything else runs on the node (a
 //! busy caller reading its own write: under `Durability::Replicated` raft's commit index may
 //! still lag the ticket it resolved). It then polls
 //! `Replica::read_status`. When the read is answered at index `r`, the client reads its log
@@ -64,11 +64,13 @@ impl Run {
         }
         if start_new {
             for node in acked_on {
-                if self.reads.len() < MAX_READS_IN_FLIGHT && self.read_rng.below(2) == 0 {
+                if self.reads_in_flight() < MAX_READS_IN_FLIGHT && self.read_rng.below(2) == 0 {
                     self.start_read(node);
                 }
             }
-            if self.reads.len() < MAX_READS_IN_FLIGHT && self.read_rng.below(1_000_000) < READ_PPM {
+            if self.reads_in_flight() < MAX_READS_IN_FLIGHT
+                && self.read_rng.below(1_000_000) < READ_PPM
+            {
                 let live = self.live();
                 if !live.is_empty() {
                     let asked = live[self.read_rng.below(live.len() as u64) as usize];
@@ -78,6 +80,12 @@ impl Run {
             }
         }
         self.resolve_reads()
+    }
+
+    /// Reads in flight: tracked ones, those callers will begin when their ticket resolves,
+    /// and those they began in the pass just run.
+    pub(crate) fn reads_in_flight(&self) -> usize {
+        self.reads.len() + self.c.read_on_resolve.len() + self.c.reads_on_resolve.len()
     }
 
     /// Starts a linearizable read on `node`; a refusal ends it at once.
