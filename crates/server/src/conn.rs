@@ -151,7 +151,10 @@ struct Conn<'a, F: Fabric + Send + 'static, S: Stream> {
     peer: SocketAddr,
     buf: Vec<u8>,
     frame_started: Option<Instant>,
-    last_frame: Instant,
+    /// When the connection was last busy: a frame arrived, or a request was pending. Idleness
+    /// (`idle_timeout`) counts from here, so a request that took longer than the idle timeout
+    /// does not get its connection closed right after its answer.
+    last_active: Instant,
     nonblocking: bool,
     role: Role,
     /// The protocol version the client said at the hello (answers are in that version).
@@ -198,7 +201,7 @@ fn run<F: Fabric + Send + 'static, S: Stream>(
         peer,
         buf: Vec::new(),
         frame_started: None,
-        last_frame: Instant::now(),
+        last_active: Instant::now(),
         nonblocking: false,
         role: Role::ReadOnly,
         version: PROTOCOL_VERSION,
@@ -272,7 +275,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     let r = proto::decode_body(&self.buf[4..end], max);
                     self.buf.drain(..end);
                     self.frame_started = (!self.buf.is_empty()).then(Instant::now);
-                    self.last_frame = Instant::now();
+                    self.last_active = Instant::now();
                     return match r {
                         Ok(req) => Ok(Some(Incoming::Request(req))),
                         Err(e @ FrameError::BatchTooLong { id, .. }) => {
@@ -422,6 +425,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 }
             }
             if let Some(front) = self.pending.front() {
+                self.last_active = Instant::now();
                 match front {
                     Pending::Append { handles, .. } => {
                         if let Some(h) = handles.last() {
@@ -438,7 +442,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 }
             } else if self.tail.is_none()
                 && self.frame_started.is_none()
-                && self.last_frame.elapsed() > self.shared.opts.idle_timeout
+                && self.last_active.elapsed() > self.shared.opts.idle_timeout
             {
                 return End::Refuse(
                     ErrorCode::Malformed,

@@ -1144,7 +1144,6 @@ fn trim_and_retention_delete_old_segments_and_readers_behind_get_compacted() {
 /// log, until they are answered; then it is, and the answers come back in request order.
 #[test]
 fn a_connection_keeps_at_most_max_in_flight_requests_pending() {
-    use proto::ReadConsistency;
     let c = cluster(|o| {
         o.max_in_flight = 2;
         // Far longer than the look below takes, even on a loaded machine.
@@ -1159,7 +1158,7 @@ fn a_connection_keeps_at_most_max_in_flight_requests_pending() {
             id,
             from: 1,
             max_bytes: 1 << 10,
-            consistency: ReadConsistency::AtLeast(1 << 40),
+            consistency: proto::ReadConsistency::AtLeast(1 << 40),
         };
         write_frame(&mut client.s, &far).unwrap();
     }
@@ -1231,6 +1230,42 @@ fn an_idle_connection_is_closed_and_a_tail_never_idles_out() {
             other => panic!("the tail got {other:?}"),
         }
     }
+}
+
+/// Idleness counts from the last answer too, not only from the last request: a request that
+/// waited longer than `idle_timeout` (here a `ReadWith` that times out) leaves its connection
+/// open for the next one.
+#[test]
+fn a_long_request_does_not_make_its_connection_idle() {
+    let c = cluster(|o| {
+        o.idle_timeout = Duration::from_millis(1_000);
+        o.append_timeout = Duration::from_millis(2_500);
+    });
+    let l = c.leader();
+    let mut cl = connect(c.server(l).client_addr(), None);
+    let r = cl.call(|id| Request::ReadWith {
+        id,
+        from: 1,
+        max_bytes: 1 << 20,
+        consistency: proto::ReadConsistency::AtLeast(1 << 40),
+    });
+    assert!(
+        matches!(
+            &r,
+            Response::Error {
+                code: ErrorCode::Timeout,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    // Well within the idle timeout of the answer, and longer than the server's 200 ms read.
+    std::thread::sleep(Duration::from_millis(500));
+    let r = cl.call(|id| Request::Status { id });
+    assert!(
+        matches!(r, Response::Status { .. }),
+        "closed as idle: {r:?}"
+    );
 }
 
 /// A client that stops reading while the server has frames for it (here a tail of a few
