@@ -162,12 +162,14 @@ pub(crate) struct Conn {
     request_timeout: Duration,
     /// When the last request's answer arrived (or the hello's).
     last_used: Instant,
+    /// Whether a request (not the hello) was answered on it.
+    answered: bool,
 }
 
-/// A connection unused for at least this long may have been closed by the server for
-/// idleness just as a request went out (`idle_timeout`, PROTOCOL.md 2): a connection-level
-/// `Malformed` answering it is taken for that close, and the request goes again, once, on a
-/// new connection (the server read none of it).
+/// A connection that answered a request and then sat unused for at least this long may have
+/// been closed by the server for idleness just as a request went out (`idle_timeout`,
+/// PROTOCOL.md 4.3): a connection-level `Malformed` answering it is taken for that close, and
+/// the request goes again, once, on a new connection (the server read none of it).
 const IDLE_RACE: Duration = Duration::from_secs(1);
 
 /// [`Conn::stale`] looks at the socket only after the connection was unused this long.
@@ -271,6 +273,7 @@ impl Conn {
             max_frame: cfg.max_frame_bytes,
             request_timeout: cfg.request_timeout,
             last_used: Instant::now(),
+            answered: false,
         };
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
@@ -338,6 +341,7 @@ impl Conn {
         }
         let tcp = c.stream.tcp();
         let _ = tcp.set_write_timeout(Some(cfg.request_timeout.max(MIN_WAIT)));
+        c.last_used = Instant::now();
         Ok(c)
     }
 
@@ -408,8 +412,9 @@ impl Conn {
     /// Whether the server said something unasked or closed the connection since the last
     /// answer: only a connection-level error (an idle close, a shutdown) or the close itself
     /// can arrive then, so the connection is of no more use and no request has been lost
-    /// on it.
-    pub(crate) fn stale(&self) -> bool {
+    /// on it. Reads through TLS, so that records carrying nothing for us (a session ticket)
+    /// do not count, and plaintext TLS already holds does.
+    pub(crate) fn stale(&mut self) -> bool {
         if !self.rbuf.is_empty() {
             return true;
         }
@@ -418,16 +423,18 @@ impl Conn {
             // between (a shutdown notice) answers the next request, and is retried.
             return false;
         }
-        let tcp = self.stream.tcp();
-        if tcp.set_nonblocking(true).is_err() {
+        if self.stream.tcp().set_nonblocking(true).is_err() {
             return true;
         }
-        let mut probe = [0u8; 1];
-        let arrived = match tcp.peek(&mut probe) {
-            Ok(_) => true, // bytes, or 0: the server closed it
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        let arrived = match self.stream.read(&mut self.chunk) {
+            // Bytes nobody asked for (the connection is dropped with them), or the close.
+            Ok(_) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ),
         };
-        tcp.set_nonblocking(false).is_err() || arrived
+        self.stream.tcp().set_nonblocking(false).is_err() || arrived
     }
 
     /// A broken connection, as a step.
@@ -446,7 +453,8 @@ impl Conn {
         id: u64,
         deadline: Instant,
     ) -> Result<Response, Step> {
-        let idle = self.last_used.elapsed();
+        // Only a connection that answered before and then sat unused can meet an idle close.
+        let idle_race = self.answered && self.last_used.elapsed() >= IDLE_RACE;
         self.send(req).map_err(|e| self.broken(e))?;
         let wait = self
             .request_timeout
@@ -475,6 +483,7 @@ impl Conn {
             ))));
         }
         self.last_used = Instant::now();
+        self.answered = true;
         match resp {
             Response::Error {
                 id: None,
@@ -485,9 +494,9 @@ impl Conn {
                     addr: self.addr.clone(),
                     message,
                 })
-            } else if code == ErrorCode::Malformed && idle >= IDLE_RACE {
-                // The idle close crossed our request; a new connection is idle for 0 s, so
-                // a real `Malformed` on it is returned.
+            } else if code == ErrorCode::Malformed && idle_race {
+                // The idle close crossed our request. The new connection has answered
+                // nothing, so a real `Malformed` on it is returned: one resend at most.
                 Step::Retry(Failure::Broken {
                     addr: self.addr.clone(),
                     err: io::Error::new(io::ErrorKind::ConnectionReset, message),

@@ -39,7 +39,8 @@
 //!
 //! It never retries what retrying cannot fix: `Unauthorized`, `WrongCluster`, `WrongVersion`,
 //! `EntryTooLarge`, `Malformed` (and `TooLarge`, `Compacted`, any other `Internal`) come back at
-//! once as [`ClientError::Refused`], TLS failures as [`ClientError::Tls`].
+//! once as [`ClientError::Refused`], TLS failures as [`ClientError::Tls`]; the one exception is
+//! the idle close below.
 //!
 //! # Appends are exactly once
 //!
@@ -353,16 +354,15 @@ impl Client {
     /// Connects if not connected; the next address is the preferred one, else the next in
     /// the rotation.
     fn ensure_conn(&mut self, deadline: Instant, tried: &mut Vec<String>) -> Result<(), Step> {
-        match &self.conn {
-            // Closed for idleness or for a shutdown while unused: connect again, to the
-            // same server first. Nothing was pending on it.
-            Some(c) if c.stale() => {
-                tracing::debug!(addr = %c.addr, "the server closed the unused connection");
-                self.preferred.get_or_insert_with(|| c.addr.clone());
-                self.conn = None;
+        if let Some(c) = &mut self.conn {
+            if !c.stale() {
+                return Ok(());
             }
-            Some(_) => return Ok(()),
-            None => {}
+            // Closed for idleness or for a shutdown while unused: connect again, to the same
+            // server first. Nothing was pending on it.
+            tracing::debug!(addr = %c.addr, "the server closed the unused connection");
+            self.preferred.get_or_insert_with(|| c.addr.clone());
+            self.conn = None;
         }
         let addr = match self.preferred.take() {
             Some(a) => a,

@@ -128,12 +128,32 @@ fn an_idle_close_crossing_a_request_is_retried_once() {
     );
     assert_eq!(got.lock().unwrap().len(), 3);
 
-    let (addr, _) = scripted_server(|_, _, _| Response::Error {
-        id: None,
-        code: proto::ErrorCode::Malformed,
-        message: "a frame that does not decode".into(),
+    // On a connection that has answered nothing yet, and again on the new connection after
+    // one resend: returned.
+    let (addr, got) = scripted_server(|n, id, _| match n {
+        0 => Response::Appended {
+            id,
+            first: 0,
+            last: 0,
+        },
+        _ => Response::Error {
+            id: None,
+            code: proto::ErrorCode::Malformed,
+            message: "a frame that does not decode".into(),
+        },
     });
-    let mut c = client(addr);
+    let mut c = client(addr.clone());
+    c.append(&[b"first"]).unwrap();
+    std::thread::sleep(Duration::from_millis(1_200));
     let e = c.append(&[b"x"]).unwrap_err();
     assert_eq!(e.code(), Some(proto::ErrorCode::Malformed), "{e}");
+    assert_eq!(got.lock().unwrap().len(), 3, "sent once, resent once");
+    let mut c = client(addr);
+    let e = c.append(&[b"y"]).unwrap_err();
+    assert_eq!(e.code(), Some(proto::ErrorCode::Malformed), "{e}");
+    assert_eq!(
+        got.lock().unwrap().len(),
+        4,
+        "a fresh connection's Malformed is not resent"
+    );
 }
