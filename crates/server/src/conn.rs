@@ -187,6 +187,9 @@ enum End {
     Gone,
     /// Bad input or a policy: tell the client, count it, close.
     Refuse(ErrorCode, String),
+    /// Idle for `idle_timeout`: tell the client (`Malformed`, the code version 1 clients
+    /// know), close; not counted as a refusal.
+    Idle(String),
 }
 
 fn run<F: Fabric + Send + 'static, S: Stream>(
@@ -222,14 +225,26 @@ fn run<F: Fabric + Send + 'static, S: Stream>(
             Err(e) => e,
         }
     };
-    if let End::Refuse(code, message) = end {
-        if code != ErrorCode::ShuttingDown {
-            shared
-                .metrics
-                .rejected_connections
-                .fetch_add(1, Ordering::Relaxed);
+    let refused = match end {
+        End::Gone => None,
+        End::Idle(message) => {
+            tracing::debug!(peer = %c.peer, %message, "closing an idle client connection");
+            Some((ErrorCode::Malformed, message))
         }
-        tracing::info!(peer = %c.peer, ?code, %message, "closing a client connection");
+        End::Refuse(code, message) => {
+            let counter = match code {
+                ErrorCode::ShuttingDown => None,
+                ErrorCode::Busy => Some(&shared.metrics.busy_refusals),
+                _ => Some(&shared.metrics.rejected_connections),
+            };
+            if let Some(n) = counter {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::info!(peer = %c.peer, ?code, %message, "closing a client connection");
+            Some((code, message))
+        }
+    };
+    if let Some((code, message)) = refused {
         let _ = c.send(&Response::Error {
             id: None,
             code,
@@ -444,13 +459,10 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 && self.frame_started.is_none()
                 && self.last_active.elapsed() > self.shared.opts.idle_timeout
             {
-                return End::Refuse(
-                    ErrorCode::Malformed,
-                    format!(
-                        "idle for more than {:?}; closing",
-                        self.shared.opts.idle_timeout
-                    ),
-                );
+                return End::Idle(format!(
+                    "idle for more than {:?}; closing",
+                    self.shared.opts.idle_timeout
+                ));
             }
         }
     }

@@ -69,9 +69,12 @@ pub struct Metrics {
     pub request_errors: AtomicU64,
     /// Appends answered with a redirect.
     pub redirects: AtomicU64,
-    /// Connections refused or closed for bad input (malformed, oversized, wrong version or
-    /// cluster, unauthorized, too slow).
+    /// Connections refused or closed for what the client sent or failed to send (malformed,
+    /// oversized, wrong version or cluster, unauthorized, too slow); not idle closes, not
+    /// `Busy` refusals, not shutdown.
     pub rejected_connections: AtomicU64,
+    /// Connections refused `Busy` because `max_connections` were open.
+    pub busy_refusals: AtomicU64,
     /// Connections accepted since start.
     pub connections_total: AtomicU64,
     /// Rounds of the retention policy that deleted segments.
@@ -207,9 +210,15 @@ pub fn render<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
     );
     gauge(
         "rdmalog_rejected_connections_total",
-        "Client connections closed for bad input.",
+        "Client connections closed for bad input (not idle closes, not Busy refusals).",
         "counter",
         m.rejected_connections.load(Ordering::Relaxed),
+    );
+    gauge(
+        "rdmalog_busy_refusals_total",
+        "Client connections refused Busy at max_connections.",
+        "counter",
+        m.busy_refusals.load(Ordering::Relaxed),
     );
     gauge(
         "rdmalog_client_connections",

@@ -350,6 +350,10 @@ fn roles_tokens_and_the_connection_limit() {
     let (code, msg) = refused(tcp(addr));
     assert_eq!(code, ErrorCode::Busy);
     assert!(msg.contains("limit of 3"), "{msg}");
+    // The two hellos without a good token are rejections; the Busy one is counted apart.
+    let m = get(c.server(l).metrics_addr().unwrap(), "/metrics");
+    assert!(m.contains("rdmalog_rejected_connections_total 2\n"), "{m}");
+    assert!(m.contains("rdmalog_busy_refusals_total 1\n"), "{m}");
 }
 
 #[test]
@@ -1214,6 +1218,9 @@ fn an_idle_connection_is_closed_and_a_tail_never_idles_out() {
     assert_eq!(code, ErrorCode::Malformed, "{message}");
     assert!(message.contains("idle"), "{message}");
     drop(quiet);
+    // An idle close is no rejection: alerts on rejections must not fire for idle clients.
+    let m = get(c.server(l).metrics_addr().unwrap(), "/metrics");
+    assert!(m.contains("rdmalog_rejected_connections_total 0\n"), "{m}");
 
     // The tail is still open: what commits now reaches it.
     let mut writer = connect(addr, None);
