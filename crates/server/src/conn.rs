@@ -467,9 +467,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         }
     }
 
-    /// Shutdown: pending appends get a grace period to commit, then the rest fail.
+    /// Shutdown: pending appends get the grace `ServerHandle::shutdown` was given to commit,
+    /// then the rest fail.
     fn drain_for_shutdown(&mut self) -> End {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let grace = self.shared.shutdown_grace_ms.load(Ordering::Acquire);
+        let deadline = Instant::now() + Duration::from_millis(grace);
         while !self.pending.is_empty() && Instant::now() < deadline {
             if self.answer_resolved().is_err() {
                 return End::Gone;

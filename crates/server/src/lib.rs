@@ -22,7 +22,7 @@ pub mod tls;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -132,6 +132,8 @@ struct Shared<F: Fabric + Send + 'static> {
     log: Arc<Log<F>>,
     metrics: Metrics,
     shutting_down: AtomicBool,
+    /// How long pending appends may still resolve once `shutting_down` is set (ms).
+    shutdown_grace_ms: AtomicU64,
     connections: AtomicUsize,
 }
 
@@ -169,6 +171,7 @@ pub fn start<F: Fabric + Send + 'static>(
         log,
         metrics: Metrics::default(),
         shutting_down: AtomicBool::new(false),
+        shutdown_grace_ms: AtomicU64::new(0),
         connections: AtomicUsize::new(0),
     });
     if !shared.opts.retention.is_unlimited() {
@@ -303,9 +306,14 @@ impl<F: Fabric + Send + 'static> ServerHandle<F> {
     }
 
     /// Stops accepting, lets pending appends resolve for up to `grace`, then answers what is
-    /// left with `ShuttingDown` and closes every connection. The log itself stays open: the
-    /// caller closes it (which flushes it) after this returns.
+    /// left with `ShuttingDown` and closes every connection. Returns once every connection
+    /// closed, or after `grace` and one second more (a connection thread notices the
+    /// shutdown within 200 ms; one stuck writing to a client that stopped reading ends at its
+    /// `frame_timeout`, after this returns). The log itself stays open: the caller closes it
+    /// (which flushes it) after this returns.
     pub fn shutdown(mut self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.shared.shutdown_grace_ms.store(ms, Ordering::Release);
         self.shared.shutting_down.store(true, Ordering::Release);
         if let Some(a) = self.accept.take() {
             let _ = a.join();

@@ -387,6 +387,53 @@ fn shutdown_fails_pending_work_with_a_clear_error() {
     assert_eq!(log.read(kept).unwrap().as_deref(), Some(&b"kept"[..]));
 }
 
+/// `shutdown(grace)` gives an append that cannot commit (its leader cut off from both
+/// followers) `grace` to resolve, not a fixed time: with 300 ms it is answered `ShuttingDown`
+/// within about that (it was 5 s whatever the grace).
+#[test]
+fn shutdown_waits_its_grace_for_pending_appends() {
+    use fabric::NodeId;
+    let grace = Duration::from_millis(300);
+    let mut c = cluster(|_| {});
+    let l = c.leader();
+    let mut client = connect(c.server(l).client_addr(), None);
+    assert!(matches!(
+        append(&mut client, b"warm"),
+        Response::Appended { .. }
+    ));
+    for f in (1..=3).filter(|&f| f != l) {
+        c.net.set_link(NodeId(l), NodeId(f), false);
+        c.net.set_link(NodeId(f), NodeId(l), false);
+    }
+    client.next += 1;
+    let id = client.next;
+    let pending = Request::Append {
+        id,
+        entries: vec![b"pending".to_vec()],
+    };
+    write_frame(&mut client.s, &pending).unwrap();
+    std::thread::sleep(Duration::from_millis(100)); // the append is pending
+    let handle = c.servers[l as usize - 1].take().unwrap();
+    let t = Instant::now();
+    handle.shutdown(grace);
+    let r = client.recv();
+    let took = t.elapsed();
+    assert!(
+        matches!(
+            r,
+            Response::Error {
+                code: ErrorCode::ShuttingDown | ErrorCode::NotCommitted,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert!(
+        took < grace + Duration::from_millis(900),
+        "answered after {took:?} with a grace of {grace:?}"
+    );
+}
+
 fn get(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
