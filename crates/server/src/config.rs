@@ -310,6 +310,10 @@ pub struct ServerConfig {
     pub tokens: HashMap<String, Role>,
     /// Anonymous role.
     pub anonymous_role: Option<Role>,
+    /// The cluster secret read from `rdma.secret_file`, if one is named.
+    pub secret: Option<std::sync::Arc<Vec<u8>>>,
+    /// The client port's TLS, built from `[tls]` (certificates and key read and checked).
+    pub client_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl ServerConfig {
@@ -495,6 +499,20 @@ impl ServerConfig {
             }
             (None, true) => {}
         }
+        // Read here, not only at start, so that `--check-config` catches a bad PEM or secret.
+        let client_tls = match &file.tls {
+            Some(t) => Some(
+                crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())
+                    .map_err(|e| bad("tls", e.to_string()))?,
+            ),
+            None => None,
+        };
+        let secret = match &file.rdma.secret_file {
+            Some(p) => Some(std::sync::Arc::new(
+                fabric::rdma::load_secret(p).map_err(|e| bad("rdma.secret_file", e.to_string()))?,
+            )),
+            None => None,
+        };
         let role = |key: &str, s: &str| {
             Role::parse(s).ok_or_else(|| {
                 bad(
@@ -530,6 +548,8 @@ impl ServerConfig {
             peer_tls,
             tokens,
             anonymous_role,
+            secret,
+            client_tls,
         })
     }
 
@@ -735,6 +755,16 @@ plaintext = true
             (
                 format!("{GOOD}\n[retention]\nmax_days = 7\n"),
                 "unknown field `max_days`",
+            ),
+            // Read by the check itself, so `--check-config` catches them.
+            (
+                GOOD.replace("plaintext = true", "")
+                    .replace("[client]", "[tls]\ncert = \"/etc/hosts\"\nkey = \"/etc/hosts\"\n\n[client]"),
+                "`tls`: ",
+            ),
+            (
+                GOOD.replace("[rdma]", "[rdma]\nsecret_file = \"/nonexistent/secret\""),
+                "`rdma.secret_file`: ",
             ),
         ];
         for (text, want) in cases {

@@ -17,13 +17,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use fabric::NodeId;
-use fabric::rdma::{RdmaConfig, RdmaEndpoint, load_secret};
+use fabric::rdma::{RdmaConfig, RdmaEndpoint};
 use fabric::tcp::{TcpConfig, TcpEndpoint};
 use fabric::{Endpoint, Transport};
 use proto::NodeInfo;
 use replica::{Log, LogOptions, PollMode, ReplicaConfig};
+use server::ServerOptions;
 use server::config::ServerConfig;
-use server::{ServerOptions, tls};
 use wal::fs::{FileSystem, StdFs};
 
 #[derive(Parser, Debug)]
@@ -98,22 +98,16 @@ fn main() -> anyhow::Result<()> {
 
 fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let f = &cfg.file;
-    let tls = match &f.tls {
-        Some(t) => Some(tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())?),
-        None => {
-            tracing::warn!("serving clients over plain TCP, as client.plaintext = true asks");
-            None
-        }
-    };
+    let tls = cfg.client_tls.clone();
+    if tls.is_none() {
+        tracing::warn!("serving clients over plain TCP, as client.plaintext = true asks");
+    }
     let peers: BTreeMap<NodeId, SocketAddr> =
         f.peers.iter().map(|p| (NodeId(p.id), p.rdma)).collect();
-    let secret = match &f.rdma.secret_file {
-        Some(s) => Some(Arc::new(load_secret(s)?)),
-        None => {
-            tracing::warn!(transport = %cfg.transport, "no rdma.secret_file: peers are not authenticated");
-            None
-        }
-    };
+    let secret = cfg.secret.clone();
+    if secret.is_none() {
+        tracing::warn!(transport = %cfg.transport, "no rdma.secret_file: peers are not authenticated");
+    }
     let (qp_timeout, qp_retry) = (
         f.rdma.qp_timeout.unwrap_or(14),
         f.rdma.qp_retry.unwrap_or(7),
