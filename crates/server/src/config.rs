@@ -529,6 +529,22 @@ impl ServerConfig {
         let mut tokens = HashMap::new();
         for (k, t) in file.auth.tokens.iter().enumerate() {
             let key = format!("auth.tokens[{k}].token_file");
+            // A token is a credential: like the cluster secret, its file is the owner's only.
+            if let Ok(meta) = std::fs::metadata(&t.token_file) {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = meta.permissions().mode();
+                if mode & 0o077 != 0 {
+                    return Err(bad(
+                        &key,
+                        format!(
+                            "{} is readable by group or others (mode {:o}); run `chmod 600 {}`",
+                            t.token_file.display(),
+                            mode & 0o777,
+                            t.token_file.display()
+                        ),
+                    ));
+                }
+            }
             let text = std::fs::read_to_string(&t.token_file)
                 .map_err(|e| bad(&key, format!("cannot read {}: {e}", t.token_file.display())))?;
             let token = text.trim().to_string();
@@ -688,6 +704,32 @@ plaintext = true
         let f: ServerFile =
             toml::from_str(include_str!("../../../ops/config/mlx5-node1.toml")).unwrap();
         assert_eq!(f.retention.max_age_secs, Some(604_800));
+    }
+
+    #[test]
+    fn token_files_must_be_the_owners_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("writer.token");
+        std::fs::write(&path, "writer-token-0123456789\n").unwrap();
+        let text = format!(
+            "{GOOD}\n[auth]\n[[auth.tokens]]\ntoken_file = \"{}\"\nrole = \"read-write\"\n",
+            path.display()
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = ServerConfig::parse(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`auth.tokens[0].token_file`") && e.contains("chmod 600"),
+            "{e}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = ServerConfig::parse(&text, "t.toml").unwrap();
+        assert_eq!(
+            c.tokens.get("writer-token-0123456789"),
+            Some(&Role::ReadWrite)
+        );
     }
 
     #[test]
