@@ -918,7 +918,9 @@ class Client:
     """A client of an rdmalog cluster (section 7 of docs/PROTOCOL.md).
 
     ``servers``: ``host:port`` client addresses (more are learned from the
-    cluster). ``timeout``: the deadline of each call, retries included.
+    cluster). ``timeout``: the deadline of each call, retries included (30 s,
+    as the Rust client's: above the servers' default append_timeout of 10 s,
+    so that a server's ``Timeout`` is seen and retried before it passes).
     ``connect_timeout`` (TCP, TLS and hello together) and ``request_timeout``
     (the wait for one answer; keep it above the servers' append_timeout) are
     cut at that deadline. Not thread-safe: use one Client per thread.
@@ -935,7 +937,7 @@ class Client:
     def __init__(self, servers: list[str], cluster_id: int, token: Optional[str] = None,
                  tls: bool = False, ca_file: Optional[str] = None,
                  cert_file: Optional[str] = None, key_file: Optional[str] = None,
-                 server_name: Optional[str] = None, timeout: float = 10.0, *,
+                 server_name: Optional[str] = None, timeout: float = 30.0, *,
                  connect_timeout: float = 3.0, request_timeout: float = 15.0,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, exactly_once: bool = True):
         if isinstance(servers, str):
@@ -1513,10 +1515,12 @@ class Client:
     def tail(self, from_index: int, wait_timeout: Optional[float] = None
              ) -> Iterator[tuple[int, bytes]]:
         """Yield (index, data) for every committed entry from ``from_index`` on,
-        forever. Runs on its own connection (closed when the generator is closed).
-        After a break it resumes with ``Tail { from: last + 1 }`` on a new
-        connection to any member. ``wait_timeout``: raise TailTimeout when no
-        entry arrives for that long (None: wait forever)."""
+        until the generator is closed. Runs on its own connection (closed with
+        the generator). After a break it resumes with ``Tail { from: last + 1 }``
+        on a new connection to any member; when no member can be reached for
+        ``timeout`` (the client's), it raises DeadlineExceeded. ``wait_timeout``:
+        raise TailTimeout when no entry arrives for that long (None: wait
+        forever)."""
         next_index = max(from_index, 1)
         conn: Optional[_Conn] = None
         backoff = _Backoff()
