@@ -40,7 +40,7 @@
 //! It never retries what retrying cannot fix: `Unauthorized`, `WrongCluster`, `WrongVersion`,
 //! `EntryTooLarge`, `Malformed` (and `TooLarge`, `Compacted`, any other `Internal`) come back at
 //! once as [`ClientError::Refused`], TLS failures as [`ClientError::Tls`]; the one exception is
-//! the idle close below.
+//! the idle close above.
 //!
 //! # Appends are exactly once
 //!

@@ -156,4 +156,27 @@ fn an_idle_close_crossing_a_request_is_retried_once() {
         4,
         "a fresh connection's Malformed is not resent"
     );
+
+    // On a used connection without the idle second: returned too.
+    let (addr, got) = scripted_server(|n, id, _| match n {
+        0 => Response::Appended {
+            id,
+            first: 0,
+            last: 0,
+        },
+        _ => Response::Error {
+            id: None,
+            code: proto::ErrorCode::Malformed,
+            message: "a frame that does not decode".into(),
+        },
+    });
+    let mut c = client(addr);
+    c.append(&[b"first"]).unwrap();
+    let e = c.append(&[b"z"]).unwrap_err();
+    assert_eq!(e.code(), Some(proto::ErrorCode::Malformed), "{e}");
+    assert_eq!(
+        got.lock().unwrap().len(),
+        2,
+        "a busy connection's Malformed is not resent"
+    );
 }

@@ -179,9 +179,9 @@ pub struct ReplicaConfig {
     pub max_entry_bytes: usize,
     /// Where segments and the raft state live.
     pub data_dir: PathBuf,
-    /// Under [`Durability::Memory`], the tmpfs directory of the ring's shared-memory files
-    /// (see [`ReplicaConfig::ring_file`]), so that a crash of this process loses no entry it
-    /// acknowledged. Default `/dev/shm`. Unused under `Fsync`.
+    /// Under [`Durability::Memory`] and [`Durability::Replicated`], the tmpfs directory of the
+    /// ring's shared-memory files (see [`ReplicaConfig::ring_file`]), so that a crash of this
+    /// process loses no entry it acknowledged. Default `/dev/shm`. Unused under `Fsync`.
     pub ring_dir: PathBuf,
     /// raft-rs `max_size_per_msg`: bounds one append message.
     pub max_size_per_msg: u64,

@@ -57,7 +57,8 @@ pub struct ServerFile {
     /// "fsync" (default), "memory" or "replicated".
     #[serde(default)]
     pub durability: Option<String>,
-    /// Under memory durability: the tmpfs directory of the ring files (default /dev/shm).
+    /// Under memory and replicated durability: the tmpfs directory of the ring files (default
+    /// /dev/shm).
     #[serde(default)]
     pub ring_dir: Option<PathBuf>,
     /// Ring size in MiB (a power of two; default 8).

@@ -66,7 +66,8 @@ pub struct ServerOptions {
     /// Longest a frame may take to arrive once it started (slow-loris bound), and the
     /// longest the TLS handshake and the hello may take.
     pub frame_timeout: Duration,
-    /// A connection with nothing pending and no frame for this long is closed.
+    /// A connection with no request pending, no tail and no partial frame, for this long
+    /// since its last frame or its last pending request, is closed (`Malformed`, "idle").
     pub idle_timeout: Duration,
     /// Longest an append waits for its commit before answering `Timeout`.
     pub append_timeout: Duration,
