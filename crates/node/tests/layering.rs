@@ -134,3 +134,49 @@ fn the_manifests_are_read() {
     let wal = dependencies("wal");
     assert!(wal.contains("rustix") && wal.contains("loom"), "{wal:?}");
 }
+
+/// "verbs is the only crate with `unsafe`" (ARCHITECTURE.md, verbs' crate doc): every other
+/// crate's roots deny `unsafe_code`, so an `unsafe` block anywhere in them fails to build. A
+/// new crate without the attribute, or a root that loses it, fails here.
+#[test]
+fn only_verbs_may_hold_unsafe_code() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&crates).expect("the crates directory") {
+        let dir = entry.expect("a crate").path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if name == "verbs" || !dir.join("Cargo.toml").is_file() {
+            continue;
+        }
+        for root in ["src/lib.rs", "src/main.rs"] {
+            let path = dir.join(root);
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            assert!(
+                text.contains("#![deny(unsafe_code)]") || text.contains("#![forbid(unsafe_code)]"),
+                "{} does not deny unsafe_code: only verbs may hold unsafe code",
+                path.display()
+            );
+            checked += 1;
+        }
+        // Nor may any of its sources lift the denial.
+        let mut dirs = vec![dir.join("src")];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let text = std::fs::read_to_string(&p).unwrap_or_default();
+                    assert!(
+                        !text.contains("allow(unsafe_code)"),
+                        "{} allows unsafe_code: only verbs may hold unsafe code",
+                        p.display()
+                    );
+                }
+            }
+        }
+    }
+    assert!(checked >= 12, "only {checked} crate roots were found");
+}
