@@ -464,6 +464,18 @@ fn metrics_and_status_endpoints() {
         "rdmalog_ring_used_bytes",
         "rdmalog_fenced_writes_total 0",
         "process_cpu_seconds_total",
+        // Every name ops/GUIDE.md tells operators to alert on.
+        "rdmalog_fsync_max_seconds",
+        "rdmalog_reconnects_total",
+        "rdmalog_work_completions_total{status=\"retry_exceeded\"}",
+        "rdmalog_work_completions_total{status=\"flushed\"}",
+        "rdmalog_rejected_connections_total",
+        "rdmalog_busy_refusals_total",
+        "rdmalog_first_index",
+        "rdmalog_log_bytes",
+        "rdmalog_retention_trims_total",
+        "rdmalog_retention_failures_total",
+        "rdmalog_recovering",
     ] {
         assert!(m.contains(needle), "missing {needle} in\n{m}");
     }
