@@ -1,7 +1,7 @@
 //! The server's TOML configuration, checked up front with errors that name the bad key.
 //! `ops/config/` has commented examples; every key is listed in [`ServerFile`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -619,6 +619,124 @@ impl ServerConfig {
             .clone()
             .unwrap_or_else(|| self.file.client.listen.to_string())
     }
+
+    /// The peers' replication addresses.
+    fn peer_addrs(&self) -> BTreeMap<fabric::NodeId, SocketAddr> {
+        let peers = self.file.peers.iter();
+        peers.map(|p| (fabric::NodeId(p.id), p.rdma)).collect()
+    }
+
+    /// `rdma.qp_timeout` and `rdma.qp_retry`, defaults applied (14 and 7).
+    pub fn qp_bounds(&self) -> (u8, u8) {
+        let r = &self.file.rdma;
+        (r.qp_timeout.unwrap_or(14), r.qp_retry.unwrap_or(7))
+    }
+
+    /// The RDMA endpoint's settings.
+    pub fn rdma_config(&self) -> fabric::rdma::RdmaConfig {
+        let f = &self.file;
+        let node = fabric::NodeId(f.node_id);
+        let mut rc =
+            fabric::rdma::RdmaConfig::new(node, self.cluster_id, f.rdma.listen, self.peer_addrs());
+        (rc.qp.timeout, rc.qp.retry_cnt) = self.qp_bounds();
+        rc.device = f.rdma.device.clone();
+        rc.secret = self.secret.clone();
+        rc
+    }
+
+    /// The TCP endpoint's settings: the dead-peer bound is RDMA's retry timer of the same
+    /// `qp_timeout`/`qp_retry`, so one setting means one thing.
+    pub fn tcp_config(&self) -> fabric::tcp::TcpConfig {
+        let f = &self.file;
+        let node = fabric::NodeId(f.node_id);
+        let mut tc =
+            fabric::tcp::TcpConfig::new(node, self.cluster_id, f.rdma.listen, self.peer_addrs());
+        let (timeout, retry) = self.qp_bounds();
+        tc.dead_peer_timeout = fabric::tcp::TcpConfig::dead_peer_from_qp(timeout, retry);
+        tc.secret = self.secret.clone();
+        tc.tls = self.peer_tls.clone();
+        tc
+    }
+
+    /// The replica's settings: every member a voter, the file's durability, ring, segments
+    /// and raft timing (the replica's defaults where the file says nothing).
+    pub fn replica_config(&self) -> replica::ReplicaConfig {
+        let f = &self.file;
+        let mut voters: Vec<u64> = f.peers.iter().map(|p| p.id).collect();
+        voters.push(f.node_id);
+        voters.sort_unstable();
+        let mut rc =
+            replica::ReplicaConfig::new(f.node_id, voters, self.cluster_id, f.data_dir.clone());
+        rc.durability = self.durability;
+        if let Some(d) = &f.ring_dir {
+            rc.ring_dir = d.clone();
+        }
+        if let Some(m) = f.ring_mib {
+            rc.ring_bytes = m << 20;
+        }
+        if let Some(m) = f.segment_mib {
+            rc.segment_bytes = m << 20;
+        }
+        rc.election_tick = f.raft.election_ticks;
+        rc.heartbeat_tick = f.raft.heartbeat_ticks;
+        rc.broadcast_commit = f.raft.broadcast_commit;
+        rc
+    }
+
+    /// How the log's driver runs: the tick, and `poll.mode` (adaptive with a 50 µs spin by
+    /// default).
+    pub fn log_options(&self) -> replica::LogOptions {
+        let f = &self.file;
+        replica::LogOptions {
+            tick: std::time::Duration::from_millis(f.raft.tick_ms),
+            poll: match f.poll.mode.as_deref() {
+                Some("busy") => replica::PollMode::Busy,
+                Some("event") => replica::PollMode::Event,
+                _ => replica::PollMode::Adaptive {
+                    spin: std::time::Duration::from_micros(50),
+                },
+            },
+            pin_core: f.poll.pin_core,
+        }
+    }
+
+    /// How the server serves clients: `[client]`, `[tls]`, `[auth]`, `[metrics]` and
+    /// `[retention]`, with [`crate::ServerOptions::new`]'s defaults where the file says
+    /// nothing.
+    pub fn server_options(&self) -> crate::ServerOptions {
+        use std::time::Duration;
+        let f = &self.file;
+        let c = &f.client;
+        let mut so = crate::ServerOptions::new(f.node_id, self.cluster_id, c.listen);
+        so.members = std::iter::once(proto::NodeInfo {
+            id: f.node_id,
+            client_addr: self.advertise(),
+        })
+        .chain(f.peers.iter().map(|p| proto::NodeInfo {
+            id: p.id,
+            client_addr: p.client.clone(),
+        }))
+        .collect();
+        so.tls = self.client_tls.clone();
+        so.tokens = self.tokens.clone();
+        so.anonymous_role = self.anonymous_role;
+        so.max_connections = c.max_connections.unwrap_or(so.max_connections);
+        so.max_in_flight = c.max_in_flight.unwrap_or(so.max_in_flight);
+        so.max_frame_bytes = c.max_frame_bytes.unwrap_or(so.max_frame_bytes);
+        let ms = Duration::from_millis;
+        so.frame_timeout = c.frame_timeout_ms.map_or(so.frame_timeout, ms);
+        so.idle_timeout = c.idle_timeout_ms.map_or(so.idle_timeout, ms);
+        so.append_timeout = c.append_timeout_ms.map_or(so.append_timeout, ms);
+        so.metrics_listen = f.metrics.as_ref().map(|m| m.listen);
+        let r = &f.retention;
+        so.retention = replica::retention::Retention {
+            max_entries: r.max_entries,
+            max_bytes: r.max_bytes,
+            max_age: r.max_age_secs.map(Duration::from_secs),
+        };
+        so.retention_interval = r.interval_ms.map_or(so.retention_interval, ms);
+        so
+    }
 }
 
 #[cfg(test)]
@@ -705,6 +823,93 @@ plaintext = true
         let f: ServerFile =
             toml::from_str(include_str!("../../../ops/config/mlx5-node1.toml")).unwrap();
         assert_eq!(f.retention.max_age_secs, Some(604_800));
+    }
+
+    /// What the start builds from a file that sets nothing optional: the defaults the
+    /// rustdoc of `ServerFile` and ops/GUIDE.md state; then a file that sets them.
+    #[test]
+    fn a_file_maps_to_the_documented_settings() {
+        use std::time::Duration;
+        let c = ServerConfig::parse(GOOD, "t.toml").unwrap();
+        let r = c.replica_config();
+        assert_eq!(r.voters, vec![1, 2]);
+        assert_eq!(r.durability, replica::Durability::Fsync);
+        assert_eq!(r.ring_bytes, 8 << 20, "ring_mib 8");
+        assert_eq!(r.segment_bytes, 64 << 20, "segment_mib 64");
+        assert_eq!(r.ring_dir, PathBuf::from("/dev/shm"));
+        assert_eq!((r.election_tick, r.heartbeat_tick), (20, 3));
+        assert!(!r.broadcast_commit);
+        let o = c.log_options();
+        assert_eq!(o.tick, Duration::from_millis(20));
+        assert_eq!(
+            o.poll,
+            replica::PollMode::Adaptive {
+                spin: Duration::from_micros(50)
+            }
+        );
+        assert_eq!(o.pin_core, None);
+        assert_eq!(c.qp_bounds(), (14, 7));
+        let rc = c.rdma_config();
+        assert_eq!((rc.qp.timeout, rc.qp.retry_cnt), (14, 7));
+        assert!(rc.secret.is_none());
+        let tc = c.tcp_config();
+        assert_eq!(
+            tc.dead_peer_timeout,
+            fabric::tcp::TcpConfig::dead_peer_from_qp(14, 7)
+        );
+        let so = c.server_options();
+        assert_eq!(so.max_connections, 1024);
+        assert_eq!(so.max_in_flight, 256);
+        assert_eq!(so.max_frame_bytes, proto::DEFAULT_MAX_FRAME_BYTES);
+        assert_eq!(so.frame_timeout, Duration::from_secs(10));
+        assert_eq!(so.idle_timeout, Duration::from_secs(300));
+        assert_eq!(so.append_timeout, Duration::from_secs(10));
+        assert_eq!(so.anonymous_role, Some(Role::ReadOnly));
+        assert!(so.tls.is_none() && so.metrics_listen.is_none());
+        assert!(so.retention.is_unlimited());
+        assert_eq!(so.retention_interval, Duration::from_secs(10));
+        let members: Vec<_> = so
+            .members
+            .iter()
+            .map(|m| (m.id, m.client_addr.as_str()))
+            .collect();
+        assert_eq!(members, [(1, "0.0.0.0:7600"), (2, "192.0.2.12:7600")]);
+
+        let set = GOOD
+            .replace(
+                "node_id = 1",
+                "node_id = 1\ndurability = \"replicated\"\nring_mib = 16\nsegment_mib = 128\nring_dir = \"/run/rdmalog\"",
+            )
+            .replace(
+                "listen = \"192.0.2.11:7700\"",
+                "listen = \"192.0.2.11:7700\"\nqp_timeout = 12\nqp_retry = 3",
+            )
+            .replace(
+                "plaintext = true",
+                "plaintext = true\nadvertise = \"192.0.2.11:7600\"\nmax_connections = 10\nmax_in_flight = 5\nframe_timeout_ms = 1000\nidle_timeout_ms = 2000\nappend_timeout_ms = 3000",
+            )
+            + "[raft]\ntick_ms = 5\nelection_ticks = 30\nheartbeat_ticks = 4\nbroadcast_commit = true\n[poll]\nmode = \"busy\"\npin_core = 2\n[metrics]\nlisten = \"127.0.0.1:9100\"\n[retention]\nmax_entries = 1000\ninterval_ms = 500\n";
+        let c = ServerConfig::parse(&set, "t.toml").unwrap();
+        let r = c.replica_config();
+        assert_eq!(r.durability, replica::Durability::Replicated);
+        assert_eq!((r.ring_bytes, r.segment_bytes), (16 << 20, 128 << 20));
+        assert_eq!(r.ring_dir, PathBuf::from("/run/rdmalog"));
+        assert_eq!((r.election_tick, r.heartbeat_tick), (30, 4));
+        assert!(r.broadcast_commit);
+        let o = c.log_options();
+        assert_eq!(o.tick, Duration::from_millis(5));
+        assert_eq!((o.poll, o.pin_core), (replica::PollMode::Busy, Some(2)));
+        assert_eq!(c.rdma_config().qp.timeout, 12);
+        assert_eq!(c.rdma_config().qp.retry_cnt, 3);
+        let so = c.server_options();
+        assert_eq!((so.max_connections, so.max_in_flight), (10, 5));
+        assert_eq!(so.frame_timeout, Duration::from_secs(1));
+        assert_eq!(so.idle_timeout, Duration::from_secs(2));
+        assert_eq!(so.append_timeout, Duration::from_secs(3));
+        assert_eq!(so.metrics_listen, Some("127.0.0.1:9100".parse().unwrap()));
+        assert_eq!(so.retention.max_entries, Some(1000));
+        assert_eq!(so.retention_interval, Duration::from_millis(500));
+        assert_eq!(so.members[0].client_addr, "192.0.2.11:7600");
     }
 
     #[test]
