@@ -111,6 +111,8 @@ struct Shared<F: Fabric> {
     caller_driving: AtomicBool,
     /// Passes the driver thread made (see [`Log::driver_passes_for_test`]).
     driver_passes: AtomicU64,
+    /// Times the driver found itself ten ticks or more behind ([`Log::driver_stalls`]).
+    driver_stalls: AtomicU64,
     /// The highest commit index a pass reached, so that waiters are woken once per move.
     commit: AtomicU64,
     /// Linearizable reads confirmed so far, so that their waiters are woken once per move.
@@ -325,6 +327,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
             poll: options.poll,
             caller_driving: AtomicBool::new(false),
             driver_passes: AtomicU64::new(0),
+            driver_stalls: AtomicU64::new(0),
             commit: AtomicU64::new(0),
             reads: AtomicU64::new(0),
         });
@@ -588,6 +591,13 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.failure()
     }
 
+    /// How many times the driver thread found itself ten ticks or more behind, each logged
+    /// as "the driver fell behind its ticks" (ops/GUIDE.md 2): a leader stalled that long
+    /// lets its followers' election timers run out.
+    pub fn driver_stalls(&self) -> u64 {
+        self.shared.driver_stalls.load(Ordering::Relaxed)
+    }
+
     /// Test-only: makes the driver thread panic at its next pass, to check the fail-stop.
     #[doc(hidden)]
     pub fn inject_driver_panic(&self) {
@@ -701,6 +711,7 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
             // follower, misses the leader): say why, so an unexpected election can be traced.
             let behind = now.saturating_duration_since(next_tick);
             if behind >= o.tick * STALL_TICKS {
+                s.driver_stalls.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     node = r.id(),
                     behind_ms = behind.as_millis() as u64,

@@ -215,6 +215,12 @@ pub fn render<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
         m.rejected_connections.load(Ordering::Relaxed),
     );
     gauge(
+        "rdmalog_driver_stalls_total",
+        "Times the replica's driver fell ten ticks or more behind (logged with behind_ms).",
+        "counter",
+        shared.log.driver_stalls(),
+    );
+    gauge(
         "rdmalog_busy_refusals_total",
         "Client connections refused Busy at max_connections.",
         "counter",

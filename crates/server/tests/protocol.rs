@@ -476,6 +476,7 @@ fn metrics_and_status_endpoints() {
         "rdmalog_retention_trims_total",
         "rdmalog_retention_failures_total",
         "rdmalog_recovering",
+        "rdmalog_driver_stalls_total",
     ] {
         assert!(m.contains(needle), "missing {needle} in\n{m}");
     }

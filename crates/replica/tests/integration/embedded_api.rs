@@ -386,3 +386,29 @@ fn an_append_retried_in_its_session_is_in_the_log_once() {
         log.close().unwrap();
     }
 }
+
+/// ops/GUIDE.md 2: "A driver that falls ten ticks or more behind logs `the driver fell behind
+/// its ticks`": each such stall is counted ([`Log::driver_stalls`], the server's
+/// `rdmalog_driver_stalls_total`). Held for well over ten ticks, the driver counts one when
+/// it runs again.
+#[test]
+fn a_driver_held_past_ten_ticks_counts_a_stall() {
+    let (_net, stop, logs) = cluster(PollMode::Event);
+    let tick = LogOptions::default().tick;
+    let before = logs[0].driver_stalls();
+    logs[0].hold_driver_for_test(true);
+    std::thread::sleep(tick * 15);
+    logs[0].hold_driver_for_test(false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while logs[0].driver_stalls() == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        logs[0].driver_stalls() > before,
+        "a driver held for 15 ticks counted no stall"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for log in logs {
+        log.close().unwrap();
+    }
+}
