@@ -953,6 +953,17 @@ mod tests {
         assert!(b.delay() <= BACKOFF_START);
     }
 
+    /// The defaults `ClientConfig::new`'s rustdoc states (and the Python client shares).
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let c = ClientConfig::new(vec!["127.0.0.1:7600".into()], 1);
+        assert_eq!(c.connect_timeout, Duration::from_secs(3));
+        assert_eq!(c.request_timeout, Duration::from_secs(15));
+        assert_eq!(c.deadline, Duration::from_secs(30));
+        assert_eq!(c.max_frame_bytes, proto::DEFAULT_MAX_FRAME_BYTES);
+        assert!(c.exactly_once && c.tls.is_none() && c.token.is_none());
+    }
+
     #[test]
     fn bad_configurations_are_refused_before_connecting() {
         let c = Client::connect(ClientConfig::new(vec![], 1));
