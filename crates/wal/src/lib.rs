@@ -15,7 +15,8 @@
 //!   fault-injecting one for crash tests.
 //!
 //! Invariants, phrased as absences: this crate never touches RDMA, a transport or raft; it holds
-//! no `unsafe`; the append path allocates nothing per append.
+//! no `unsafe`; the append path allocates nothing per append (`tests/integration/allocations.rs`,
+//! under `Fsync` and `Memory`).
 
 #![deny(unsafe_code)]
 

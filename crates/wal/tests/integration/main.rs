@@ -3,6 +3,7 @@
 //! and host-driven boots (`host_*.rs`) stay binaries of their own, as `ops/test` runs them
 //! by name.
 
+mod allocations;
 mod common;
 mod concurrent_truncation;
 mod crash_consistency;
