@@ -263,7 +263,12 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
 
     fn send(&mut self, r: &Response) -> Result<(), End> {
         self.set_nonblocking(false);
-        if matches!(r, Response::Error { .. } | Response::Redirect { .. }) {
+        // A request's error or redirect; a connection-level error (`id: None`: a refusal,
+        // an idle close, a shutdown) answers no request and is counted where it is decided.
+        if matches!(
+            r,
+            Response::Error { id: Some(_), .. } | Response::Redirect { .. }
+        ) {
             self.shared
                 .metrics
                 .request_errors
@@ -472,14 +477,25 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
     fn drain_for_shutdown(&mut self) -> End {
         let grace = self.shared.shutdown_grace_ms.load(Ordering::Acquire);
         let deadline = Instant::now() + Duration::from_millis(grace);
+        // What already resolved is answered as it resolved, even with no grace at all: an
+        // append that committed must not be told it may not have.
+        if self.answer_resolved().is_err() {
+            return End::Gone;
+        }
         while !self.pending.is_empty() && Instant::now() < deadline {
+            match self.pending.front() {
+                Some(Pending::Append { handles, .. }) => {
+                    if let Some(h) = handles.last() {
+                        h.wait_for(Duration::from_millis(10));
+                    }
+                }
+                Some(Pending::Members { handle, .. } | Pending::Open { handle, .. }) => {
+                    handle.wait_for(Duration::from_millis(10));
+                }
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
             if self.answer_resolved().is_err() {
                 return End::Gone;
-            }
-            if let Some(Pending::Append { handles, .. }) = self.pending.front() {
-                if let Some(h) = handles.last() {
-                    h.wait_for(Duration::from_millis(10));
-                }
             }
         }
         while let Some(p) = self.pending.pop_front() {
@@ -498,9 +514,20 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     });
                     continue;
                 }
-                Pending::Append { id, .. }
-                | Pending::Members { id, .. }
-                | Pending::Open { id, .. } => id,
+                Pending::Append {
+                    id,
+                    handles,
+                    start,
+                    in_session,
+                } => match self.append_answer(id, &handles, start, in_session, None) {
+                    // Resolved behind a request still pending: answered as it resolved.
+                    Some(a) => {
+                        let _ = self.send(&a);
+                        continue;
+                    }
+                    None => id,
+                },
+                Pending::Members { id, .. } | Pending::Open { id, .. } => id,
             };
             let _ = self.send(&Response::Error {
                 id: Some(id),
@@ -523,40 +550,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     id,
                     handles,
                     start,
-                    in_session: true,
-                } => {
-                    let results: Vec<_> = handles.iter().map(|h| h.try_result()).collect();
-                    match session_outcome(results) {
-                        SessionOutcome::Committed(indexes) => {
-                            let m = &self.shared.metrics;
-                            m.append_latency.observe(start.elapsed());
-                            for _ in handles {
-                                m.commit_latency.observe(start.elapsed());
-                            }
-                            m.appended_entries
-                                .fetch_add(handles.len() as u64, Ordering::Relaxed);
-                            Some(Response::AppendedAt { id: *id, indexes })
-                        }
-                        SessionOutcome::Failed(e) => Some(self.error(*id, &e)),
-                        SessionOutcome::Unknown(why) => Some(Response::Error {
-                            id: Some(*id),
-                            code: ErrorCode::Timeout,
-                            message: format!(
-                                "{why}; resend the same request: its entries are never appended twice"
-                            ),
-                        }),
-                        SessionOutcome::Pending if start.elapsed() > timeout => {
-                            Some(Response::Error {
-                                id: Some(*id),
-                                code: ErrorCode::Timeout,
-                                message: format!(
-                                    "not committed within {timeout:?}; it may still commit: resend the same request, its entries are never appended twice"
-                                ),
-                            })
-                        }
-                        SessionOutcome::Pending => break,
-                    }
-                }
+                    in_session,
+                } => match self.append_answer(*id, handles, *start, *in_session, Some(timeout)) {
+                    Some(a) => Some(a),
+                    None => break,
+                },
                 Pending::Open { id, handle, start } => match handle.try_result() {
                     Some(Ok(session)) => Some(Response::SessionOpened { id: *id, session }),
                     Some(Err(e)) => Some(self.error(*id, &e)),
@@ -569,65 +567,6 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     }),
                     None => break,
                 },
-                Pending::Append {
-                    id, handles, start, ..
-                } => {
-                    let results = handles
-                        .iter()
-                        .map(|h| (h.ticket().index, h.try_result()))
-                        .collect();
-                    match batch_outcome(results) {
-                        BatchOutcome::Committed { first, last } => {
-                            let m = &self.shared.metrics;
-                            m.append_latency.observe(start.elapsed());
-                            for _ in handles {
-                                m.commit_latency.observe(start.elapsed());
-                            }
-                            m.appended_entries
-                                .fetch_add(handles.len() as u64, Ordering::Relaxed);
-                            Some(Response::Appended {
-                                id: *id,
-                                first,
-                                last,
-                            })
-                        }
-                        BatchOutcome::Partial { first, last } => {
-                            let committed = last - first + 1;
-                            let m = &self.shared.metrics;
-                            for _ in 0..committed {
-                                m.commit_latency.observe(start.elapsed());
-                            }
-                            m.appended_entries.fetch_add(committed, Ordering::Relaxed);
-                            Some(partial_answer(
-                                self.version,
-                                *id,
-                                first,
-                                last,
-                                handles.len(),
-                            ))
-                        }
-                        BatchOutcome::Unknown(why) => Some(Response::Error {
-                            id: Some(*id),
-                            code: ErrorCode::Timeout,
-                            message: format!(
-                                "{why}; the batch may be in the log in part or in whole: do not resend it blindly"
-                            ),
-                        }),
-                        BatchOutcome::NotCommitted(e) | BatchOutcome::Failed(e) => {
-                            Some(self.error(*id, &e))
-                        }
-                        BatchOutcome::Pending if start.elapsed() > timeout => {
-                            Some(Response::Error {
-                                id: Some(*id),
-                                code: ErrorCode::Timeout,
-                                message: format!(
-                                    "not committed within {timeout:?}; it may still commit (a majority may be unreachable)"
-                                ),
-                            })
-                        }
-                        BatchOutcome::Pending => break,
-                    }
-                }
                 Pending::Members { id, handle, start } => match handle.try_result() {
                     Some(Ok(index)) => Some(Response::MembershipChanged { id: *id, index }),
                     Some(Err(e)) => Some(self.error(*id, &e)),
@@ -651,6 +590,92 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             self.send(&r)?;
         }
         Ok(())
+    }
+
+    /// The answer to a pending append (`in_session`: an `AppendInSession`) once its entries
+    /// resolved, or once `timeout` (if any) passed since `start`; `None` while it waits.
+    fn append_answer(
+        &self,
+        id: u64,
+        handles: &[AppendHandle<F>],
+        start: Instant,
+        in_session: bool,
+        timeout: Option<Duration>,
+    ) -> Option<Response> {
+        let timed_out = timeout.is_some_and(|t| start.elapsed() > t);
+        let timeout = timeout.unwrap_or_default();
+        if in_session {
+            let results: Vec<_> = handles.iter().map(|h| h.try_result()).collect();
+            return match session_outcome(results) {
+                SessionOutcome::Committed(indexes) => {
+                    let m = &self.shared.metrics;
+                    m.append_latency.observe(start.elapsed());
+                    for _ in handles {
+                        m.commit_latency.observe(start.elapsed());
+                    }
+                    m.appended_entries
+                        .fetch_add(handles.len() as u64, Ordering::Relaxed);
+                    Some(Response::AppendedAt { id, indexes })
+                }
+                SessionOutcome::Failed(e) => Some(self.error(id, &e)),
+                SessionOutcome::Unknown(why) => Some(Response::Error {
+                    id: Some(id),
+                    code: ErrorCode::Timeout,
+                    message: format!(
+                        "{why}; resend the same request: its entries are never appended twice"
+                    ),
+                }),
+                SessionOutcome::Pending if timed_out => Some(Response::Error {
+                    id: Some(id),
+                    code: ErrorCode::Timeout,
+                    message: format!(
+                        "not committed within {timeout:?}; it may still commit: resend the same request, its entries are never appended twice"
+                    ),
+                }),
+                SessionOutcome::Pending => None,
+            };
+        }
+        let results = handles
+            .iter()
+            .map(|h| (h.ticket().index, h.try_result()))
+            .collect();
+        match batch_outcome(results) {
+            BatchOutcome::Committed { first, last } => {
+                let m = &self.shared.metrics;
+                m.append_latency.observe(start.elapsed());
+                for _ in handles {
+                    m.commit_latency.observe(start.elapsed());
+                }
+                m.appended_entries
+                    .fetch_add(handles.len() as u64, Ordering::Relaxed);
+                Some(Response::Appended { id, first, last })
+            }
+            BatchOutcome::Partial { first, last } => {
+                let committed = last - first + 1;
+                let m = &self.shared.metrics;
+                for _ in 0..committed {
+                    m.commit_latency.observe(start.elapsed());
+                }
+                m.appended_entries.fetch_add(committed, Ordering::Relaxed);
+                Some(partial_answer(self.version, id, first, last, handles.len()))
+            }
+            BatchOutcome::Unknown(why) => Some(Response::Error {
+                id: Some(id),
+                code: ErrorCode::Timeout,
+                message: format!(
+                    "{why}; the batch may be in the log in part or in whole: do not resend it blindly"
+                ),
+            }),
+            BatchOutcome::NotCommitted(e) | BatchOutcome::Failed(e) => Some(self.error(id, &e)),
+            BatchOutcome::Pending if timed_out => Some(Response::Error {
+                id: Some(id),
+                code: ErrorCode::Timeout,
+                message: format!(
+                    "not committed within {timeout:?}; it may still commit (a majority may be unreachable)"
+                ),
+            }),
+            BatchOutcome::Pending => None,
+        }
     }
 
     /// An `Append`, an `AppendIf` or an `AppendInSession`: refused, or pending on its

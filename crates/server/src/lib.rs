@@ -319,7 +319,10 @@ impl<F: Fabric + Send + 'static> ServerHandle<F> {
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }
-        let deadline = std::time::Instant::now() + grace + Duration::from_secs(1);
+        let now = std::time::Instant::now();
+        let deadline = now
+            .checked_add(grace.saturating_add(Duration::from_secs(1)))
+            .unwrap_or(now + Duration::from_secs(365 * 24 * 3600));
         while self.connections() > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }

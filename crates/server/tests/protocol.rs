@@ -422,15 +422,70 @@ fn shutdown_waits_its_grace_for_pending_appends() {
         matches!(
             r,
             Response::Error {
-                code: ErrorCode::ShuttingDown | ErrorCode::NotCommitted,
+                code: ErrorCode::ShuttingDown,
                 ..
             }
         ),
         "{r:?}"
     );
     assert!(
-        took < grace + Duration::from_millis(900),
+        took >= grace - Duration::from_millis(50) && took < grace + Duration::from_millis(900),
         "answered after {took:?} with a grace of {grace:?}"
+    );
+}
+
+/// With no grace at all, an append that already committed is still answered `Appended`, not
+/// `ShuttingDown` ("may or may not have committed"), which would invite a duplicate resend.
+#[test]
+fn shutdown_without_grace_answers_what_already_committed() {
+    let mut c = cluster(|_| {});
+    let l = c.leader();
+    let mut client = connect(c.server(l).client_addr(), None);
+    let log = c.server(l).log().clone();
+    let before = log.status().last_index;
+    // A read that waits (pending ahead), then an append pipelined behind it that commits.
+    client.next += 1;
+    let read = Request::ReadWith {
+        id: client.next,
+        from: 1,
+        max_bytes: 1 << 20,
+        consistency: proto::ReadConsistency::AtLeast(1 << 40),
+    };
+    write_frame(&mut client.s, &read).unwrap();
+    client.next += 1;
+    let id = client.next;
+    let append = Request::Append {
+        id,
+        entries: vec![b"committed".to_vec()],
+    };
+    write_frame(&mut client.s, &append).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let committed = |log: &replica::Log<_>| {
+        (before + 1..=log.status().commit)
+            .any(|i| log.read(i).ok().flatten().as_deref() == Some(&b"committed"[..]))
+    };
+    while !committed(&log) {
+        assert!(Instant::now() < deadline, "the append never committed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let handle = c.servers[l as usize - 1].take().unwrap();
+    handle.shutdown(Duration::ZERO);
+    let answers = [client.recv(), client.recv()];
+    assert!(
+        matches!(
+            answers[0],
+            Response::Error {
+                code: ErrorCode::ShuttingDown,
+                ..
+            }
+        ),
+        "the waiting read: {:?}",
+        answers[0]
+    );
+    assert!(
+        matches!(answers[1], Response::Appended { .. }),
+        "the committed append: {:?}",
+        answers[1]
     );
 }
 
@@ -1278,9 +1333,11 @@ fn an_idle_connection_is_closed_and_a_tail_never_idles_out() {
     assert_eq!(code, ErrorCode::Malformed, "{message}");
     assert!(message.contains("idle"), "{message}");
     drop(quiet);
-    // An idle close is no rejection: alerts on rejections must not fire for idle clients.
+    // An idle close is no rejection and answers no request: alerts on either must not fire
+    // for idle clients.
     let m = get(c.server(l).metrics_addr().unwrap(), "/metrics");
     assert!(m.contains("rdmalog_rejected_connections_total 0\n"), "{m}");
+    assert!(m.contains("rdmalog_request_errors_total 0\n"), "{m}");
 
     // The tail is still open: what commits now reaches it.
     let mut writer = connect(addr, None);
