@@ -81,9 +81,9 @@ pub struct RdmaConfig {
     /// RDMA device name; `None` finds the device whose RoCE v2 GID is `listen`'s address.
     pub device: Option<String>,
     /// Queue-pair tuning: timeout and retry_cnt set the dead-peer bound. `qp.access` must
-    /// stay local (`LOCAL_WRITE`, optionally `RELAXED_ORDERING`): remote write is granted per
-    /// connection by [`Fabric::set_remote_write`], after admission, and
-    /// [`RdmaEndpoint::open`] refuses any other right.
+    /// stay `LOCAL_WRITE`: remote write is granted per connection by
+    /// [`Fabric::set_remote_write`], after admission, and [`RdmaEndpoint::open`] refuses any
+    /// other right.
     pub qp: QpConfig,
     /// rdma_cm timeouts.
     pub connect: ConnectConfig,
@@ -267,9 +267,9 @@ fn verr(e: verbs::Error) -> FabricError {
     }
 }
 
-/// The only rights a queue pair may start with: a connection is granted remote write only by
+/// The only right a queue pair may start with: a connection is granted remote write only by
 /// [`Fabric::set_remote_write`], after admission, and revoked by it (the replica's fencing).
-const LOCAL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::RELAXED_ORDERING);
+const LOCAL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE;
 
 fn map_status(s: verbs::WcStatus) -> WcStatus {
     match s {
@@ -561,10 +561,7 @@ impl RdmaEndpoint {
             }
         };
         if let Err(e) = self.send_control(peer, &msg) {
-            self.refuse(
-                peer,
-                &format!("the admission challenge cannot be sent to it: {e}"),
-            );
+            self.lost_before_admission(peer, &format!("our admission challenge: {e}"));
             return;
         }
         for wc in early {
@@ -601,10 +598,7 @@ impl RdmaEndpoint {
         {
             ControlOutcome::Reply(out) => {
                 if let Err(e) = self.send_control(peer, &out) {
-                    self.refuse(
-                        peer,
-                        &format!("our admission proof cannot be sent to it: {e}"),
-                    );
+                    self.lost_before_admission(peer, &format!("our admission proof: {e}"));
                 }
             }
             ControlOutcome::Admitted => {
@@ -800,15 +794,28 @@ impl RdmaEndpoint {
             .get(&peer)
             .is_some_and(|c| !c.admission.admitted())
         {
-            let why = format!(
-                "the connection failed ({status:?}) before the peer proved it knows the \
-                 cluster secret (a write before the proof does that; so do a crash and a \
-                 dropped duplicate connection)"
-            );
-            tracing::info!(%peer, why, "connection lost before admission");
-            self.last_errors.insert(peer, why);
+            self.record_lost_before_admission(peer, &format!("{status:?}"));
         }
         self.break_conn(peer, None, DisconnectReason::Failed(status));
+    }
+
+    /// Records why `peer`'s connection ended before its admission, when the cause cannot be
+    /// told (see [`RdmaEndpoint::failed`]): the last reason, not a refusal.
+    fn record_lost_before_admission(&mut self, peer: NodeId, what: &str) {
+        let why = format!(
+            "the connection failed ({what}) before the peer proved it knows the cluster \
+             secret (a write before the proof does that; so do a crash and a dropped \
+             duplicate connection)"
+        );
+        tracing::info!(%peer, why, "connection lost before admission");
+        self.last_errors.insert(peer, why);
+    }
+
+    /// A send of the admission exchange failed (the queue pair in error, no credit): the
+    /// connection ends, recorded but not counted as a refusal, as in [`RdmaEndpoint::failed`].
+    fn lost_before_admission(&mut self, peer: NodeId, what: &str) {
+        self.record_lost_before_admission(peer, what);
+        self.break_conn(peer, None, DisconnectReason::Refused);
     }
 
     fn poll_recv_cq(&mut self) {

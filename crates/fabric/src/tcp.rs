@@ -1355,12 +1355,19 @@ impl Io {
             // Taken before the poll: whatever had arrived by now is reported by it, or was
             // read before, unless its connection is left in `unread`.
             let pass_start = self.shared.since_epoch(Instant::now());
-            if let Err(e) = self.poll.poll(&mut events, Some(wait))
-                && e.kind() != io::ErrorKind::Interrupted
-            {
-                tracing::error!(error = %e, "the TCP fabric's poll failed");
-                std::thread::sleep(IO_TICK);
-            }
+            // A pass whose poll failed (EINTR after a SIGCONT, for one) or came back full
+            // (more sockets ready than `events` holds) may have left ready sockets unread:
+            // it moves no mark.
+            let complete = match self.poll.poll(&mut events, Some(wait)) {
+                Ok(()) => events.iter().count() < events.capacity(),
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        tracing::error!(error = %e, "the TCP fabric's poll failed");
+                        std::thread::sleep(IO_TICK);
+                    }
+                    false
+                }
+            };
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
@@ -1378,9 +1385,11 @@ impl Io {
             }
             self.deadlines();
             // After the reports of this pass went into the channel.
-            for (id, c) in &self.conns {
-                if !self.unread.contains(id) {
-                    c.link.read_through.store(pass_start, Ordering::Release);
+            if complete {
+                for (id, c) in &self.conns {
+                    if !self.unread.contains(id) {
+                        c.link.read_through.store(pass_start, Ordering::Release);
+                    }
                 }
             }
             if std::mem::take(&mut self.notify) {

@@ -481,6 +481,11 @@ fn data_before_the_proof_is_refused() {
         t.elapsed() < Duration::from_secs(4),
         "only the admission deadline ended it"
     );
+    assert_eq!(
+        a.ep.refusals(),
+        1,
+        "only the message is a refusal: the failed connection's cause cannot be told"
+    );
     drop(p);
     assert!(
         !a.events.iter().any(|e| matches!(e, Event::Connected { .. })

@@ -954,6 +954,20 @@ fn data_before_the_proof_is_refused() {
         );
         drop(s);
     }
+
+    // A negative acknowledgement (kind 8: sequence, status) of a write never posted to it.
+    let (mut s, _, _) = hello_to_a(port);
+    let mut body = 1u64.to_le_bytes().to_vec();
+    body.push(1);
+    s.write_all(&frame(8, &body)).unwrap();
+    until(
+        &mut [&mut a],
+        "the refusal of a negative acknowledgement",
+        |n| n[0].ep.refusals() >= 4,
+    );
+    let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
+    assert!(why.contains("refused a write before proving"), "{why}");
+    drop(s);
     let ended: Vec<_> = a
         .events
         .iter()
@@ -964,7 +978,7 @@ fn data_before_the_proof_is_refused() {
         .collect();
     assert_eq!(
         ended,
-        [DisconnectReason::Refused; 3],
+        [DisconnectReason::Refused; 4],
         "each connection ends once, refused"
     );
 
