@@ -29,8 +29,8 @@
 //!
 //! A connection the server closed while it was unused (`idle_timeout`, a shutdown) is
 //! replaced before the next request goes out, and a connection-level `Malformed` answering a
-//! request on a connection unused for a second or more is taken for an idle close that
-//! crossed it (the server read none of it): the request goes again, once, on a new
+//! request on a connection that answered one before and then sat unused for a second or more
+//! is taken for an idle close that crossed it (the server read none of it): the request goes again, once, on a new
 //! connection (`tests/client.rs`, `a_connection_closed_for_idleness_is_replaced_silently`;
 //! `tests/partial_batch.rs`, `an_idle_close_crossing_a_request_is_retried_once`).
 //!

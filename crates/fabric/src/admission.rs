@@ -29,32 +29,40 @@ pub const CHALLENGE_BYTES: usize = 1 + NONCE_BYTES;
 /// A proof message: its tag and the HMAC.
 pub const PROOF_BYTES: usize = 1 + 32;
 
-/// Reads a cluster secret file: at least [`MIN_SECRET_BYTES`] bytes (a trailing newline is
-/// ignored), readable by its owner only.
-pub fn load_secret(path: &std::path::Path) -> Result<Vec<u8>, FabricError> {
+/// Reads a file that holds a credential (`what`: "the secret file", "the token file"), which
+/// must be its owner's only: opened once, its mode checked on the open file (no window
+/// between the check and the read), then read whole.
+pub fn read_owner_only(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
-    let bad = |reason: String| FabricError::Setup { reason };
-    let meta = std::fs::metadata(path).map_err(|e| {
-        bad(format!(
-            "cannot read the secret file {}: {e}",
-            path.display()
-        ))
-    })?;
-    let mode = meta.permissions().mode();
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    let mode = file
+        .metadata()
+        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?
+        .permissions()
+        .mode();
     if mode & 0o077 != 0 {
-        return Err(bad(format!(
-            "the secret file {} is readable by group or others (mode {:o}); run `chmod 600 {}`",
+        return Err(format!(
+            "{what} {} is open to group or others (mode {:o}); make it the server's user's \
+             only: `chown <user> {}; chmod 600 {}`",
             path.display(),
             mode & 0o777,
+            path.display(),
             path.display()
-        )));
+        ));
     }
-    let mut bytes = std::fs::read(path).map_err(|e| {
-        bad(format!(
-            "cannot read the secret file {}: {e}",
-            path.display()
-        ))
-    })?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    Ok(bytes)
+}
+
+/// Reads a cluster secret file: at least [`MIN_SECRET_BYTES`] bytes (a trailing newline is
+/// ignored), its owner's only ([`read_owner_only`]).
+pub fn load_secret(path: &std::path::Path) -> Result<Vec<u8>, FabricError> {
+    let bad = |reason: String| FabricError::Setup { reason };
+    let mut bytes = read_owner_only("the secret file", path).map_err(bad)?;
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }

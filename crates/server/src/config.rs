@@ -243,7 +243,7 @@ pub struct ClientSection {
     /// Longest a frame, the hello or the TLS handshake may take, in ms (default 10000).
     #[serde(default)]
     pub frame_timeout_ms: Option<u64>,
-    /// Idle connections close after this many ms (default 300000).
+    /// Idle connections close after this many ms (default 300000, at least 1000).
     #[serde(default)]
     pub idle_timeout_ms: Option<u64>,
     /// Longest an append waits for its commit, in ms (default 10000).
@@ -317,9 +317,10 @@ pub struct ServerConfig {
     pub client_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
-impl ServerConfig {
-    /// Reads and checks `path`.
-    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+impl ServerFile {
+    /// Reads and parses `path`, not yet checked: see [`ServerConfig::check`] (the server
+    /// applies its command-line overrides in between).
+    pub fn load(path: &Path) -> Result<ServerFile, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: path.display().to_string(),
             key: "(file)".into(),
@@ -328,9 +329,9 @@ impl ServerConfig {
         Self::parse(&text, &path.display().to_string())
     }
 
-    /// Parses and checks `text` (`name` names it in errors).
-    pub fn parse(text: &str, name: &str) -> Result<ServerConfig, ConfigError> {
-        let file: ServerFile = toml::from_str(text).map_err(|e| ConfigError {
+    /// Parses `text` (`name` names it in errors), not yet checked.
+    pub fn parse(text: &str, name: &str) -> Result<ServerFile, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError {
             file: name.into(),
             key: e
                 .span()
@@ -340,8 +341,20 @@ impl ServerConfig {
                 })
                 .unwrap_or_else(|| "(syntax)".into()),
             reason: e.message().to_string(),
-        })?;
-        Self::check(file, name)
+        })
+    }
+}
+
+impl ServerConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let name = path.display().to_string();
+        Self::check(ServerFile::load(path)?, &name)
+    }
+
+    /// Parses and checks `text` (`name` names it in errors).
+    pub fn parse(text: &str, name: &str) -> Result<ServerConfig, ConfigError> {
+        Self::check(ServerFile::parse(text, name)?, name)
     }
 
     /// Checks a parsed file.
@@ -461,6 +474,14 @@ impl ServerConfig {
                 ));
             }
         }
+        if c.idle_timeout_ms.is_some_and(|ms| ms < 1000) {
+            return Err(bad(
+                "client.idle_timeout_ms",
+                "must be at least 1000: clients take a connection-level Malformed for an idle \
+                 close, and resend, only on a connection unused for a second or more"
+                    .into(),
+            ));
+        }
         for (key, v) in [
             ("client.max_connections", c.max_connections),
             ("client.max_in_flight", c.max_in_flight),
@@ -531,23 +552,14 @@ impl ServerConfig {
         for (k, t) in file.auth.tokens.iter().enumerate() {
             let key = format!("auth.tokens[{k}].token_file");
             // A token is a credential: like the cluster secret, its file is the owner's only.
-            if let Ok(meta) = std::fs::metadata(&t.token_file) {
-                use std::os::unix::fs::PermissionsExt;
-                let mode = meta.permissions().mode();
-                if mode & 0o077 != 0 {
-                    return Err(bad(
-                        &key,
-                        format!(
-                            "{} is readable by group or others (mode {:o}); run `chmod 600 {}`",
-                            t.token_file.display(),
-                            mode & 0o777,
-                            t.token_file.display()
-                        ),
-                    ));
-                }
-            }
-            let text = std::fs::read_to_string(&t.token_file)
-                .map_err(|e| bad(&key, format!("cannot read {}: {e}", t.token_file.display())))?;
+            let bytes = fabric::admission::read_owner_only("the token file", &t.token_file)
+                .map_err(|e| bad(&key, e))?;
+            let text = String::from_utf8(bytes).map_err(|_| {
+                bad(
+                    &key,
+                    format!("{} is not UTF-8 text", t.token_file.display()),
+                )
+            })?;
             let token = text.trim().to_string();
             if token.len() < 16 {
                 return Err(bad(&key, "a token must have at least 16 characters".into()));
@@ -1003,6 +1015,10 @@ plaintext = true
             (
                 format!("{GOOD}\n[retention]\nmax_days = 7\n"),
                 "unknown field `max_days`",
+            ),
+            (
+                GOOD.replace("plaintext = true", "plaintext = true\nidle_timeout_ms = 500"),
+                "`client.idle_timeout_ms`: must be at least 1000",
             ),
             // Read by the check itself, so `--check-config` catches them.
             (

@@ -19,7 +19,7 @@ use fabric::rdma::RdmaEndpoint;
 use fabric::tcp::TcpEndpoint;
 use fabric::{Endpoint, Transport};
 use replica::Log;
-use server::config::ServerConfig;
+use server::config::{ServerConfig, ServerFile};
 use wal::fs::{FileSystem, StdFs};
 
 #[derive(Parser, Debug)]
@@ -64,8 +64,10 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let mut cfg = ServerConfig::load(&a.config)?;
-    let f = &mut cfg.file;
+    // Parsed, then overridden from the command line, then checked once (the check reads the
+    // secret, the token and the TLS files).
+    let mut file = ServerFile::load(&a.config)?;
+    let f = &mut file;
     if let Some(v) = a.node_id {
         f.node_id = v;
     }
@@ -84,7 +86,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(v) = a.pin_core {
         f.poll.pin_core = Some(v);
     }
-    let cfg = ServerConfig::check(cfg.file, &a.config.display().to_string())?;
+    let cfg = ServerConfig::check(file, &a.config.display().to_string())?;
     if a.check_config {
         println!("{}: configuration is valid", a.config.display());
         return Ok(());

@@ -48,8 +48,9 @@ fn free_port() -> std::io::Result<SocketAddr> {
 
 impl SimServers {
     /// Starts the cluster; `tune` adjusts each server's options (with `metrics_listen` on an
-    /// ephemeral port, and read-write for clients without a token, unlike the default). Ports are picked free but may be taken before the servers bind them:
-    /// then everything starts again (up to five times).
+    /// ephemeral port, and read-write for clients without a token, unlike the default).
+    /// Ports are picked free but may be taken before the servers bind them: then everything
+    /// starts again (up to five times).
     pub fn start(seed: u64, tune: impl Fn(&mut ServerOptions)) -> SimServers {
         Self::start_tuned(seed, |_| {}, tune)
     }

@@ -4,9 +4,10 @@
 //! A client starts a read (`Replica::read_index`) on the node it takes for the leader, now and
 //! then, and half the times it learns that one of its appends committed, on the node that
 //! told it, at most [`MAX_READS_IN_FLIGHT`] at once. With callers driving their own waits,
-//! half the callers (within that bound) start their read the moment their ticket resolves, inside the pass, before anything else runs on the node (a
-//! busy caller reading its own write: under `Durability::Replicated` raft's commit index may
-//! still lag the ticket it resolved). It then polls
+//! half the callers (within that bound) start their read the moment their ticket resolves,
+//! inside the pass, before anything else runs on the node (a busy caller reading its own
+//! write: under `Durability::Replicated` raft's commit index may still lag the ticket it
+//! resolved). It then polls
 //! `Replica::read_status`. When the read is answered at index `r`, the client reads its log
 //! there, and the checker requires (PROTOCOL.md 6.6: "every entry committed anywhere before
 //! the read arrived"):
