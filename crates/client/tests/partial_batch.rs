@@ -100,6 +100,23 @@ fn a_partly_appended_answer_that_is_no_prefix_is_a_protocol_error() {
     }
 }
 
+/// A script: the first append is appended, every later one answered with a
+/// connection-level `Malformed`.
+fn appended_then_malformed(n: usize, id: u64, _: &[Vec<u8>]) -> Response {
+    match n {
+        0 => Response::Appended {
+            id,
+            first: 0,
+            last: 0,
+        },
+        _ => Response::Error {
+            id: None,
+            code: proto::ErrorCode::Malformed,
+            message: "a frame that does not decode".into(),
+        },
+    }
+}
+
 /// The server's idle close crossed the client's request on a connection unused for over a
 /// second (the error frame answers the request, then the close): the request goes again, on
 /// a new connection, and succeeds. A connection-level `Malformed` on a connection in use is
@@ -130,18 +147,7 @@ fn an_idle_close_crossing_a_request_is_retried_once() {
 
     // On a connection that has answered nothing yet, and again on the new connection after
     // one resend: returned.
-    let (addr, got) = scripted_server(|n, id, _| match n {
-        0 => Response::Appended {
-            id,
-            first: 0,
-            last: 0,
-        },
-        _ => Response::Error {
-            id: None,
-            code: proto::ErrorCode::Malformed,
-            message: "a frame that does not decode".into(),
-        },
-    });
+    let (addr, got) = scripted_server(appended_then_malformed);
     let mut c = client(addr.clone());
     c.append(&[b"first"]).unwrap();
     std::thread::sleep(Duration::from_millis(1_200));
@@ -158,18 +164,7 @@ fn an_idle_close_crossing_a_request_is_retried_once() {
     );
 
     // On a used connection without the idle second: returned too.
-    let (addr, got) = scripted_server(|n, id, _| match n {
-        0 => Response::Appended {
-            id,
-            first: 0,
-            last: 0,
-        },
-        _ => Response::Error {
-            id: None,
-            code: proto::ErrorCode::Malformed,
-            message: "a frame that does not decode".into(),
-        },
-    });
+    let (addr, got) = scripted_server(appended_then_malformed);
     let mut c = client(addr);
     c.append(&[b"first"]).unwrap();
     let e = c.append(&[b"z"]).unwrap_err();

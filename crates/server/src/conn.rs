@@ -592,6 +592,19 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         Ok(())
     }
 
+    /// Records `entries` committed by an append that began at `start`: each entry's commit
+    /// latency, and the append's own when all of it (`whole`) committed.
+    fn observe_committed(&self, start: Instant, entries: u64, whole: bool) {
+        let m = &self.shared.metrics;
+        if whole {
+            m.append_latency.observe(start.elapsed());
+        }
+        for _ in 0..entries {
+            m.commit_latency.observe(start.elapsed());
+        }
+        m.appended_entries.fetch_add(entries, Ordering::Relaxed);
+    }
+
     /// The answer to a pending append (`in_session`: an `AppendInSession`) once its entries
     /// resolved, or once `timeout` (if any) passed since `start`; `None` while it waits.
     fn append_answer(
@@ -608,13 +621,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             let results: Vec<_> = handles.iter().map(|h| h.try_result()).collect();
             return match session_outcome(results) {
                 SessionOutcome::Committed(indexes) => {
-                    let m = &self.shared.metrics;
-                    m.append_latency.observe(start.elapsed());
-                    for _ in handles {
-                        m.commit_latency.observe(start.elapsed());
-                    }
-                    m.appended_entries
-                        .fetch_add(handles.len() as u64, Ordering::Relaxed);
+                    self.observe_committed(start, handles.len() as u64, true);
                     Some(Response::AppendedAt { id, indexes })
                 }
                 SessionOutcome::Failed(e) => Some(self.error(id, &e)),
@@ -641,22 +648,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             .collect();
         match batch_outcome(results) {
             BatchOutcome::Committed { first, last } => {
-                let m = &self.shared.metrics;
-                m.append_latency.observe(start.elapsed());
-                for _ in handles {
-                    m.commit_latency.observe(start.elapsed());
-                }
-                m.appended_entries
-                    .fetch_add(handles.len() as u64, Ordering::Relaxed);
+                self.observe_committed(start, handles.len() as u64, true);
                 Some(Response::Appended { id, first, last })
             }
             BatchOutcome::Partial { first, last } => {
-                let committed = last - first + 1;
-                let m = &self.shared.metrics;
-                for _ in 0..committed {
-                    m.commit_latency.observe(start.elapsed());
-                }
-                m.appended_entries.fetch_add(committed, Ordering::Relaxed);
+                self.observe_committed(start, last - first + 1, false);
                 Some(partial_answer(self.version, id, first, last, handles.len()))
             }
             BatchOutcome::Unknown(why) => Some(Response::Error {
