@@ -4,10 +4,15 @@
 //! redirect, the old leader's restart and catch-up, `rdmalog bench`, SIGTERM of every server
 //! and `rdmalog check` of every data dir. The same scenario runs over RDMA and TCP in the lab
 //! (`lab_server.rs`). With `[peer_tls]` the same scenario runs with TLS on every peer link.
+//! Under `memory` durability, a follower whose ring was lost shows `recovering` in
+//! `rdmalog status`, `/status` and `rdmalog_recovering` until it caught up.
 
 mod common;
 
-use common::servers::{Place, three_servers_serve_the_cli_through_a_leader_crash as scenario};
+use common::servers::{
+    Place, a_node_that_lost_its_ring_shows_recovering,
+    three_servers_serve_the_cli_through_a_leader_crash as scenario,
+};
 
 #[test]
 fn three_tcp_servers_serve_the_cli_through_a_leader_crash() {
@@ -17,4 +22,9 @@ fn three_tcp_servers_serve_the_cli_through_a_leader_crash() {
 #[test]
 fn three_tcp_servers_with_peer_tls_serve_the_cli_through_a_leader_crash() {
     scenario(Place::HOST_TCP_TLS);
+}
+
+#[test]
+fn a_node_that_lost_its_ring_shows_recovering_in_status_and_metrics() {
+    a_node_that_lost_its_ring_shows_recovering(Place::HOST_TCP_MEMORY);
 }

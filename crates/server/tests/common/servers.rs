@@ -20,6 +20,9 @@ pub struct Place {
     pub base: u16,
     /// TLS on the peer links (`[peer_tls]`, certificates from a CA made for the test).
     pub peer_tls: bool,
+    /// `durability` (`fsync`, `memory` or `replicated`); the rings of the last two in a
+    /// directory of their own on /dev/shm.
+    pub durability: &'static str,
 }
 
 impl Place {
@@ -29,6 +32,7 @@ impl Place {
         loopback: false,
         base: 9100,
         peer_tls: false,
+        durability: "fsync",
     };
     /// TCP across the lab's hosts.
     pub const LAB_TCP: Place = Place {
@@ -36,6 +40,7 @@ impl Place {
         loopback: false,
         base: 9400,
         peer_tls: false,
+        durability: "fsync",
     };
     /// TCP on this host's loopback.
     pub const HOST_TCP: Place = Place {
@@ -43,6 +48,15 @@ impl Place {
         loopback: true,
         base: 9700,
         peer_tls: false,
+        durability: "fsync",
+    };
+    /// TCP on this host's loopback, under `memory` durability.
+    pub const HOST_TCP_MEMORY: Place = Place {
+        transport: "tcp",
+        loopback: true,
+        base: 13700,
+        peer_tls: false,
+        durability: "memory",
     };
     /// TCP on this host's loopback, with TLS on the peer links.
     pub const HOST_TCP_TLS: Place = Place {
@@ -50,6 +64,7 @@ impl Place {
         loopback: true,
         base: 11700,
         peer_tls: true,
+        durability: "fsync",
     };
 }
 
@@ -100,6 +115,8 @@ pub struct Servers {
     dir: PathBuf,
     procs: Vec<Option<Child>>,
     _files: tempfile::TempDir,
+    /// The ring directory (tmpfs) under `memory` or `replicated` durability.
+    rings: Option<tempfile::TempDir>,
     _one: std::sync::MutexGuard<'static, ()>,
 }
 
@@ -125,10 +142,17 @@ pub fn start_three(at: Place) -> Servers {
         .prefix("servers")
         .tempdir_in(root)
         .unwrap();
+    let rings = (at.durability != "fsync").then(|| {
+        tempfile::Builder::new()
+            .prefix("rdmalog-rings")
+            .tempdir_in("/dev/shm")
+            .unwrap()
+    });
     let mut s = Servers {
         dir: t.path().to_path_buf(),
         procs: vec![None, None, None],
         _files: t,
+        rings,
         _one: one,
     };
     s.write_configs();
@@ -198,9 +222,13 @@ impl Servers {
                     client_addr(p)
                 );
             }
+            let rings = self.rings.as_ref().map_or(String::new(), |r| {
+                format!("ring_dir = \"{}\"\n", r.path().display())
+            });
             let text = format!(
-                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndata_dir = \"{}\"\nsegment_mib = 1\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peer_tls}{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\nappend_timeout_ms = 20000\n\n[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
+                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndurability = \"{}\"\n{rings}data_dir = \"{}\"\nsegment_mib = 1\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peer_tls}{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\nappend_timeout_ms = 20000\n\n[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
                 place().transport,
+                place().durability,
                 self.data_dir(i).display(),
                 rdma_addr(i),
                 secret.display(),
@@ -264,6 +292,42 @@ impl Servers {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) to server `i`.
+    pub fn signal(&self, i: u64, signal: &str) {
+        let c = self.procs[i as usize - 1].as_ref().expect("running");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &c.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} of node {i}");
+    }
+
+    /// Removes server `i`'s ring files (as a machine crash loses them); how many there were.
+    pub fn remove_rings(&self, i: u64) -> usize {
+        let dir = self.rings.as_ref().expect("a ring directory").path();
+        let tag = format!("-n{i}-");
+        let mut removed = 0;
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            if e.file_name().to_string_lossy().contains(&tag) {
+                std::fs::remove_file(e.path()).unwrap();
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Server `i`'s `/metrics` page.
+    pub fn metrics(&self, i: u64) -> String {
+        let addr = format!("127.0.0.1:{}", place().base + 200 + i as u16);
+        let mut out = String::new();
+        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+            let _ = std::io::Read::read_to_string(&mut s, &mut out);
+        }
+        out
     }
 
     /// SIGTERM, then waits for a clean exit.
@@ -578,5 +642,72 @@ fn wait_all_commit(index: u64) {
             "not every member committed {index}: {v}"
         );
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// ops/GUIDE.md 3: "A node that starts without the ring it used before ... comes back
+/// recovering: `rdmalog status` shows its role as `recovering`, `/status` has a `recovering`
+/// sentence and `rdmalog_recovering` is 1." Under `memory` durability a follower is killed
+/// (-9), its ring files removed (as its machine's crash would), and it restarts while the two
+/// others are stopped (SIGSTOP), so it cannot catch up: recovering, on all three surfaces.
+/// Once they run again it catches up and is a follower, `rdmalog_recovering` 0.
+pub fn a_node_that_lost_its_ring_shows_recovering(at: Place) {
+    let mut s = start_three(at);
+    let leader = leader_of(&status(3));
+    assert!(cli(&["append", "one", "two", "three"]).status.success());
+    let f = (1..=3).find(|&i| i != leader).unwrap();
+    let other = (1..=3).find(|&i| i != leader && i != f).unwrap();
+    s.kill(f);
+    let removed = s.remove_rings(f);
+    assert!(removed > 0, "node {f} had no ring files");
+    s.signal(leader, "STOP");
+    s.signal(other, "STOP");
+    s.start(f);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s.metrics(f).contains("\nrdmalog_recovering 1") {
+        assert!(
+            Instant::now() < deadline,
+            "node {f} never reported rdmalog_recovering 1:\n{}\n{}",
+            s.metrics(f),
+            s.tail_log(f)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The two stopped members take the connect timeout (3 s) each to give up on.
+    let out = cli(&["--timeout", "20s", "status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let role = v["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|n| n["id"] == f))
+        .map(|n| n["role"].clone());
+    assert_eq!(
+        role,
+        Some(serde_json::Value::from("recovering")),
+        "rdmalog status: {v}"
+    );
+    let page = {
+        let addr = format!("127.0.0.1:{}", place().base + 200 + f as u16);
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /status HTTP/1.0\r\n\r\n").unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut c, &mut out).unwrap();
+        out
+    };
+    let body: serde_json::Value =
+        serde_json::from_str(page.split("\r\n\r\n").nth(1).unwrap_or("{}")).unwrap();
+    assert!(
+        body["recovering"].as_str().is_some_and(|w| !w.is_empty()),
+        "/status without a recovering sentence: {body}"
+    );
+    s.signal(leader, "CONT");
+    s.signal(other, "CONT");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s.metrics(f).contains("\nrdmalog_recovering 0") {
+        assert!(
+            Instant::now() < deadline,
+            "node {f} never caught up:\n{}",
+            s.tail_log(f)
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
