@@ -330,12 +330,19 @@ impl Servers {
         out
     }
 
-    /// SIGTERM, then waits for a clean exit.
     /// SIGTERM to server `i`, then waits for its exit.
     pub fn stop(&mut self, i: u64) -> std::process::ExitStatus {
+        self.stop_with(i, "TERM")
+    }
+
+    /// `signal` (`TERM` or `INT`) to server `i`, then waits for its exit.
+    pub fn stop_with(&mut self, i: u64, signal: &str) -> std::process::ExitStatus {
         let mut c = self.procs[i as usize - 1].take().expect("running");
         let pid = c.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(s) = c.try_wait().unwrap() {
@@ -343,7 +350,7 @@ impl Servers {
             }
             assert!(
                 Instant::now() < deadline,
-                "node {i} did not stop within 30 s of SIGTERM"
+                "node {i} did not stop within 30 s of SIG{signal}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -568,11 +575,13 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
         "a read from 1 after the trim: {err}"
     );
 
-    for i in 1..=3 {
-        let st = s.stop(i);
+    // SIGINT (a terminal's ^C) for one, SIGTERM (the unit's stop) for the others: both stop
+    // it the same way.
+    for (i, signal) in [(1, "INT"), (2, "TERM"), (3, "TERM")] {
+        let st = s.stop_with(i, signal);
         assert!(
             st.success(),
-            "node {i} exited with {st} after SIGTERM:\n{}",
+            "node {i} exited with {st} after SIG{signal}:\n{}",
             s.tail_log(i)
         );
         assert!(
@@ -581,7 +590,7 @@ pub fn three_servers_serve_the_cli_through_a_leader_crash(at: Place) {
             s.tail_log(i)
         );
     }
-    println!("SIGTERM: all three stopped cleanly");
+    println!("SIGINT and SIGTERM: all three stopped cleanly");
     for i in 1..=3 {
         let d = s.data_dir(i);
         let out = Command::new(cli_bin())
