@@ -1,7 +1,8 @@
 //! Lab test: three `rdmalog-server` processes over Soft-RoCE, and again over TCP (one per lab host), driven by the
 //! `rdmalog` CLI as a user would: append, tail -f, status; the leader is killed with kill -9
 //! and the CLI carries on through the redirect to the new leader; the old leader restarts and
-//! catches up; a SIGTERM stops every server cleanly; `rdmalog check` passes on every data dir.
+//! catches up; a SIGINT (one) and SIGTERM (the others) stop every server cleanly; `rdmalog
+//! check` passes on every data dir.
 //!
 //! Runs inside the lab (`ops/test` runs every `lab_*` binary with `--ignored`). The CLI binary
 //! is the workspace's `rdmalog`, found beside this test's executable.

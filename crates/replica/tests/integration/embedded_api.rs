@@ -417,8 +417,9 @@ fn a_driver_held_past_ten_ticks_counts_a_stall() {
 /// wakes the driver at once (it blocks on the completion channels and an eventfd, not on a
 /// timer); with nothing to do it sleeps until its next raft tick." With a 200 ms tick, a
 /// commit (an append, the leader's writes, each follower's answer) takes a small part of one
-/// tick in `Event` and `Adaptive` modes: the median of 10 is under a quarter of a tick, where
-/// drivers that woke only on their ticks would take a tick or more per hop.
+/// tick in `Event` and `Adaptive` modes (about 1 ms): the median of 10 must be under half a
+/// tick, where drivers that woke only on their ticks would wait up to a tick per hop (about
+/// 300 ms a commit), and busy drivers of other tests on the same cores cost a few ms.
 #[test]
 fn the_sleeping_modes_wake_for_work_not_for_their_tick() {
     let tick = Duration::from_millis(200);
@@ -429,6 +430,15 @@ fn the_sleeping_modes_wake_for_work_not_for_their_tick() {
         let net = SimNet::new(SimConfig::default(), 5);
         let stop = Arc::new(AtomicBool::new(false));
         net.run_realtime(stop.clone());
+        // Stops the network's clock thread however the test ends, so that a failure here
+        // does not leave it waking every 50 us under the binary's other tests.
+        struct StopOnDrop(Arc<AtomicBool>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(stop.clone());
         let logs: Vec<_> = (1..=3u64)
             .map(|id| {
                 let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
@@ -464,7 +474,7 @@ fn the_sleeping_modes_wake_for_work_not_for_their_tick() {
         took.sort();
         println!("{mode:?}: commits with a {tick:?} tick: {took:?}");
         assert!(
-            took[5] < tick / 4,
+            took[5] < tick / 2,
             "{mode:?}: the median commit took {:?} with a {tick:?} tick: the drivers wait for \
              their ticks",
             took[5]

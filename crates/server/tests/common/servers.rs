@@ -1,5 +1,6 @@
 //! A three-server cluster driven by the `rdmalog` CLI, on either transport; the scenario of
-//! `lab_server.rs` (lab, RDMA and TCP) and `tcp_server.rs` (this host, TCP on loopback).
+//! `lab_server.rs` (lab, RDMA and TCP) and `tcp_server.rs` (this host, TCP on loopback), and
+//! the recovering node of `tcp_server.rs` (memory durability, a tmpfs ring directory).
 #![allow(dead_code)] // reason: each test binary runs a subset
 
 use std::io::{BufRead, BufReader, Write};
@@ -318,16 +319,9 @@ impl Servers {
         removed
     }
 
-    /// Server `i`'s `/metrics` page.
+    /// Server `i`'s `/metrics` page (empty when it does not answer within 5 s).
     pub fn metrics(&self, i: u64) -> String {
-        let addr = format!("127.0.0.1:{}", place().base + 200 + i as u16);
-        let mut out = String::new();
-        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
-            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
-            let _ = std::io::Read::read_to_string(&mut s, &mut out);
-        }
-        out
+        http_get(i, "/metrics")
     }
 
     /// SIGTERM to server `i`, then waits for its exit.
@@ -348,10 +342,12 @@ impl Servers {
             if let Some(s) = c.try_wait().unwrap() {
                 return s;
             }
-            assert!(
-                Instant::now() < deadline,
-                "node {i} did not stop within 30 s of SIG{signal}"
-            );
+            if Instant::now() >= deadline {
+                // Out of `procs` already: kill it here, or nothing would.
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("node {i} did not stop within 30 s of SIG{signal}");
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -373,6 +369,19 @@ impl Drop for Servers {
             }
         }
     }
+}
+
+/// `GET path` from server `i`'s metrics port: the whole reply, empty when it does not answer
+/// within 5 s.
+fn http_get(i: u64, path: &str) -> String {
+    let addr = format!("127.0.0.1:{}", place().base + 200 + i as u16);
+    let mut out = String::new();
+    if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes());
+        let _ = std::io::Read::read_to_string(&mut s, &mut out);
+    }
+    out
 }
 
 /// `rdmalog` pointed at the three servers (plaintext, this cluster).
@@ -694,16 +703,10 @@ pub fn a_node_that_lost_its_ring_shows_recovering(at: Place) {
         Some(serde_json::Value::from("recovering")),
         "rdmalog status: {v}"
     );
-    let page = {
-        let addr = format!("127.0.0.1:{}", place().base + 200 + f as u16);
-        let mut c = std::net::TcpStream::connect(addr).unwrap();
-        c.write_all(b"GET /status HTTP/1.0\r\n\r\n").unwrap();
-        let mut out = String::new();
-        std::io::Read::read_to_string(&mut c, &mut out).unwrap();
-        out
-    };
+    let page = http_get(f, "/status");
     let body: serde_json::Value =
-        serde_json::from_str(page.split("\r\n\r\n").nth(1).unwrap_or("{}")).unwrap();
+        serde_json::from_str(page.split("\r\n\r\n").nth(1).unwrap_or("{}"))
+            .unwrap_or_else(|e| panic!("/status of node {f}: {e}: {page}"));
     assert!(
         body["recovering"].as_str().is_some_and(|w| !w.is_empty()),
         "/status without a recovering sentence: {body}"
