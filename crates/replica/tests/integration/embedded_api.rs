@@ -35,12 +35,19 @@ fn block_on<T>(f: impl Future<Output = T>) -> T {
 }
 
 fn cluster(poll: PollMode) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
-    cluster_with(poll, 8 << 20)
+    let opts = LogOptions {
+        poll,
+        ..LogOptions::default()
+    };
+    cluster_with(opts, |_| {})
 }
 
+/// Three logs on a real-time in-process network, each driven with `opts`; `tune` adjusts each
+/// replica's configuration after the defaults (2 MiB ring, 8 MiB segments, staggered election
+/// windows).
 fn cluster_with(
-    poll: PollMode,
-    segment_bytes: u64,
+    opts: LogOptions,
+    tune: impl Fn(&mut ReplicaConfig),
 ) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
     let net = SimNet::new(SimConfig::default(), 5);
     let stop = Arc::new(AtomicBool::new(false));
@@ -49,13 +56,10 @@ fn cluster_with(
         .map(|id| {
             let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
             cfg.ring_bytes = 2 << 20;
-            cfg.segment_bytes = segment_bytes;
+            cfg.segment_bytes = 8 << 20;
             cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+            tune(&mut cfg);
             let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
-            let opts = LogOptions {
-                poll,
-                ..LogOptions::default()
-            };
             Log::open(cfg, net.add_node(NodeId(id)), disk, opts).unwrap()
         })
         .collect();
@@ -123,7 +127,11 @@ fn appends_wait_await_batch_and_subscribe() {
 
 #[test]
 fn a_subscriber_behind_a_checkpoint_is_told_to_restore_from_it() {
-    let (_net, stop, logs) = cluster_with(PollMode::Event, 512 << 10);
+    let opts = LogOptions {
+        poll: PollMode::Event,
+        ..LogOptions::default()
+    };
+    let (_net, stop, logs) = cluster_with(opts, |c| c.segment_bytes = 512 << 10);
     let l = leader(&logs);
     let mut sub = logs[l].subscribe(1);
     let mut last = 0;
@@ -427,9 +435,18 @@ fn the_sleeping_modes_wake_for_work_not_for_their_tick() {
         spin: Duration::from_micros(50),
     };
     for mode in [PollMode::Event, adaptive] {
-        let net = SimNet::new(SimConfig::default(), 5);
-        let stop = Arc::new(AtomicBool::new(false));
-        net.run_realtime(stop.clone());
+        let opts = LogOptions {
+            tick,
+            poll: mode,
+            pin_core: None,
+        };
+        let (_net, stop, logs) = cluster_with(opts, |cfg| {
+            // FaultFs copies a file at each fdatasync: small segments keep that cheap.
+            cfg.segment_bytes = 1 << 20;
+            cfg.election_tick = 5;
+            cfg.heartbeat_tick = 1;
+            cfg.election_window = Some((5 + 2 * cfg.id as usize, 6 + 2 * cfg.id as usize));
+        });
         // Stops the network's clock thread however the test ends, so that a failure here
         // does not leave it waking every 50 us under the binary's other tests.
         struct StopOnDrop(Arc<AtomicBool>);
@@ -439,24 +456,6 @@ fn the_sleeping_modes_wake_for_work_not_for_their_tick() {
             }
         }
         let _stop = StopOnDrop(stop.clone());
-        let logs: Vec<_> = (1..=3u64)
-            .map(|id| {
-                let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
-                cfg.ring_bytes = 2 << 20;
-                // FaultFs copies a file at each fdatasync: small segments keep that cheap.
-                cfg.segment_bytes = 1 << 20;
-                cfg.election_tick = 5;
-                cfg.heartbeat_tick = 1;
-                cfg.election_window = Some((5 + 2 * id as usize, 6 + 2 * id as usize));
-                let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
-                let opts = LogOptions {
-                    tick,
-                    poll: mode,
-                    pin_core: None,
-                };
-                Log::open(cfg, net.add_node(NodeId(id)), disk, opts).unwrap()
-            })
-            .collect();
         let mut took = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         while took.len() < 10 {
