@@ -1034,7 +1034,12 @@ class Client:
     def _open(self, addr: str, deadline: float) -> _Conn:
         """Connect, TLS, hello. Raises _Retry for what 7.4 retries, else the error."""
         host, port = parse_addr(addr)
-        budget_end = min(time.monotonic() + self.connect_timeout, deadline)
+        now = time.monotonic()
+        # A member that accepts and never answers must not take the whole deadline from the
+        # others: one attempt gets at most an even share of what is left among the known
+        # addresses (as the Rust client does).
+        share = max(deadline - now, 0.0) / max(len(self.addrs), 1)
+        budget_end = min(now + self.connect_timeout, now + share, deadline)
 
         def left() -> float:
             t = budget_end - time.monotonic()

@@ -19,6 +19,7 @@ Without RDMALOG_SERVERS every test is skipped.
 import hashlib
 import json
 import os
+import socket
 import sys
 import time
 import unittest
@@ -351,6 +352,46 @@ class ClusterTest(unittest.TestCase):
         cond_pairs = list(zip(range(cfirst, clast + 1), cond))
         pairs += cond_pairs
 
+        # 8. Membership (Admin; the harness makes anonymous clients admins): add a
+        # voter that does not exist (the three live nodes are still a majority of
+        # four), then remove it again, so the kill -9 of phase after leaves a
+        # majority of three. Each call returns once its change is committed.
+        with new_client(self.addrs) as c:
+            added = c.members(True, 4)
+            self.assertGreater(added, clast, "the added voter's change comes after the log's end")
+            removed = c.members(False, 4)
+            self.assertGreater(removed, added)
+            c.read(removed, consistency="linearizable")
+            self.assertGreaterEqual(c.last_commit, removed)
+            # Nothing else appends now: a tail past the end waits, then gives up.
+            t0 = time.monotonic()
+            gen = c.tail(c.last_commit + 1, wait_timeout=1.0)
+            try:
+                with self.assertRaises(rc.TailTimeout):
+                    for index, _ in gen:
+                        self.fail(f"tail past the end yielded entry {index}")
+            finally:
+                gen.close()
+            waited = time.monotonic() - t0
+            self.assertGreaterEqual(waited, 1.0, "TailTimeout before its wait_timeout")
+            self.assertLess(waited, 10.0, "TailTimeout long after its wait_timeout")
+
+        # 9. A member that accepts and never answers, first in the list, with a
+        # deadline of 3 s: each attempt gets a share of the deadline, so the
+        # others are reached in time (PROTOCOL.md 7.2).
+        hung = socket.socket()
+        try:
+            hung.bind(("127.0.0.1", 0))
+            hung.listen(8)
+            hung_addr = "127.0.0.1:%d" % hung.getsockname()[1]
+            t0 = time.monotonic()
+            with rc.Client([hung_addr] + self.addrs, cid, timeout=3.0) as c:
+                c.status()
+                self.assertNotEqual(c._conn.addr, hung_addr)
+            self.assertLess(time.monotonic() - t0, 3.0)
+        finally:
+            hung.close()
+
         with open(state_path(), "w", encoding="utf-8") as f:
             json.dump({"cluster_id": cid, "leader": st["leader"],
                        "pairs": [[i, d.hex()] for i, d in pairs],
@@ -366,7 +407,9 @@ class ClusterTest(unittest.TestCase):
               f"at {st['leader']['client_addr']} (first seen {leader['id']}); "
               f"append_if at end {end} landed at {cfirst}..={clast}"
               f"{f' after {cond_retries} failed condition(s)' if cond_retries else ''}, "
-              f"a second append_if({end}) failed with end {failed.last} and is not in the log")
+              f"a second append_if({end}) failed with end {failed.last} and is not in the log; "
+              f"voter 4 added at {added} and removed at {removed}; "
+              f"a tail past the end timed out after {waited:.1f} s")
 
     # ------------------------------------------------------------------- after
 

@@ -108,7 +108,9 @@ pub struct ClientConfig {
     pub token: Option<String>,
     /// TLS; `None` is plain TCP.
     pub tls: Option<TlsConfig>,
-    /// Longest a connection (TCP, TLS handshake and hello) may take.
+    /// Longest a connection (TCP, TLS handshake and hello) may take. An attempt also gets at
+    /// most an even share of the call's time left among the known members, so one that
+    /// accepts and never answers leaves time to try the others within a short `deadline`.
     pub connect_timeout: Duration,
     /// Longest to wait for the answer to one request before treating the connection as
     /// broken. Keep it above the servers' append timeout (10 s by default), so that a slow
@@ -375,7 +377,17 @@ impl Client {
         if !tried.contains(&addr) {
             tried.push(addr.clone());
         }
-        let c = Conn::open(&self.cfg, self.tls.as_ref(), &addr, deadline)?;
+        // A member that accepts and never answers (a stopped process, a full backlog) must
+        // not take the whole deadline from the others: one attempt gets at most an even share
+        // of what is left among the known addresses (and at most `connect_timeout`).
+        let now = Instant::now();
+        let share = deadline.saturating_duration_since(now) / self.addrs.len().max(1) as u32;
+        let c = Conn::open(
+            &self.cfg,
+            self.tls.as_ref(),
+            &addr,
+            (now + share).min(deadline),
+        )?;
         tracing::debug!(addr, node = c.node_id, leader = ?c.leader, "connected");
         if let Some(l) = &c.leader {
             let a = l.client_addr.clone();

@@ -544,3 +544,30 @@ fn a_connection_closed_for_idleness_is_replaced_silently() {
         assert_eq!(payloads(&entries), [&b"after"[..]]);
     }
 }
+
+/// A member that accepts connections and never answers the hello (a stopped process) is
+/// first in the list, and the call's deadline is as short as the connect timeout (the CLI's
+/// `--timeout 3s` sets both): the client still reaches the others in time, as each attempt
+/// gets a share of what is left. Before, the hung member took the whole deadline.
+#[test]
+fn a_member_that_never_answers_does_not_take_the_whole_deadline() {
+    let c = cluster(|_| {});
+    c.leader();
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_addr = hung.local_addr().unwrap().to_string();
+    // Accepted by the kernel's backlog, never read: the hello stays unanswered.
+    let mut cfg = c.config(&[1, 2, 3]);
+    cfg.servers.insert(0, hung_addr.clone());
+    cfg.deadline = Duration::from_secs(3);
+    cfg.connect_timeout = Duration::from_secs(3);
+    let start = Instant::now();
+    let mut client =
+        Client::connect(cfg).unwrap_or_else(|e| panic!("connect with {hung_addr} hung first: {e}"));
+    let took = start.elapsed();
+    let (_, addr, _) = client.connected_to().unwrap();
+    assert_ne!(addr, hung_addr);
+    // A quarter of the 3 s for the hung member, then the next one answers.
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    client.append(&[b"past a hung member"]).unwrap();
+    drop(hung);
+}
