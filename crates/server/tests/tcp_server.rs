@@ -5,7 +5,8 @@
 //! SIGTERM of the others, and `rdmalog check` of every data dir. The same scenario runs over RDMA and TCP in the lab
 //! (`lab_server.rs`). With `[peer_tls]` the same scenario runs with TLS on every peer link.
 //! Under `memory` durability, a follower whose ring was lost shows `recovering` in
-//! `rdmalog status`, `/status` and `rdmalog_recovering` until it caught up.
+//! `rdmalog status`, `/status` and `rdmalog_recovering` until it caught up. SIGTERM gives an
+//! append pending at the leader its grace to commit.
 
 mod common;
 
@@ -27,4 +28,74 @@ fn three_tcp_servers_with_peer_tls_serve_the_cli_through_a_leader_crash() {
 #[test]
 fn a_node_that_lost_its_ring_shows_recovering_in_status_and_metrics() {
     a_node_that_lost_its_ring_shows_recovering(Place::HOST_TCP_MEMORY);
+}
+
+/// SIGTERM gives the appends pending at the leader its grace (5 s) to commit, at the binary:
+/// both followers are stopped (SIGSTOP), a client's append waits at the leader, the leader
+/// gets SIGTERM, and it is still running a second later; then the followers go on (SIGCONT),
+/// the append commits, the client gets its answer from the leader that is shutting down (it
+/// knows no other address, so an answer means this one), and the leader exits cleanly. The
+/// entry is then in the log the survivors elect a new leader over. Elections are slowed
+/// (3 s) so that the stopped followers do not cost the leader its term meanwhile
+/// (`check_quorum`).
+#[test]
+fn sigterm_gives_pending_appends_their_grace() {
+    use std::time::{Duration, Instant};
+    const GRACE: Place = Place {
+        base: 14700,
+        ..Place::HOST_TCP
+    };
+    let mut s = common::servers::start_three_with(GRACE, "\n[raft]\nelection_ticks = 150\n");
+    let leader = s.leader(3);
+    let followers: Vec<u64> = (1..=3).filter(|&i| i != leader).collect();
+    let mut cfg = client::ClientConfig::new(vec![s.client_addr(leader)], 0);
+    cfg.cluster_id = u64::from_str_radix(s.cluster_id().trim_start_matches("0x"), 16).unwrap();
+    cfg.exactly_once = false;
+    cfg.deadline = Duration::from_secs(20);
+    let mut c = client::Client::connect(cfg).unwrap();
+    for &f in &followers {
+        s.signal(f, "STOP");
+    }
+    let append = std::thread::spawn(move || c.append(&[b"graced"]));
+    std::thread::sleep(Duration::from_millis(300));
+    s.signal(leader, "TERM");
+    let termed = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        s.running(leader),
+        "the leader exited within a second of SIGTERM with an append pending:\n{}",
+        s.tail_log(leader)
+    );
+    for &f in &followers {
+        s.signal(f, "CONT");
+    }
+    let (first, last) = append
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the pending append: {e}\n{}", s.tail_log(leader)));
+    assert_eq!(first, last);
+    let st = s.stop(leader);
+    let took = termed.elapsed();
+    assert!(st.success(), "exit {st}:\n{}", s.tail_log(leader));
+    assert!(
+        s.tail_log(leader).contains("stopped cleanly"),
+        "{}",
+        s.tail_log(leader)
+    );
+    println!(
+        "the append pending at SIGTERM committed at {first}; the leader exited {took:?} after SIGTERM"
+    );
+    // The survivors hold it.
+    let mut cfg =
+        client::ClientConfig::new(followers.iter().map(|&f| s.client_addr(f)).collect(), 0);
+    cfg.cluster_id = u64::from_str_radix(s.cluster_id().trim_start_matches("0x"), 16).unwrap();
+    cfg.deadline = Duration::from_secs(30);
+    let mut c = client::Client::connect(cfg).unwrap();
+    let (entries, _) = c
+        .read_with(first, 1 << 20, proto::ReadConsistency::Linearizable)
+        .unwrap();
+    assert_eq!(
+        entries.first().map(|e| e.data.as_slice()),
+        Some(&b"graced"[..])
+    );
 }

@@ -118,11 +118,18 @@ pub struct Servers {
     _files: tempfile::TempDir,
     /// The ring directory (tmpfs) under `memory` or `replicated` durability.
     rings: Option<tempfile::TempDir>,
+    /// Appended to every node's configuration file (sections of its own, such as `[raft]`).
+    extra: String,
     _one: std::sync::MutexGuard<'static, ()>,
 }
 
-/// Starts three servers at `at` and waits until they have a leader. One place at a time.
+/// Starts three servers at `at`. One place at a time.
 pub fn start_three(at: Place) -> Servers {
+    start_three_with(at, "")
+}
+
+/// [`start_three`] with `extra` appended to every node's configuration file.
+pub fn start_three_with(at: Place, extra: &str) -> Servers {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let one = ONE_AT_A_TIME
         .lock()
@@ -154,6 +161,7 @@ pub fn start_three(at: Place) -> Servers {
         procs: vec![None, None, None],
         _files: t,
         rings,
+        extra: extra.to_string(),
         _one: one,
     };
     s.write_configs();
@@ -171,6 +179,18 @@ impl Servers {
     /// The three client addresses, comma-separated.
     pub fn client_addrs(&self) -> String {
         servers_arg()
+    }
+
+    /// Server `i`'s client address.
+    pub fn client_addr(&self, i: u64) -> String {
+        client_addr(i)
+    }
+
+    /// Whether server `i`'s process is still running (it may have exited on its own).
+    pub fn running(&mut self, i: u64) -> bool {
+        self.procs[i as usize - 1]
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
     /// The cluster id the servers are configured with.
@@ -235,7 +255,7 @@ impl Servers {
                 secret.display(),
                 client_addr(i),
                 place().base + 200 + i as u16,
-            );
+            ) + &self.extra;
             std::fs::write(self.config(i), text).unwrap();
         }
     }
