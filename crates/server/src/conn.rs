@@ -92,19 +92,64 @@ pub(crate) fn serve<F: Fabric + Send + 'static>(
                 }
             };
             let mut s = rustls::StreamOwned::new(conn, tcp);
-            while s.conn.is_handshaking() {
-                if let Err(e) = s.conn.complete_io(&mut s.sock) {
-                    shared
-                        .metrics
-                        .rejected_connections
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, error = %e, "TLS handshake failed; connection refused");
-                    return;
-                }
+            // The whole handshake within `frame_timeout`, as the hello after it: a client
+            // that trickles its handshake a byte at a time never lets one read time out, and
+            // would hold a connection slot for as long as it likes.
+            let frame_timeout = shared.opts.frame_timeout;
+            if let Err(e) = handshake(&mut s, Instant::now() + frame_timeout) {
+                shared
+                    .metrics
+                    .rejected_connections
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, error = %e, "TLS handshake failed; connection refused");
+                return;
             }
+            let _ = s.sock.set_read_timeout(Some(frame_timeout));
             run(shared, s, peer, over_limit);
         }
     }
+}
+
+/// The server's side of a TLS handshake, done by `deadline`. `complete_io` would do it, but it
+/// loops inside while bytes keep coming, each read under its own timeout, so a deadline for
+/// the whole could not cut it.
+fn handshake(
+    s: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
+    deadline: Instant,
+) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    while s.conn.is_handshaking() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::new(
+                ErrorKind::TimedOut,
+                "the handshake did not finish within frame_timeout",
+            ));
+        }
+        s.sock.set_read_timeout(Some(left))?;
+        while s.conn.wants_write() {
+            s.conn.write_tls(&mut s.sock)?;
+        }
+        if !s.conn.is_handshaking() {
+            break;
+        }
+        if s.conn.wants_read() {
+            if s.conn.read_tls(&mut s.sock)? == 0 {
+                return Err(Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the client closed the connection during the handshake",
+                ));
+            }
+            if let Err(e) = s.conn.process_new_packets() {
+                // Tell the client why (the alert rustls queued), as complete_io does.
+                let _ = s.conn.write_tls(&mut s.sock);
+                return Err(Error::new(ErrorKind::InvalidData, e));
+            }
+        }
+    }
+    // What the handshake's last step queued (TLS 1.3 session tickets) goes out with the
+    // first answer.
+    Ok(())
 }
 
 enum Pending<F: Fabric + Send + 'static> {

@@ -665,6 +665,69 @@ fn tls_with_and_without_client_certificates() {
     assert!(!m.contains("rdmalog_rejected_connections_total 0"), "{m}");
 }
 
+/// A TLS handshake is bounded by `frame_timeout` as a whole, like the hello after it: a
+/// client that sends nothing, and one that trickles its ClientHello a byte at a time (each
+/// read of the server's then succeeds before its timeout), are both disconnected and counted
+/// as refused. Before, the trickling one held its connection slot for as long as it kept
+/// sending.
+#[test]
+fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("rdmalog test CA");
+    let (cert, key) = pki.issue("localhost", dir.path());
+    let frame_timeout = Duration::from_millis(500);
+    let c = cluster(|o| {
+        o.tls = Some(server::tls::server_config(&cert, &key, None).unwrap());
+        o.frame_timeout = frame_timeout;
+    });
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+    // Whether the server has closed `s` (a read sees the end or a reset, not a timeout).
+    let closed = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        match s.read(&mut [0u8; 64]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    };
+    for trickle in [false, true] {
+        let mut s = tcp(addr);
+        let start = Instant::now();
+        if trickle {
+            // A handshake record's header announcing 16 KiB, then its bytes one at a time,
+            // each well inside the server's read timeout.
+            s.write_all(&[0x16, 0x03, 0x01, 0x40, 0x00]).unwrap();
+        }
+        let cut = loop {
+            if trickle && s.write_all(&[0x01]).is_err() {
+                break start.elapsed();
+            }
+            if closed(&mut s) {
+                break start.elapsed();
+            }
+            assert!(
+                start.elapsed() < frame_timeout * 10,
+                "a TLS handshake (trickled: {trickle}) still open after {:?}",
+                start.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(
+            cut >= frame_timeout,
+            "cut after {cut:?} (trickled: {trickle})"
+        );
+        println!("a TLS handshake (trickled: {trickle}) was cut after {cut:?}");
+    }
+    let m = get(c.server(l).metrics_addr().unwrap(), "/metrics");
+    assert!(m.contains("rdmalog_rejected_connections_total 2"), "{m}");
+}
+
 fn entries_of(r: Response) -> Vec<proto::Entry> {
     match r {
         Response::Entries { entries, .. } => entries,
