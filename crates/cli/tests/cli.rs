@@ -456,6 +456,8 @@ fn check_and_dump_a_real_log() {
     let name = file.file_name().unwrap().to_str().unwrap();
     assert!(out.contains("CORRUPT"), "{out}");
     assert!(err.contains(&format!("{name} at byte {offset}")), "{err}");
+    // The damaged record's own position in the log (entry 100's), as ops/GUIDE.md says.
+    assert!(err.contains(&format!("(lsn {})", lsns[99])), "{err}");
     assert!(err.contains("last good index 99"), "{err}");
 
     // A torn last record is only a warning: recovery cuts it.
