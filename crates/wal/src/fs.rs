@@ -583,15 +583,23 @@ impl WalFile for FaultHandle {
                     rustix::io::Errno::IO.raw_os_error(),
                 ));
             }
-            let mut durable = file.data.clone();
-            for &sector in &file.lost_sectors {
+            // Outside the dirty and the lost sectors the two copies agree (a write marks what
+            // it changes dirty; growing a file adds zeros, as the disk would read): the size
+            // and the dirty sectors are all there is to copy. Lost sectors keep the disk's old
+            // bytes. (Copying the whole file made each fdatasync of a 64 MiB segment cost
+            // milliseconds of memcpy in the tests.)
+            let len = file.data.len();
+            file.durable.resize(len, 0);
+            for &sector in &file.dirty_sectors {
+                if file.lost_sectors.contains(&sector) {
+                    continue;
+                }
                 let start = sector as usize * FAULT_SECTOR_BYTES;
-                let end = (start + FAULT_SECTOR_BYTES).min(durable.len());
-                for (at, byte) in durable.iter_mut().enumerate().take(end).skip(start) {
-                    *byte = file.durable.get(at).copied().unwrap_or(0);
+                let end = (start + FAULT_SECTOR_BYTES).min(len);
+                if start < end {
+                    file.durable[start..end].copy_from_slice(&file.data[start..end]);
                 }
             }
-            file.durable = durable;
             file.dirty_sectors.clear();
             Ok(())
         })
@@ -724,6 +732,74 @@ mod tests {
         assert!(
             a.size_bytes().is_err(),
             "old handles are stale after a reboot"
+        );
+    }
+
+    /// An fdatasync copies only the size and the dirty sectors; what it leaves durable is what
+    /// copying the whole file (the first implementation) left, lost sectors kept old, over
+    /// random writes, partial writes, growths, failed syncs and reboots.
+    #[test]
+    fn a_sync_leaves_what_copying_the_whole_file_would() {
+        let fs = FaultFs::new();
+        let path = Path::new("/d/f");
+        let mut f = fs.create(path).unwrap();
+        fs.sync_dir(Path::new("/d")).unwrap();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let sector = FAULT_SECTOR_BYTES as u64;
+        let mut syncs = [0; 2];
+        for step in 0..4000 {
+            match next(10) {
+                0..=4 => {
+                    let at = next(16 * sector);
+                    let byte = next(255) as u8 + 1;
+                    let len = 1 + next(3 * sector) as usize;
+                    if next(8) == 0 {
+                        fs.fail_next_write(next(len as u64) as usize);
+                    }
+                    let _ = f.write_all_at(&vec![byte; len], at);
+                }
+                5 => {
+                    let _ = f.allocate(next(24 * sector));
+                }
+                6..=8 => {
+                    if next(4) == 0 {
+                        fs.fail_next_sync();
+                    }
+                    let expected = {
+                        let state = fs.lock();
+                        let file = &state.files[&state.entries[path]];
+                        let mut d = file.data.clone();
+                        for &s in &file.lost_sectors {
+                            let start = s as usize * FAULT_SECTOR_BYTES;
+                            let end = (start + FAULT_SECTOR_BYTES).min(d.len());
+                            for (at, b) in d.iter_mut().enumerate().take(end).skip(start) {
+                                *b = file.durable.get(at).copied().unwrap_or(0);
+                            }
+                        }
+                        (file.durable.clone(), d)
+                    };
+                    let ok = f.sync_data().is_ok();
+                    let state = fs.lock();
+                    let file = &state.files[&state.entries[path]];
+                    syncs[usize::from(ok)] += 1;
+                    let want = if ok { &expected.1 } else { &expected.0 };
+                    assert_eq!(&file.durable, want, "step {step} (sync ok: {ok})");
+                }
+                _ => {
+                    fs.reboot(Some(next(u64::MAX)).filter(|_| next(2) == 0));
+                    f = fs.open(path).unwrap();
+                }
+            }
+        }
+        assert!(
+            syncs[0] > 100 && syncs[1] > 500,
+            "failed and good syncs: {syncs:?}"
         );
     }
 
