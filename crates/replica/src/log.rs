@@ -105,6 +105,10 @@ struct Shared<F: Fabric> {
     panic_for_test: AtomicBool,
     /// Test-only: the driver makes no pass while set (see [`Log::hold_driver_for_test`]).
     hold_for_test: AtomicBool,
+    /// Test-only: where a checkpoint waits (0: nowhere, else a [`CheckpointPause`] + 1), and
+    /// whether one does (see [`Log::pause_checkpoint_for_test`]).
+    checkpoint_pause_for_test: std::sync::atomic::AtomicU8,
+    checkpoint_waiting_for_test: AtomicBool,
     /// How the driver waits; under `Busy` a waiting caller drives its own append.
     poll: PollMode,
     /// Whether a caller is driving the replica (`Busy` only); the driver then only ticks.
@@ -119,11 +123,40 @@ struct Shared<F: Fabric> {
     reads: AtomicU64,
 }
 
+/// Test-only: where [`Log::pause_checkpoint_for_test`] holds a checkpoint.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointPause {
+    /// After its checks, before it reads the log.
+    BeforeReading,
+    /// After it read the log, before it takes the lock again to store the checkpoint.
+    AfterReading,
+}
+
 impl<F: Fabric> Shared<F> {
     fn lock(&self) -> MutexGuard<'_, Replica<F>> {
         self.replica
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Test-only: waits here at `stage`, outside the replica's lock, while a test holds a
+    /// checkpoint there ([`Log::pause_checkpoint_for_test`]).
+    fn pause_checkpoint_for_test(&self, stage: CheckpointPause) {
+        let at = stage as u8 + 1;
+        // One checkpoint waits, the first to come; the others go on.
+        if self.checkpoint_pause_for_test.load(Ordering::Acquire) != at
+            || self
+                .checkpoint_waiting_for_test
+                .swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        while self.checkpoint_pause_for_test.load(Ordering::Acquire) == at {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.checkpoint_waiting_for_test
+            .store(false, Ordering::Release);
     }
 
     fn check(&self) -> Result<(), ReplicaError> {
@@ -324,6 +357,8 @@ impl<F: Fabric + Send + 'static> Log<F> {
             failure: Mutex::new(None),
             panic_for_test: AtomicBool::new(false),
             hold_for_test: AtomicBool::new(false),
+            checkpoint_pause_for_test: std::sync::atomic::AtomicU8::new(0),
+            checkpoint_waiting_for_test: AtomicBool::new(false),
             poll: options.poll,
             caller_driving: AtomicBool::new(false),
             driver_passes: AtomicU64::new(0),
@@ -494,7 +529,10 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// Deletes entries below `index` after the application checkpointed them elsewhere (see
     /// [`Replica::truncate_prefix`](crate::Replica::truncate_prefix)).
     pub fn truncate_prefix(&self, index: u64) -> Result<u64, ReplicaError> {
-        self.shared.lock().truncate_prefix(index)
+        match self.checkpoint_where(&[], |r| r.truncation_checkpoint(index))? {
+            Some(first) => Ok(first),
+            None => Ok(self.shared.lock().first_index()),
+        }
     }
 
     /// Applies a retention policy to this node's log ([`crate::retention`]) as of `now`:
@@ -509,20 +547,65 @@ impl<F: Fabric + Send + 'static> Log<F> {
         if policy.is_unlimited() {
             return Ok(None);
         }
-        let mut r = self.shared.lock();
-        let held = r.retention_view();
-        let keep = policy.first_to_keep(&held, now, |b| r.first_within_bytes(b));
-        if !crate::retention::Retention::deletes_a_segment(&held, keep) {
-            return Ok(None);
-        }
-        r.truncate_prefix(keep).map(Some)
+        self.checkpoint_where(&[], |r| {
+            let held = r.retention_view();
+            let keep = policy.first_to_keep(&held, now, |b| r.first_within_bytes(b));
+            if !crate::retention::Retention::deletes_a_segment(&held, keep) {
+                return None;
+            }
+            r.truncation_checkpoint(keep)
+        })
     }
 
     /// Records the application's `state` after applying entries up to `index`, then deletes
     /// those entries; followers that fall behind get it as a snapshot (see
     /// [`Replica::checkpoint`](crate::Replica::checkpoint)).
     pub fn checkpoint(&self, index: u64, state: &[u8]) -> Result<u64, ReplicaError> {
-        self.shared.lock().checkpoint(index, state)
+        match self.checkpoint_where(state, |_| Some(index))? {
+            Some(first) => Ok(first),
+            None => unreachable!("a checkpoint at a given index always has an answer"),
+        }
+    }
+
+    /// A checkpoint of `state` at the index `at` picks (`None`: none to take), in three steps:
+    /// its checks under the replica's lock, the reading of the log its session table needs
+    /// without the lock (every entry after the latest checkpoint up to its index: a trim or a
+    /// retention pass reads back all it deletes, tens of milliseconds per 64 MiB segment, while
+    /// the driver goes on), then storing it and cutting the log under the lock again. Planned
+    /// anew when another checkpoint came in between. The new first index, `None` when `at`
+    /// picked none.
+    fn checkpoint_where(
+        &self,
+        state: &[u8],
+        at: impl Fn(&Replica<F>) -> Option<u64>,
+    ) -> Result<Option<u64>, ReplicaError> {
+        loop {
+            let plan = {
+                let r = self.shared.lock();
+                let Some(index) = at(&r) else {
+                    return Ok(None);
+                };
+                match r.plan_checkpoint(index, state.len())? {
+                    crate::node::Plan::Nothing { first } => return Ok(Some(first)),
+                    crate::node::Plan::Read(plan) => plan,
+                }
+            };
+            self.shared
+                .pause_checkpoint_for_test(CheckpointPause::BeforeReading);
+            let table = plan.read_sessions();
+            self.shared
+                .pause_checkpoint_for_test(CheckpointPause::AfterReading);
+            let mut r = self.shared.lock();
+            let table = match table {
+                Ok(t) => t,
+                // A checkpoint installed meanwhile restarted the log under the reading.
+                Err(_) if r.latest_checkpoint_index() != plan.latest() => continue,
+                Err(e) => return Err(e),
+            };
+            if let Some(first) = r.finish_checkpoint(plan, table, state)? {
+                return Ok(Some(first));
+            }
+        }
     }
 
     /// The latest checkpoint, taken here or installed from the leader: what an application
@@ -610,6 +693,24 @@ impl<F: Fabric + Send + 'static> Log<F> {
     #[doc(hidden)]
     pub fn hold_driver_for_test(&self, hold: bool) {
         self.shared.hold_for_test.store(hold, Ordering::Release);
+    }
+
+    /// Test-only: while `at` is set, the first checkpoint to come (a trim, a retention pass)
+    /// waits there, without the replica's lock (later ones go on); to show that the log serves
+    /// meanwhile, and that a checkpoint taken in between makes it plan again.
+    #[doc(hidden)]
+    pub fn pause_checkpoint_for_test(&self, at: Option<CheckpointPause>) {
+        self.shared
+            .checkpoint_pause_for_test
+            .store(at.map_or(0, |a| a as u8 + 1), Ordering::Release);
+    }
+
+    /// Test-only: whether a checkpoint waits at [`Log::pause_checkpoint_for_test`].
+    #[doc(hidden)]
+    pub fn checkpoint_waiting_for_test(&self) -> bool {
+        self.shared
+            .checkpoint_waiting_for_test
+            .load(Ordering::Acquire)
     }
 
     /// Test-only: the passes the driver thread has made so far, to show that it keeps off

@@ -54,6 +54,7 @@ macro_rules! step {
 pub(crate) use step;
 
 mod checkpoint;
+pub(crate) use checkpoint::Plan;
 mod direct;
 mod fast;
 mod open;
@@ -183,6 +184,9 @@ pub struct ReplicaStats {
     /// Follower: snapshot chunks dropped (out of order, from another sender, or larger than
     /// `max_snapshot_bytes`); the leader sends the snapshot again.
     pub snapshot_chunks_dropped: u64,
+    /// Checkpoints planned again because another one came while the log was read for them
+    /// ([`crate::Log`] reads without the replica's lock).
+    pub checkpoints_replanned: u64,
     /// Work completions by status: success, remote access (fenced), retry exceeded (dead
     /// peer), RNR retry exceeded, flushed (connection broke first).
     pub completions: [u64; 5],

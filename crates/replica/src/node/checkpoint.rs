@@ -10,11 +10,17 @@ impl<F: Fabric> Replica<F> {
     /// state (see [`Replica::checkpoint`] to ship the application's state with it). Returns
     /// the new first index (whole segments are deleted, so it may be lower than `index`).
     pub fn truncate_prefix(&mut self, index: u64) -> Result<u64, ReplicaError> {
-        let upto = index.min(self.applied + 1);
-        if upto <= 1 {
-            return Ok(self.wal.first_index().0);
+        match self.truncation_checkpoint(index) {
+            Some(at) => self.checkpoint(at, &[]),
+            None => Ok(self.wal.first_index().0),
         }
-        self.checkpoint(upto - 1, &[])
+    }
+
+    /// Where [`Replica::truncate_prefix`] checkpoints to delete the entries below `index`:
+    /// at `index - 1`, clamped to the applied index; `None` when nothing is below.
+    pub(crate) fn truncation_checkpoint(&self, index: u64) -> Option<u64> {
+        let upto = index.min(self.applied + 1);
+        (upto > 1).then(|| upto - 1)
     }
 
     /// Records a checkpoint: `state` is the application's state after applying every entry up
@@ -27,14 +33,36 @@ impl<F: Fabric> Replica<F> {
     /// after `index` (checkpoint at that change or later). An `index` at or below the latest
     /// checkpoint changes nothing. Returns the new first index.
     pub fn checkpoint(&mut self, index: u64, state: &[u8]) -> Result<u64, ReplicaError> {
+        loop {
+            let plan = match self.plan_checkpoint(index, state.len())? {
+                Plan::Nothing { first } => return Ok(first),
+                Plan::Read(plan) => plan,
+            };
+            let table = plan.read_sessions()?;
+            if let Some(first) = self.finish_checkpoint(plan, table, state)? {
+                return Ok(first);
+            }
+        }
+    }
+
+    /// The first step of a checkpoint at `index` (see [`Replica::checkpoint`]): its checks,
+    /// and what the session table as of `index` needs read from the log. The reading
+    /// ([`CheckpointPlan::read_sessions`]) needs no `&self`: [`crate::Log`] does it without
+    /// the replica's lock, so that a checkpoint far behind the applied index (every trim and
+    /// retention pass cuts at the start of the first segment it keeps) does not hold up the
+    /// driver while it reads back every entry it deletes.
+    pub(crate) fn plan_checkpoint(
+        &self,
+        index: u64,
+        state_len: usize,
+    ) -> Result<Plan, ReplicaError> {
         if let Some(p) = &self.poisoned {
             return Err(ReplicaError::Poisoned(p.clone()));
         }
         let refuse = |why: String| Err(ReplicaError::Checkpoint(why));
-        if state.len() as u64 > self.cfg.max_snapshot_bytes {
+        if state_len as u64 > self.cfg.max_snapshot_bytes {
             return refuse(format!(
-                "a state of {} bytes exceeds max_snapshot_bytes ({})",
-                state.len(),
+                "a state of {state_len} bytes exceeds max_snapshot_bytes ({})",
                 self.cfg.max_snapshot_bytes
             ));
         }
@@ -44,28 +72,56 @@ impl<F: Fabric> Replica<F> {
                 self.applied
             ));
         }
-        let latest = self
-            .raw
-            .store()
-            .latest_snapshot()
-            .map_or(0, |s| s.get_metadata().index);
+        let latest = self.latest_checkpoint_index();
         if index == 0 || index <= latest {
-            return Ok(self.wal.first_index().0);
+            return Ok(Plan::Nothing {
+                first: self.wal.first_index().0,
+            });
         }
-        let Some(conf) = self.conf_history.at(index).cloned() else {
-            return refuse(format!(
-                "the membership as of index {index} is no longer known (it is kept from index {} on); checkpoint at {} or later",
-                self.conf_history.base_index, self.conf_history.base_index
-            ));
+        self.checkpoint_position(index)?;
+        // The table as of the applied index is at hand; as of an earlier one, it is the latest
+        // checkpoint's with the entries after it applied again.
+        let (base, read_from) = if index == self.applied {
+            (self.sessions.clone(), index + 1)
+        } else {
+            let base = match self.raw.store().latest_snapshot() {
+                Some(snap) => CheckpointData::decode(&snap.data)
+                    .and_then(|d| d.session_table())
+                    .map_err(ReplicaError::Checkpoint)?,
+                None => Sessions::default(),
+            };
+            (base, (latest + 1).max(self.wal.first_index().0))
         };
-        let Some(pos) = self.wal.position_after(Index(index)) else {
-            return refuse(format!(
-                "entry {index} is no longer in the log (it starts at {})",
-                self.wal.first_index().0
-            ));
-        };
+        Ok(Plan::Read(CheckpointPlan {
+            index,
+            latest,
+            base,
+            read_from,
+            wal: self.wal.clone(),
+        }))
+    }
+
+    /// The last step of a checkpoint: stores it and cuts the log, with the session table the
+    /// plan's reading made. `None` when another checkpoint (taken here, or installed from the
+    /// leader) came after the plan was made: plan again. (Going on would not store the older
+    /// checkpoint over the newer one: the membership as of its index is forgotten by then,
+    /// and the caller would get that refusal for a checkpoint it never asked to be older.)
+    pub(crate) fn finish_checkpoint(
+        &mut self,
+        plan: CheckpointPlan,
+        table: Sessions,
+        state: &[u8],
+    ) -> Result<Option<u64>, ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        if self.latest_checkpoint_index() != plan.latest {
+            self.stats.checkpoints_replanned += 1;
+            return Ok(None);
+        }
+        let index = plan.index;
+        let (conf, pos) = self.checkpoint_position(index)?;
         let mut sessions = Vec::new();
-        let table = self.sessions_at(index, latest)?;
         if !table.is_empty() {
             table.encode(&mut sessions);
         }
@@ -94,36 +150,34 @@ impl<F: Fabric> Replica<F> {
         self.raw.mut_store().forget_below(first.0);
         self.conf_history.compact(index);
         self.store_state()?;
-        Ok(first.0)
+        Ok(Some(first.0))
     }
 
-    /// The session table as of applied entry `index`: the latest checkpoint's (at
-    /// `latest`), with the entries after it applied again from the log.
-    pub(super) fn sessions_at(&self, index: u64, latest: u64) -> Result<Sessions, ReplicaError> {
-        if index == self.applied {
-            return Ok(self.sessions.clone());
-        }
-        let mut t = match self.raw.store().latest_snapshot() {
-            Some(snap) => CheckpointData::decode(&snap.data)
-                .and_then(|d| d.session_table())
-                .map_err(ReplicaError::Checkpoint)?,
-            None => Sessions::default(),
+    /// The index of the latest checkpoint, taken here or installed (0: none).
+    pub(crate) fn latest_checkpoint_index(&self) -> u64 {
+        self.raw
+            .store()
+            .latest_snapshot()
+            .map_or(0, |s| s.get_metadata().index)
+    }
+
+    /// The membership as of `index` and the log's position after it, or the reason a
+    /// checkpoint cannot be taken there.
+    fn checkpoint_position(&self, index: u64) -> Result<(ConfState, Position), ReplicaError> {
+        let refuse = |why: String| Err(ReplicaError::Checkpoint(why));
+        let Some(conf) = self.conf_history.at(index).cloned() else {
+            return refuse(format!(
+                "the membership as of index {index} is no longer known (it is kept from index {} on); checkpoint at {} or later",
+                self.conf_history.base_index, self.conf_history.base_index
+            ));
         };
-        let mut buf = Vec::new();
-        for i in (latest + 1).max(self.wal.first_index().0)..=index {
-            self.wal.read(Index(i), &mut buf)?;
-            match payload_kind(&buf) {
-                PayloadKind::SessionOpen => t.open(i),
-                PayloadKind::Application {
-                    session: Some((id, seq)),
-                    ..
-                } => {
-                    t.apply(i, id, seq);
-                }
-                _ => {}
-            }
-        }
-        Ok(t)
+        let Some(pos) = self.wal.position_after(Index(index)) else {
+            return refuse(format!(
+                "entry {index} is no longer in the log (it starts at {})",
+                self.wal.first_index().0
+            ));
+        };
+        Ok((conf, pos))
     }
 
     /// The client sessions as of the applied index.
@@ -198,5 +252,52 @@ impl<F: Fabric> Replica<F> {
                 .map(|d| d.state.to_vec())
                 .unwrap_or_default(),
         })
+    }
+}
+
+/// What [`Replica::plan_checkpoint`] found.
+pub(crate) enum Plan {
+    /// The checkpoint is at or below the latest one: nothing to do; the log's first index.
+    Nothing { first: u64 },
+    /// Read the log as the plan says, then [`Replica::finish_checkpoint`].
+    Read(CheckpointPlan),
+}
+
+/// A checkpoint under way: the session table as of `index` is `base` (as of `latest`) with
+/// the log's entries `read_from..=index` applied to it, which [`CheckpointPlan::read_sessions`]
+/// reads from the log on its own (the wal serves reads beside appends).
+pub(crate) struct CheckpointPlan {
+    index: u64,
+    latest: u64,
+    base: Sessions,
+    read_from: u64,
+    wal: Arc<Wal>,
+}
+
+impl CheckpointPlan {
+    /// The latest checkpoint's index when the plan was made.
+    pub(crate) fn latest(&self) -> u64 {
+        self.latest
+    }
+
+    /// The session table as of the plan's index. A read that fails because a checkpoint
+    /// installed meanwhile restarted the log shows in [`Replica::finish_checkpoint`]'s check.
+    pub(crate) fn read_sessions(&self) -> Result<Sessions, ReplicaError> {
+        let mut t = self.base.clone();
+        let mut buf = Vec::new();
+        for i in self.read_from..=self.index {
+            self.wal.read(Index(i), &mut buf)?;
+            match payload_kind(&buf) {
+                PayloadKind::SessionOpen => t.open(i),
+                PayloadKind::Application {
+                    session: Some((id, seq)),
+                    ..
+                } => {
+                    t.apply(i, id, seq);
+                }
+                _ => {}
+            }
+        }
+        Ok(t)
     }
 }

@@ -11,11 +11,24 @@ use std::time::{Duration, Instant, SystemTime};
 use fabric::NodeId;
 use fabric::sim::{SimConfig, SimNet};
 use replica::retention::Retention;
-use replica::{Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role};
+use replica::{
+    CheckpointPause, Log, LogOptions, Mutation, PollMode, ReplicaConfig, ReplicaError, Role,
+};
 use wal::fs::{FileSystem, StdFs};
 
-#[test]
-fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
+/// Three logs on real files (512 KiB segments) on a real-time in-process network, with
+/// `mutation` in each replica's configuration, 600 entries of 3,000 bytes committed on every
+/// node: the logs, the leader's position among them and the last index.
+struct Three {
+    _dirs: Vec<tempfile::TempDir>,
+    _net: SimNet,
+    stop: Arc<AtomicBool>,
+    logs: Vec<Log<fabric::sim::SimEndpoint>>,
+    leader: usize,
+    last: u64,
+}
+
+fn three_with_600_entries(mutation: Mutation) -> Three {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let net = SimNet::new(SimConfig::default(), 17);
     let stop = Arc::new(AtomicBool::new(false));
@@ -31,6 +44,7 @@ fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
             cfg.ring_bytes = 2 << 20;
             cfg.segment_bytes = 512 << 10;
             cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+            cfg.mutation = mutation;
             let fs: Arc<dyn FileSystem> = Arc::new(StdFs);
             let opts = LogOptions {
                 poll: PollMode::Event,
@@ -58,6 +72,26 @@ fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
     for log in &logs {
         log.wait_for_commit(last, Duration::from_secs(10)).unwrap();
     }
+    Three {
+        _dirs: dirs,
+        _net: net,
+        stop,
+        logs,
+        leader: l,
+        last,
+    }
+}
+
+#[test]
+fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
+    let Three {
+        _dirs,
+        _net,
+        stop,
+        logs,
+        leader: l,
+        last,
+    } = three_with_600_entries(Mutation::None);
     let log = &logs[l];
     let now = SystemTime::now();
     let s = log.status();
@@ -118,5 +152,76 @@ fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
     stop.store(true, Ordering::Relaxed);
     for log in logs {
         log.close().unwrap();
+    }
+}
+
+/// A retention pass reads back the entries it deletes (for their session records) without
+/// the replica's lock. Held before that reading or after it (a test hook), the pass leaves
+/// the log serving: appends commit and status answers. A checkpoint taken meanwhile makes the
+/// pass plan again (before the reading, the entries are gone under it; after it, the latest
+/// checkpoint is another one), and the newer checkpoint stays the latest. Without the second
+/// check the pass failed with "the membership as of index 201 is no longer known", a refusal
+/// of a checkpoint its caller never asked for.
+#[test]
+fn a_retention_pass_reads_the_log_without_holding_up_the_replica() {
+    for at in [
+        CheckpointPause::BeforeReading,
+        CheckpointPause::AfterReading,
+    ] {
+        let t = three_with_600_entries(Mutation::None);
+        let log = &t.logs[t.leader];
+        log.pause_checkpoint_for_test(Some(at));
+        let (first, latest, newer) = std::thread::scope(|s| {
+            let pass = s.spawn(|| {
+                let entries = Retention {
+                    max_entries: Some(400),
+                    ..Retention::default()
+                };
+                log.apply_retention(&entries, SystemTime::now())
+            });
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !log.checkpoint_waiting_for_test() {
+                assert!(Instant::now() < deadline, "the pass never reached {at:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // The pass is between its two steps under the lock: the log goes on.
+            let mut newer = 0;
+            for k in 0..5u8 {
+                newer = log
+                    .append(&[k; 100])
+                    .unwrap()
+                    .wait(Duration::from_secs(10))
+                    .unwrap_or_else(|e| panic!("an append while a retention pass reads: {e}"));
+            }
+            assert!(newer > t.last);
+            assert!(log.checkpoint_waiting_for_test(), "the pass went on");
+            // A newer checkpoint, at the last append (once applied).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while log.status().applied < newer {
+                assert!(Instant::now() < deadline, "{newer} never applied");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            log.checkpoint(newer, b"newer").unwrap();
+            log.pause_checkpoint_for_test(None);
+            // Planned again, the pass finds nothing left to delete: the newer checkpoint cut
+            // the log.
+            let first = pass
+                .join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("the pass held {at:?}: {e}"));
+            (first, log.latest_checkpoint().unwrap(), newer)
+        });
+        assert_eq!(first, None, "{at:?}");
+        assert_eq!(
+            latest.index, newer,
+            "{at:?}: the newer checkpoint stays the latest"
+        );
+        assert_eq!(latest.state, b"newer");
+        assert!(log.status().first_index > 1);
+        assert_eq!(log.read(newer).unwrap().map(|d| d.len()), Some(100));
+        t.stop.store(true, Ordering::Relaxed);
+        for log in t.logs {
+            log.close().unwrap();
+        }
     }
 }
