@@ -411,6 +411,32 @@ class ClusterTest(unittest.TestCase):
               f"voter 4 added at {added} and removed at {removed}; "
               f"a tail past the end timed out after {waited:.1f} s")
 
+    # --------------------------------------------------------------------- tls
+
+    def test_tls(self):
+        if self.phase != "tls":
+            self.skipTest(f"RDMALOG_PHASE is {self.phase!r}, not 'tls'")
+        ca = os.environ["RDMALOG_TLS_CA"]
+        cid = cluster_id()
+        nonce = os.urandom(4).hex()
+        batch = [f"python tls {nonce} {j}".encode() for j in range(5)] + [big_entry(nonce)]
+        with rc.Client(self.addrs, cid, timeout=CALL_TIMEOUT, tls=True, ca_file=ca) as c:
+            st = wait_for_leader(c)
+            idx = c.append_indexed(batch)
+            self.assertEqual(len(idx), len(batch))
+            have = read_range(c, idx[0], idx[-1])
+            check_pairs(self, have, list(zip(idx, batch)))
+            got = c.read(idx[-1], consistency="linearizable")
+            self.assertEqual(got[0], (idx[-1], batch[-1]))
+        # A plaintext client at a TLS port: refused at once, naming TLS.
+        with rc.Client(self.addrs[:1], cid, timeout=5.0) as c:
+            with self.assertRaises(rc.ProtocolError) as cm:
+                c.status()
+        self.assertIn("TLS", str(cm.exception))
+        print(f"\npython client: phase tls: {len(batch)} entries appended at "
+              f"{idx[0]}..={idx[-1]} and read back over TLS through leader "
+              f"{st['leader']['id']}; a plaintext client was refused: {cm.exception}")
+
     # ------------------------------------------------------------------- after
 
     def test_after(self):

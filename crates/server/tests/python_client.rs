@@ -76,3 +76,28 @@ fn the_python_client_speaks_the_protocol_to_a_three_server_cluster() {
     let after = unittest("test_cluster.ClusterTest.test_after", &env_after);
     assert!(after.contains("phase after"), "{after}");
 }
+
+/// The Python client over TLS (`tls=True`, the cluster's CA): appends, reads back and status,
+/// and a plaintext client refused with the error that names TLS (test_cluster.py, `test_tls`).
+#[test]
+fn the_python_client_speaks_tls_to_a_three_server_cluster() {
+    const PY_TLS: Place = Place {
+        base: 15700,
+        client_tls: true,
+        ..Place::HOST_TCP
+    };
+    let s = start_three(PY_TLS);
+    let leader = s.leader(3);
+    println!("leader: node {leader}");
+    let ca = s.client_ca().expect("a client CA");
+    let out = unittest(
+        "test_cluster.ClusterTest.test_tls",
+        &[
+            ("RDMALOG_SERVERS", s.client_addrs()),
+            ("RDMALOG_CLUSTER_ID", s.cluster_id().to_string()),
+            ("RDMALOG_PHASE", "tls".to_string()),
+            ("RDMALOG_TLS_CA", ca.display().to_string()),
+        ],
+    );
+    assert!(out.contains("phase tls"), "{out}");
+}

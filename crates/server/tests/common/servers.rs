@@ -21,6 +21,8 @@ pub struct Place {
     pub base: u16,
     /// TLS on the peer links (`[peer_tls]`, certificates from a CA made for the test).
     pub peer_tls: bool,
+    /// TLS on the client port (`[tls]`, the same certificates; the CLI then gets `--ca`).
+    pub client_tls: bool,
     /// `durability` (`fsync`, `memory` or `replicated`); the rings of the last two in a
     /// directory of their own on /dev/shm.
     pub durability: &'static str,
@@ -33,6 +35,7 @@ impl Place {
         loopback: false,
         base: 9100,
         peer_tls: false,
+        client_tls: false,
         durability: "fsync",
     };
     /// TCP across the lab's hosts.
@@ -41,6 +44,7 @@ impl Place {
         loopback: false,
         base: 9400,
         peer_tls: false,
+        client_tls: false,
         durability: "fsync",
     };
     /// TCP on this host's loopback.
@@ -49,6 +53,7 @@ impl Place {
         loopback: true,
         base: 9700,
         peer_tls: false,
+        client_tls: false,
         durability: "fsync",
     };
     /// TCP on this host's loopback, under `memory` durability.
@@ -57,6 +62,7 @@ impl Place {
         loopback: true,
         base: 13700,
         peer_tls: false,
+        client_tls: false,
         durability: "memory",
     };
     /// TCP on this host's loopback, with TLS on the peer links.
@@ -65,11 +71,22 @@ impl Place {
         loopback: true,
         base: 11700,
         peer_tls: true,
+        client_tls: false,
         durability: "fsync",
     };
 }
 
 static PLACE: std::sync::Mutex<Place> = std::sync::Mutex::new(Place::LAB_RDMA);
+
+/// The CA of the client port's certificates, when the place has client TLS.
+static CLIENT_CA: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+fn client_ca() -> Option<PathBuf> {
+    CLIENT_CA
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
 
 fn place() -> Place {
     *PLACE
@@ -181,6 +198,11 @@ impl Servers {
         servers_arg()
     }
 
+    /// The CA file of the client port's certificates (a place with client TLS).
+    pub fn client_ca(&self) -> Option<PathBuf> {
+        client_ca()
+    }
+
     /// Server `i`'s client address.
     pub fn client_addr(&self, i: u64) -> String {
         client_addr(i)
@@ -225,16 +247,38 @@ impl Servers {
         std::fs::write(&secret, b"lab-server-test-secret-0123456789\n").unwrap();
         std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();
-        let tls = place().peer_tls.then(|| self.write_pki());
+        let tls = (place().peer_tls || place().client_tls).then(|| self.write_pki());
+        *CLIENT_CA
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tls
+            .as_ref()
+            .filter(|_| place().client_tls)
+            .map(|(ca, _)| ca.clone());
         for i in 1..=3u64 {
-            let peer_tls = tls.as_ref().map_or(String::new(), |(ca, certs)| {
-                format!(
-                    "[peer_tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\n",
+            let client_tls = match (&tls, place().client_tls) {
+                (Some((_, certs)), true) => format!(
+                    "[tls]\ncert = \"{}\"\nkey = \"{}\"\n\n",
                     certs[i as usize - 1].0.display(),
-                    certs[i as usize - 1].1.display(),
-                    ca.display()
-                )
-            });
+                    certs[i as usize - 1].1.display()
+                ),
+                _ => String::new(),
+            };
+            let plaintext = if place().client_tls {
+                ""
+            } else {
+                "plaintext = true\n"
+            };
+            let peer_tls =
+                tls.as_ref()
+                    .filter(|_| place().peer_tls)
+                    .map_or(String::new(), |(ca, certs)| {
+                        format!(
+                            "[peer_tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\n",
+                            certs[i as usize - 1].0.display(),
+                            certs[i as usize - 1].1.display(),
+                            ca.display()
+                        )
+                    });
             let mut peers = String::new();
             for p in (1..=3u64).filter(|&p| p != i) {
                 peers += &format!(
@@ -247,7 +291,7 @@ impl Servers {
                 format!("ring_dir = \"{}\"\n", r.path().display())
             });
             let text = format!(
-                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndurability = \"{}\"\n{rings}data_dir = \"{}\"\nsegment_mib = 1\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peer_tls}{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\nappend_timeout_ms = 20000\n\n[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
+                "node_id = {i}\ncluster_id = \"{CLUSTER}\"\ntransport = \"{}\"\ndurability = \"{}\"\n{rings}data_dir = \"{}\"\nsegment_mib = 1\n\n[rdma]\nlisten = \"{}\"\nsecret_file = \"{}\"\n\n{peer_tls}{peers}[poll]\nmode = \"adaptive\"\n\n[client]\nlisten = \"{}\"\n{plaintext}append_timeout_ms = 20000\n\n{client_tls}[auth]\nanonymous_role = \"admin\"\n\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
                 place().transport,
                 place().durability,
                 self.data_dir(i).display(),
@@ -407,13 +451,11 @@ fn http_get(i: u64, path: &str) -> String {
 /// `rdmalog` pointed at the three servers (plaintext, this cluster).
 fn cli_command() -> Command {
     let mut c = Command::new(cli_bin());
-    c.args([
-        "--servers",
-        &servers_arg(),
-        "--cluster-id",
-        CLUSTER,
-        "--plaintext",
-    ]);
+    c.args(["--servers", &servers_arg(), "--cluster-id", CLUSTER]);
+    match client_ca() {
+        Some(ca) => c.arg("--ca").arg(ca),
+        None => c.arg("--plaintext"),
+    };
     c
 }
 
