@@ -105,50 +105,63 @@ pub(crate) fn serve<F: Fabric + Send + 'static>(
                 return;
             }
             let _ = s.sock.set_read_timeout(Some(frame_timeout));
+            let _ = s.sock.set_write_timeout(Some(frame_timeout));
             run(shared, s, peer, over_limit);
         }
     }
 }
 
-/// The server's side of a TLS handshake, done by `deadline`. `complete_io` would do it, but it
-/// loops inside while bytes keep coming, each read under its own timeout, so a deadline for
-/// the whole could not cut it.
+/// The server's side of a TLS handshake, done by `deadline`, its last flight sent (under TLS
+/// 1.2 the client waits for the server's Finished before it says anything). `complete_io`
+/// would do it, but it loops inside while bytes keep coming, each read under its own timeout,
+/// so a deadline for the whole could not cut it.
 fn handshake(
     s: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
     deadline: Instant,
 ) -> std::io::Result<()> {
     use std::io::{Error, ErrorKind};
-    while s.conn.is_handshaking() {
+    let late = || {
+        Error::new(
+            ErrorKind::TimedOut,
+            "the handshake did not finish within frame_timeout",
+        )
+    };
+    let timed_out = |e: &Error| matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut);
+    while s.conn.is_handshaking() || s.conn.wants_write() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::new(
-                ErrorKind::TimedOut,
-                "the handshake did not finish within frame_timeout",
-            ));
+            return Err(late());
         }
         s.sock.set_read_timeout(Some(left))?;
-        while s.conn.wants_write() {
-            s.conn.write_tls(&mut s.sock)?;
+        s.sock.set_write_timeout(Some(left))?;
+        if s.conn.wants_write() {
+            match s.conn.write_tls(&mut s.sock) {
+                Ok(_) => continue,
+                Err(e) if timed_out(&e) => return Err(late()),
+                Err(e) => return Err(e),
+            }
         }
-        if !s.conn.is_handshaking() {
-            break;
+        if !s.conn.wants_read() {
+            // Neither side's turn: not a state a handshake in progress gets into.
+            return Err(Error::other("the TLS handshake stalled"));
         }
-        if s.conn.wants_read() {
-            if s.conn.read_tls(&mut s.sock)? == 0 {
+        match s.conn.read_tls(&mut s.sock) {
+            Ok(0) => {
                 return Err(Error::new(
                     ErrorKind::UnexpectedEof,
                     "the client closed the connection during the handshake",
                 ));
             }
-            if let Err(e) = s.conn.process_new_packets() {
-                // Tell the client why (the alert rustls queued), as complete_io does.
-                let _ = s.conn.write_tls(&mut s.sock);
-                return Err(Error::new(ErrorKind::InvalidData, e));
-            }
+            Ok(_) => {}
+            Err(e) if timed_out(&e) => return Err(late()),
+            Err(e) => return Err(e),
+        }
+        if let Err(e) = s.conn.process_new_packets() {
+            // Tell the client why (the alert rustls queued), as complete_io does.
+            let _ = s.conn.write_tls(&mut s.sock);
+            return Err(Error::new(ErrorKind::InvalidData, e));
         }
     }
-    // What the handshake's last step queued (TLS 1.3 session tickets) goes out with the
-    // first answer.
     Ok(())
 }
 

@@ -665,6 +665,48 @@ fn tls_with_and_without_client_certificates() {
     assert!(!m.contains("rdmalog_rejected_connections_total 0"), "{m}");
 }
 
+/// A TLS 1.2 client is served as a TLS 1.3 one: the server's last flight of the handshake (its
+/// Finished, which a 1.2 client waits for before it says anything) goes out within it.
+#[test]
+fn a_tls_1_2_client_is_served() {
+    use rustls::pki_types::pem::PemObject;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("rdmalog test CA");
+    let ca = dir.path().join("ca.pem");
+    pki.write_ca(&ca);
+    let (cert, key) = pki.issue("localhost", dir.path());
+    let c = cluster(|o| o.tls = Some(server::tls::server_config(&cert, &key, None).unwrap()));
+    let l = c.leader();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_file(&ca).unwrap())
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS12])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp(c.server(l).client_addr()));
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock).unwrap();
+    }
+    assert_eq!(
+        s.conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    let (mut client, r) = Client::hello(s, None);
+    assert!(matches!(r, Response::Welcome { .. }), "{r:?}");
+    let r = client.call(|id| Request::Append {
+        id,
+        entries: vec![b"over tls 1.2".to_vec()],
+    });
+    assert!(matches!(r, Response::Appended { .. }), "{r:?}");
+}
+
 /// A TLS handshake is bounded by `frame_timeout` as a whole, like the hello after it: a
 /// client that sends nothing, and one that trickles its ClientHello a byte at a time (each
 /// read of the server's then succeeds before its timeout), are both disconnected and counted
@@ -697,8 +739,9 @@ fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
         }
     };
     for trickle in [false, true] {
-        let mut s = tcp(addr);
+        // Before the connect: the server's deadline starts at its accept.
         let start = Instant::now();
+        let mut s = tcp(addr);
         if trickle {
             // A handshake record's header announcing 16 KiB, then its bytes one at a time,
             // each well inside the server's read timeout.
