@@ -734,6 +734,7 @@ def parse_addr(addr: str) -> tuple[str, int]:
 _RETRY_CODES = {"Busy", "ShuttingDown", "NotCommitted"}
 
 _MAX_REDIRECTS = 4  # 7.3: at most 4 redirects in a row; the fifth counts as "no leader"
+_MIN_ATTEMPT = 0.5  # 7.2: the least a connection attempt gets while others wait their turn
 
 # Which responses may answer which request (section 5.2), Error aside.
 _ANSWERS = {
@@ -1034,12 +1035,7 @@ class Client:
     def _open(self, addr: str, deadline: float) -> _Conn:
         """Connect, TLS, hello. Raises _Retry for what 7.4 retries, else the error."""
         host, port = parse_addr(addr)
-        now = time.monotonic()
-        # A member that accepts and never answers must not take the whole deadline from the
-        # others: one attempt gets at most an even share of what is left among the known
-        # addresses (as the Rust client does).
-        share = max(deadline - now, 0.0) / max(len(self.addrs), 1)
-        budget_end = min(now + self.connect_timeout, now + share, deadline)
+        budget_end = min(time.monotonic() + self.connect_timeout, deadline)
 
         def left() -> float:
             t = budget_end - time.monotonic()
@@ -1098,13 +1094,25 @@ class Client:
 
     def _connect(self, deadline: float, backoff: _Backoff, failure: list) -> _Conn:
         """A new connection, retrying per 7.4 until the deadline."""
+        tried: set = set()
         while True:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise DeadlineExceeded("deadline passed while connecting",
                                        failure[0] if failure else None)
+            preferred = self._preferred is not None
             addr = self._pick_addr()
+            # A member that accepts and never answers must not take the whole deadline
+            # from the others: an address of the rotation gets an even share of what is
+            # left among those not tried yet (at least _MIN_ATTEMPT); the last of them
+            # and a redirect's target get all of it (as the Rust client does).
+            untried = sum(1 for a in self.addrs if a not in tried)
+            tried.add(addr)
+            left = deadline - now
+            budget = left if preferred or untried <= 1 else \
+                max(left / untried, min(left, _MIN_ATTEMPT))
             try:
-                return self._open(addr, deadline)
+                return self._open(addr, min(deadline, now + budget))
             except _Retry as r:
                 failure[:] = [r.cause if isinstance(r.cause, BaseException)
                               else ClientError(str(r.cause))]

@@ -193,7 +193,8 @@ fn looks_like_tls(bytes: &[u8]) -> bool {
 
 impl Conn {
     /// Connects to `addr`, finishes TLS and the hello within `connect_timeout` (and before
-    /// `deadline`).
+    /// `deadline`), all of it: each step gets what is left. (A TLS handshake's reads are
+    /// each bounded so; a server that trickles its handshake can hold it longer.)
     pub(crate) fn open(
         cfg: &ClientConfig,
         tls_cfg: Option<&Arc<rustls::ClientConfig>>,
@@ -206,8 +207,13 @@ impl Conn {
                 why,
             })
         };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let timeout = cfg.connect_timeout.min(left).max(MIN_WAIT);
+        let start = Instant::now();
+        let until = deadline.min(start + cfg.connect_timeout);
+        let rest = || {
+            until
+                .saturating_duration_since(Instant::now())
+                .max(MIN_WAIT)
+        };
         let resolved: Vec<_> = addr
             .to_socket_addrs()
             .map_err(|e| connect_failed(format!("cannot resolve the address: {e}")))?
@@ -215,7 +221,7 @@ impl Conn {
         let mut last = None;
         let mut tcp = None;
         for sa in resolved {
-            match TcpStream::connect_timeout(&sa, timeout) {
+            match TcpStream::connect_timeout(&sa, rest()) {
                 Ok(s) => {
                     tcp = Some(s);
                     break;
@@ -231,8 +237,8 @@ impl Conn {
         })?;
         let setup = |e: io::Error| connect_failed(e.to_string());
         tcp.set_nodelay(true).map_err(setup)?;
-        tcp.set_read_timeout(Some(timeout)).map_err(setup)?;
-        tcp.set_write_timeout(Some(timeout)).map_err(setup)?;
+        tcp.set_read_timeout(Some(rest())).map_err(setup)?;
+        tcp.set_write_timeout(Some(rest())).map_err(setup)?;
         let tls_failed = |e: &io::Error| {
             Step::fatal(ClientError::Tls(format!(
                 "{addr}: {e} (check the CA, the server name and the client certificate)"
@@ -294,7 +300,7 @@ impl Conn {
                 "{addr} answered with TLS: the server requires TLS (give the CA that signed its certificate)"
             )))
         };
-        let answer = c.recv(timeout);
+        let answer = c.recv(rest());
         match answer {
             Ok(Some(Response::Welcome {
                 node_id,
@@ -322,7 +328,8 @@ impl Conn {
             Ok(None) if not_tls(&c) => return Err(requires_tls()),
             Ok(None) => {
                 return Err(connect_failed(format!(
-                    "no answer to the hello within {timeout:?}"
+                    "no answer to the hello within {:?} of connecting",
+                    start.elapsed()
                 )));
             }
             Err(_) if not_tls(&c) => return Err(requires_tls()),

@@ -97,6 +97,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Redirects followed in a row before backing off (the leader keeps moving).
 const MAX_HOPS: u32 = 4;
 
+/// The least time a connection attempt gets while other addresses wait their turn (see
+/// [`ClientConfig::connect_timeout`]), or what is left of the call if less.
+const MIN_ATTEMPT: Duration = Duration::from_millis(500);
+
 /// How to reach a cluster.
 #[derive(Clone)]
 pub struct ClientConfig {
@@ -108,9 +112,10 @@ pub struct ClientConfig {
     pub token: Option<String>,
     /// TLS; `None` is plain TCP.
     pub tls: Option<TlsConfig>,
-    /// Longest a connection (TCP, TLS handshake and hello) may take. An attempt also gets at
-    /// most an even share of the call's time left among the known members, so one that
-    /// accepts and never answers leaves time to try the others within a short `deadline`.
+    /// Longest a connection (TCP, TLS handshake and hello) may take. An attempt at an address
+    /// of the rotation also gets at most an even share of the call's time left among the
+    /// addresses it has not tried yet (at least half a second), so a member that accepts and
+    /// never answers leaves time to try the others within a short `deadline`.
     pub connect_timeout: Duration,
     /// Longest to wait for the answer to one request before treating the connection as
     /// broken. Keep it above the servers' append timeout (10 s by default), so that a slow
@@ -366,28 +371,31 @@ impl Client {
             self.preferred.get_or_insert_with(|| c.addr.clone());
             self.conn = None;
         }
-        let addr = match self.preferred.take() {
-            Some(a) => a,
+        let (addr, preferred) = match self.preferred.take() {
+            Some(a) => (a, true),
             None => {
                 let a = self.addrs[self.next_addr % self.addrs.len()].clone();
                 self.next_addr = (self.next_addr + 1) % self.addrs.len();
-                a
+                (a, false)
             }
         };
+        // A member that accepts and never answers (a stopped process, a full backlog) must
+        // not take the whole deadline from the others: an address of the rotation gets an
+        // even share of what is left among those this call has not tried yet (at least
+        // `MIN_ATTEMPT`); the last of them, a redirect's target and the server an unused
+        // connection came from get all of it (each at most `connect_timeout`).
+        let untried = self.addrs.iter().filter(|a| !tried.contains(a)).count();
         if !tried.contains(&addr) {
             tried.push(addr.clone());
         }
-        // A member that accepts and never answers (a stopped process, a full backlog) must
-        // not take the whole deadline from the others: one attempt gets at most an even share
-        // of what is left among the known addresses (and at most `connect_timeout`).
         let now = Instant::now();
-        let share = deadline.saturating_duration_since(now) / self.addrs.len().max(1) as u32;
-        let c = Conn::open(
-            &self.cfg,
-            self.tls.as_ref(),
-            &addr,
-            (now + share).min(deadline),
-        )?;
+        let left = deadline.saturating_duration_since(now);
+        let budget = if preferred || untried <= 1 {
+            left
+        } else {
+            (left / untried as u32).max(MIN_ATTEMPT.min(left))
+        };
+        let c = Conn::open(&self.cfg, self.tls.as_ref(), &addr, now + budget)?;
         tracing::debug!(addr, node = c.node_id, leader = ?c.leader, "connected");
         if let Some(l) = &c.leader {
             let a = l.client_addr.clone();
