@@ -598,9 +598,10 @@ impl<F: Fabric + Send + 'static> Log<F> {
             let mut r = self.shared.lock();
             let table = match table {
                 Ok(t) => t,
-                // A checkpoint installed meanwhile restarted the log under the reading.
-                Err(_) if r.latest_checkpoint_index() != plan.latest() => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    r.after_failed_reading(&plan, e)?;
+                    continue;
+                }
             };
             if let Some(first) = r.finish_checkpoint(plan, table, state)? {
                 return Ok(Some(first));

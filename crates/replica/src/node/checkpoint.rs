@@ -38,7 +38,13 @@ impl<F: Fabric> Replica<F> {
                 Plan::Nothing { first } => return Ok(first),
                 Plan::Read(plan) => plan,
             };
-            let table = plan.read_sessions()?;
+            let table = match plan.read_sessions() {
+                Ok(t) => t,
+                Err(e) => {
+                    self.after_failed_reading(&plan, e)?;
+                    continue;
+                }
+            };
             if let Some(first) = self.finish_checkpoint(plan, table, state)? {
                 return Ok(first);
             }
@@ -151,6 +157,24 @@ impl<F: Fabric> Replica<F> {
         self.conf_history.compact(index);
         self.store_state()?;
         Ok(Some(first.0))
+    }
+
+    /// What a failed reading of `plan` comes to: planned again (`Ok`) when another
+    /// checkpoint came meanwhile (one installed from the leader restarts the log under the
+    /// reading), the poisoning when the replica failed meanwhile, else the read's error.
+    pub(crate) fn after_failed_reading(
+        &mut self,
+        plan: &CheckpointPlan,
+        error: ReplicaError,
+    ) -> Result<(), ReplicaError> {
+        if let Some(p) = &self.poisoned {
+            return Err(ReplicaError::Poisoned(p.clone()));
+        }
+        if self.latest_checkpoint_index() == plan.latest {
+            return Err(error);
+        }
+        self.stats.checkpoints_replanned += 1;
+        Ok(())
     }
 
     /// The index of the latest checkpoint, taken here or installed (0: none).
@@ -275,11 +299,6 @@ pub(crate) struct CheckpointPlan {
 }
 
 impl CheckpointPlan {
-    /// The latest checkpoint's index when the plan was made.
-    pub(crate) fn latest(&self) -> u64 {
-        self.latest
-    }
-
     /// The session table as of the plan's index. A read that fails because a checkpoint
     /// installed meanwhile restarted the log shows in [`Replica::finish_checkpoint`]'s check.
     pub(crate) fn read_sessions(&self) -> Result<Sessions, ReplicaError> {

@@ -21,7 +21,7 @@ use wal::fs::{FileSystem, StdFs};
 /// node: the logs, the leader's position among them and the last index.
 struct Three {
     _dirs: Vec<tempfile::TempDir>,
-    _net: SimNet,
+    net: SimNet,
     stop: Arc<AtomicBool>,
     logs: Vec<Log<fabric::sim::SimEndpoint>>,
     leader: usize,
@@ -74,7 +74,7 @@ fn three_with_600_entries(mutation: Mutation) -> Three {
     }
     Three {
         _dirs: dirs,
-        _net: net,
+        net,
         stop,
         logs,
         leader: l,
@@ -86,7 +86,7 @@ fn three_with_600_entries(mutation: Mutation) -> Three {
 fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
     let Three {
         _dirs,
-        _net,
+        net: _net,
         stop,
         logs,
         leader: l,
@@ -212,6 +212,7 @@ fn a_retention_pass_reads_the_log_without_holding_up_the_replica() {
             (first, log.latest_checkpoint().unwrap(), newer)
         });
         assert_eq!(first, None, "{at:?}");
+        assert_eq!(log.status().stats.checkpoints_replanned, 1, "{at:?}");
         assert_eq!(
             latest.index, newer,
             "{at:?}: the newer checkpoint stays the latest"
@@ -219,6 +220,94 @@ fn a_retention_pass_reads_the_log_without_holding_up_the_replica() {
         assert_eq!(latest.state, b"newer");
         assert!(log.status().first_index > 1);
         assert_eq!(log.read(newer).unwrap().map(|d| d.len()), Some(100));
+        t.stop.store(true, Ordering::Relaxed);
+        for log in t.logs {
+            log.close().unwrap();
+        }
+    }
+}
+
+/// A follower's retention pass, held before or after its reading of the log (without the
+/// replica's lock), while the follower installs a snapshot from its leader (which restarts its
+/// log under the reading): the pass plans again and ends cleanly, and the installed checkpoint
+/// stays the latest.
+#[test]
+fn a_snapshot_installed_during_a_retention_pass_makes_it_plan_again() {
+    for at in [
+        CheckpointPause::BeforeReading,
+        CheckpointPause::AfterReading,
+    ] {
+        let t = three_with_600_entries(Mutation::None);
+        let (l, f) = (t.leader, (t.leader + 1) % 3);
+        let (lid, fid) = (NodeId(l as u64 + 1), NodeId(f as u64 + 1));
+        // The follower falls behind the leader's next trim.
+        t.net.set_link(lid, fid, false);
+        t.net.set_link(fid, lid, false);
+        let mut last = t.last;
+        for k in 0..300u32 {
+            last = t.logs[l]
+                .append(&[k as u8; 3000])
+                .unwrap()
+                .wait(Duration::from_secs(10))
+                .unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while t.logs[l].status().applied < last {
+            assert!(Instant::now() < deadline, "{last} never applied");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let cut = t.logs[l].checkpoint(last, b"the leader's").unwrap();
+        assert!(
+            cut > t.last + 1,
+            "the leader's log must start past the follower's end"
+        );
+        let follower = &t.logs[f];
+        follower.pause_checkpoint_for_test(Some(at));
+        let (result, latest) = std::thread::scope(|s| {
+            let pass = s.spawn(|| {
+                let entries = Retention {
+                    max_entries: Some(400),
+                    ..Retention::default()
+                };
+                follower.apply_retention(&entries, SystemTime::now())
+            });
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !follower.checkpoint_waiting_for_test() {
+                assert!(Instant::now() < deadline, "the pass never reached {at:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            t.net.set_link(lid, fid, true);
+            t.net.set_link(fid, lid, true);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while follower.latest_checkpoint().map(|c| c.index) != Some(last) {
+                assert!(Instant::now() < deadline, "no snapshot installed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(follower.checkpoint_waiting_for_test(), "the pass went on");
+            follower.pause_checkpoint_for_test(None);
+            let result = pass.join().unwrap();
+            (result, follower.latest_checkpoint().unwrap())
+        });
+        let first = result.unwrap_or_else(|e| panic!("the pass held {at:?}: {e}"));
+        assert_eq!(
+            first, None,
+            "{at:?}: nothing left to delete after the install"
+        );
+        assert_eq!(
+            latest.index, last,
+            "{at:?}: the installed checkpoint stays the latest"
+        );
+        assert_eq!(latest.state, b"the leader's");
+        assert_eq!(follower.status().stats.checkpoints_replanned, 1, "{at:?}");
+        // The follower goes on from the snapshot.
+        let next = t.logs[l]
+            .append(b"after")
+            .unwrap()
+            .wait(Duration::from_secs(10))
+            .unwrap();
+        follower
+            .wait_for_commit(next, Duration::from_secs(10))
+            .unwrap();
         t.stop.store(true, Ordering::Relaxed);
         for log in t.logs {
             log.close().unwrap();
