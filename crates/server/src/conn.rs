@@ -197,6 +197,10 @@ enum Pending<F: Fabric + Send + 'static> {
 
 /// What a [`Pending::Read`] waits for.
 enum ReadWait<F: Fabric + Send + 'static> {
+    /// Nothing: the read is made when its turn to be answered comes, so that a connection
+    /// holds one read's entries at a time, not up to `max_in_flight` frames of them queued
+    /// behind a request that waits.
+    Now,
     /// The leader's ReadIndex.
     Linearizable(ReadHandle<F>),
     /// This node's commit index reaching the index.
@@ -562,6 +566,18 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     let _ = self.send(&r);
                     continue;
                 }
+                // A read behind a request still pending, with nothing to wait for: made now.
+                Pending::Read {
+                    id,
+                    from,
+                    max_bytes,
+                    wait: ReadWait::Now,
+                    ..
+                } => {
+                    let r = self.read(id, from, max_bytes);
+                    let _ = self.send(&r);
+                    continue;
+                }
                 Pending::Read { id, .. } => {
                     let _ = self.send(&Response::Error {
                         id: Some(id),
@@ -789,6 +805,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
         };
         let (id, from, max_bytes, late) = (*id, *from, *max_bytes, start.elapsed() > timeout);
         let ready = match wait {
+            ReadWait::Now => Ok(()),
             ReadWait::Linearizable(h) => match h.try_result() {
                 Some(Ok(_)) => Ok(()),
                 Some(Err(e)) => Err(self.error(id, &e)),
@@ -906,8 +923,13 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 from,
                 max_bytes,
             } => {
-                let r = self.read(id, from, max_bytes as usize);
-                self.pending.push_back(Pending::Ready(r));
+                self.pending.push_back(Pending::Read {
+                    id,
+                    from,
+                    max_bytes: max_bytes as usize,
+                    wait: ReadWait::Now,
+                    start: Instant::now(),
+                });
             }
             Request::ReadWith {
                 id,
@@ -917,23 +939,22 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
             } => {
                 let max_bytes = max_bytes as usize;
                 let wait = match consistency {
-                    ReadConsistency::Local => None,
-                    ReadConsistency::AtLeast(index) if log.commit_index() >= index => None,
-                    ReadConsistency::AtLeast(index) => Some(Ok(ReadWait::AtLeast(index))),
-                    ReadConsistency::Linearizable => {
-                        Some(log.read_index().map(ReadWait::Linearizable))
+                    ReadConsistency::Local => Ok(ReadWait::Now),
+                    ReadConsistency::AtLeast(index) if log.commit_index() >= index => {
+                        Ok(ReadWait::Now)
                     }
+                    ReadConsistency::AtLeast(index) => Ok(ReadWait::AtLeast(index)),
+                    ReadConsistency::Linearizable => log.read_index().map(ReadWait::Linearizable),
                 };
                 let p = match wait {
-                    None => Pending::Ready(self.read(id, from, max_bytes)),
-                    Some(Ok(wait)) => Pending::Read {
+                    Ok(wait) => Pending::Read {
                         id,
                         from,
                         max_bytes,
                         wait,
                         start: Instant::now(),
                     },
-                    Some(Err(e)) => Pending::Ready(self.error(id, &e)),
+                    Err(e) => Pending::Ready(self.error(id, &e)),
                 };
                 self.pending.push_back(p);
             }

@@ -1376,6 +1376,52 @@ fn trim_and_retention_delete_old_segments_and_readers_behind_get_compacted() {
 /// not queued without bound. Two reads that wait for an index far ahead (`AtLeast`) stay
 /// pending until `append_timeout`; an append pipelined behind them is not read, so not in the
 /// log, until they are answered; then it is, and the answers come back in request order.
+/// A read queued behind a request that waits is made when its turn to be answered comes,
+/// not when it arrives: a connection holds one read's entries at a time, never up to
+/// `max_in_flight` frames of them (255 reads of 16 MiB queued behind a read waiting for an
+/// index pinned 4 GiB per connection). Seen from outside: the queued read returns an entry
+/// committed after it arrived, while the read ahead of it waited.
+#[test]
+fn a_read_queued_behind_a_waiting_one_is_made_when_answered() {
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let log = c.server(l).log().clone();
+    let mut writer = connect(c.server(l).client_addr(), None);
+    let Response::Appended { first: a, .. } = append(&mut writer, b"before") else {
+        panic!("no append")
+    };
+    let mut client = connect(c.server(l).client_addr(), None);
+    // Waits for the entry after `a`, then a plain read from `a`.
+    let commit = log.status().commit;
+    let wait = Request::ReadWith {
+        id: 1,
+        from: a,
+        max_bytes: 1 << 20,
+        consistency: proto::ReadConsistency::AtLeast(commit + 1),
+    };
+    write_frame(&mut client.s, &wait).unwrap();
+    let read = Request::Read {
+        id: 2,
+        from: a,
+        max_bytes: 1 << 20,
+    };
+    write_frame(&mut client.s, &read).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let Response::Appended { first: b, .. } = append(&mut writer, b"after") else {
+        panic!("no append")
+    };
+    let r = client.recv();
+    assert!(matches!(r, Response::Entries { id: 1, .. }), "{r:?}");
+    let r = client.recv();
+    let Response::Entries { id: 2, entries, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert!(
+        entries.iter().any(|e| e.index == b && e.data == b"after"),
+        "the queued read was made when it arrived: {entries:?}"
+    );
+}
+
 #[test]
 fn a_connection_keeps_at_most_max_in_flight_requests_pending() {
     let c = cluster(|o| {
