@@ -58,6 +58,7 @@ pub(crate) use checkpoint::Plan;
 mod direct;
 mod fast;
 mod open;
+mod peer_input;
 mod propose;
 mod read;
 mod ready;
@@ -537,7 +538,7 @@ fn voters_after(cc: &ConfChange) -> Option<Vec<u64>> {
 fn entries_follow(m: &Message) -> bool {
     let mut prev = (m.index, m.log_term);
     for e in m.entries.iter() {
-        if e.index != prev.0 + 1 || e.term < prev.1 || e.term > m.term {
+        if Some(e.index) != prev.0.checked_add(1) || e.term < prev.1 || e.term > m.term {
             return false;
         }
         prev = (e.index, e.term);
@@ -1119,6 +1120,33 @@ impl<F: Fabric> Replica<F> {
         Ok(())
     }
 
+    /// Test-only: handles `frame` as if peer `from` had sent it, as a received message is
+    /// (decoded, checked, stepped); the effects show at the next pass.
+    #[doc(hidden)]
+    pub fn receive_for_test(&mut self, from: u64, frame: &[u8]) -> Result<(), ReplicaError> {
+        self.step_deferred();
+        match wire::decode_frame(self.cfg.cluster_id, frame) {
+            Ok(f) => self.handle_frame(from, f),
+            Err(_) => {
+                self.reject_peer(from);
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops a raft message from `peer` that no correct peer sends (see `node::peer_input`).
+    fn drop_peer_message(&mut self, peer: u64, m: &Message, why: &'static str) {
+        self.stats.bad_frames += 1;
+        tracing::warn!(
+            node = self.cfg.id,
+            from = peer,
+            msg_type = ?m.get_msg_type(),
+            term = m.term,
+            index = m.index,
+            "dropped {why}"
+        );
+    }
+
     /// Drops a connection that sent something we cannot trust.
     fn reject_peer(&mut self, peer: u64) {
         self.stats.bad_frames += 1;
@@ -1130,6 +1158,13 @@ impl<F: Fabric> Replica<F> {
             Frame::Raft { msg: m, ring } => {
                 if m.from != peer || m.to != self.cfg.id {
                     self.reject_peer(peer);
+                    return Ok(());
+                }
+                if let Some(why) = self.refuse_raft_message(&m) {
+                    self.drop_peer_message(peer, &m, why);
+                    return Ok(());
+                }
+                if self.ignore_raft_message(&m) {
                     return Ok(());
                 }
                 if m.term > self.raw.raft.term && m.get_msg_type() != MessageType::MsgRequestPreVote
@@ -1156,6 +1191,10 @@ impl<F: Fabric> Replica<F> {
                     || m.get_msg_type() != MessageType::MsgAppend
                 {
                     self.reject_peer(peer);
+                    return Ok(());
+                }
+                if let Some(why) = self.refuse_raft_message(&m) {
+                    self.drop_peer_message(peer, &m, why);
                     return Ok(());
                 }
                 // Under Replicated the records were received when `take_placed` took them
@@ -1204,6 +1243,10 @@ impl<F: Fabric> Replica<F> {
                     self.stats.snapshot_chunks_dropped += 1;
                     return Ok(());
                 };
+                if let Some(why) = self.refuse_snapshot(&m, &meta, &rx.data) {
+                    self.drop_peer_message(peer, &m, why);
+                    return Ok(());
+                }
                 let mut snap = Snapshot::default();
                 let md = snap.mut_metadata();
                 md.index = meta.index;

@@ -25,6 +25,7 @@ mod lost_tail_catch_up;
 mod membership_and_truncation;
 mod memory_durability;
 mod memory_machine_crash;
+mod peer_input;
 mod queued_proposals;
 mod removal_survives_restart;
 mod removed_leader;
