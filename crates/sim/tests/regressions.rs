@@ -407,6 +407,24 @@ fn seed_10700044_sessions_a_client_that_refused_itself() {
     );
 }
 
+/// Liveness, found by a 1,000-seed `--sessions` run on 2026-12-07 (also at the session's
+/// first commit, 8612626): the harness, not the replica. A session client's number 3 had
+/// committed without the client hearing of it; by its next try the session's table had moved
+/// past it, and the leader answered `SessionTooOld` ("in the log, too far back to tell its
+/// index"). The client took that for a failure and retried it for ever, and its later numbers
+/// waited behind it. A client, as the real ones do, now takes `SessionTooOld` as the entry
+/// being in the log once (the checker holds every key to at most once) and moves on.
+#[test]
+fn seed_60000796_sessions_a_number_too_old_to_retry() {
+    pass_with(
+        60_000_796,
+        sim::Options {
+            sessions: true,
+            ..sim::Options::default()
+        },
+    );
+}
+
 /// A panic: a client's linearizable read on a leader whose disk failed the read raft-rs made
 /// of its log (the term of its commit index, to see whether it committed in its own term)
 /// unwound out of `Replica::read_index`: raft-rs panics on any storage error it does not
