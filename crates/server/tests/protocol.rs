@@ -1371,11 +1371,6 @@ fn trim_and_retention_delete_old_segments_and_readers_behind_get_compacted() {
     }
 }
 
-/// A connection keeps at most `max_in_flight` requests pending: past that the server reads
-/// nothing more from it until an answer goes out, so a pipelining client is held back by TCP,
-/// not queued without bound. Two reads that wait for an index far ahead (`AtLeast`) stay
-/// pending until `append_timeout`; an append pipelined behind them is not read, so not in the
-/// log, until they are answered; then it is, and the answers come back in request order.
 /// A read queued behind a request that waits is made when its turn to be answered comes,
 /// not when it arrives: a connection holds one read's entries at a time, never up to
 /// `max_in_flight` frames of them (255 reads of 16 MiB queued behind a read waiting for an
@@ -1422,6 +1417,11 @@ fn a_read_queued_behind_a_waiting_one_is_made_when_answered() {
     );
 }
 
+/// A connection keeps at most `max_in_flight` requests pending: past that the server reads
+/// nothing more from it until an answer goes out, so a pipelining client is held back by TCP,
+/// not queued without bound. Two reads that wait for an index far ahead (`AtLeast`) stay
+/// pending until `append_timeout`; an append pipelined behind them is not read, so not in the
+/// log, until they are answered; then it is, and the answers come back in request order.
 #[test]
 fn a_connection_keeps_at_most_max_in_flight_requests_pending() {
     let c = cluster(|o| {

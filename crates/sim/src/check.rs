@@ -67,6 +67,9 @@ pub enum Outcome {
     },
     /// Definitely not in the log: refused at propose time, or superseded by another leader.
     Failed,
+    /// Not appended again, its session's number being in the log already, too far back for
+    /// its index (`SessionTooOld`): the committed log must hold the key.
+    InLog,
     /// Unknown: the node crashed or the client gave up; it may or may not commit.
     Unknown,
 }
@@ -440,6 +443,13 @@ impl Checker {
                         position[&k]
                     ));
                 }
+                Outcome::InLog if a.key.is_some_and(|key| !key_position.contains_key(&key)) => {
+                    let key = a.key.unwrap_or_default();
+                    return Err(format!(
+                        "exactly-once: session {} entry {} was answered as in the log already                          (too old to append again) and is not in the committed log",
+                        key.0, key.1
+                    ));
+                }
                 Outcome::Failed if position.contains_key(&k) => {
                     return Err(format!(
                         "linearizability: an append reported as failed (proposed on node {}, \
@@ -494,5 +504,40 @@ fn application(bytes: &[u8]) -> (Option<&[u8]>, Option<(u64, u64)>) {
             (Some(&bytes[skip..]), session)
         }
         _ => (None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An attempt answered `SessionTooOld` (in the log already) passes only when the committed
+    /// log holds its session's key: the checker can fail on a replica that answered so for a
+    /// number it never appended.
+    #[test]
+    fn an_entry_answered_as_in_the_log_must_be_there() {
+        let attempt = |key: (u64, u64)| Attempt {
+            payload: format!("attempt {key:?}").into_bytes(),
+            node: 1,
+            incarnation: 0,
+            ticket: None,
+            invoked_ns: 0,
+            outcome: Outcome::InLog,
+            expected_last: None,
+            key: Some(key),
+        };
+        // The first try of (7, 3) committed at 12 without its client hearing of it.
+        let first = Attempt {
+            payload: b"the committed copy".to_vec(),
+            outcome: Outcome::Unknown,
+            ..attempt((7, 3))
+        };
+        let mut c = Checker::new();
+        let mut raw = replica::storage::session_header(7, 3).to_vec();
+        raw.extend_from_slice(&first.payload);
+        c.committed.insert(12, (1, raw));
+        assert_eq!(c.check_history(&[first.clone(), attempt((7, 3))]), Ok(()));
+        let e = c.check_history(&[first, attempt((7, 4))]).unwrap_err();
+        assert!(e.contains("session 7 entry 4"), "{e}");
     }
 }

@@ -1470,16 +1470,18 @@ impl Run {
         }
         let incarnation = self.incarnations.get(&node).copied().unwrap_or(0);
         // The node knows the session's number is in the log, too far back to tell its index:
-        // the entry is there once (the checker holds every key to that), and the client, as a
-        // real one does, reports it and moves on. Retrying it, the client never finished, and
+        // the entry is there once (the checker holds the key to being in the committed log,
+        // once), and the client, as a real one does, reports it and moves on. Retrying it, the client never finished, and
         // its later numbers waited behind it (seed 60,000,796 of `--sessions`).
         let in_log = match result {
             Err(ReplicaError::SessionTooOld { seq, .. }) => Some(seq),
             _ => None,
         };
         for (j, (&op, payload)) in ops.iter().zip(payloads).enumerate() {
+            let reported = in_log.is_some() && in_log == key.map(|(_, first)| first + j as u64);
             let (ticket, outcome) = match &result {
                 Ok(tickets) => (Some(tickets[j]), Outcome::Pending),
+                Err(_) if reported => (None, Outcome::InLog),
                 Err(_) => (None, Outcome::Failed),
             };
             let k = self.history.len();
@@ -1496,7 +1498,7 @@ impl Run {
             self.ops[op].attempts.push(k);
             self.summary.attempts += 1;
             self.ops[op].next_try_ns = now + STEP_NS * (1 + self.rng.below(20));
-            if in_log.is_some() && in_log == key.map(|(_, first)| first + j as u64) {
+            if reported {
                 self.ops[op].done = true;
                 self.event(format!(
                     "op {op} is in the log already, too far back for its index"

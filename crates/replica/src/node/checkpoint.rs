@@ -195,6 +195,14 @@ impl<F: Fabric> Replica<F> {
                 self.conf_history.base_index, self.conf_history.base_index
             ));
         };
+        if conf.voters.is_empty() && conf.voters_outgoing.is_empty() {
+            // A node that joined by replaying the log knew no members before the change that
+            // added them: a checkpoint there could never be restored (raft-rs refuses a
+            // membership without voters), and a follower sent it would never catch up.
+            return refuse(format!(
+                "the membership as of index {index} has no voters (this node joined later and replayed the log); checkpoint at the change that added it or later"
+            ));
+        }
         let Some(pos) = self.wal.position_after(Index(index)) else {
             return refuse(format!(
                 "entry {index} is no longer in the log (it starts at {})",

@@ -358,8 +358,10 @@ impl<F: Fabric> Replica<F> {
             self.stats.direct_appends_skipped += 1;
             return false;
         }
-        let Ok(log_term) = self.raw.raft.raft_log.term(done) else {
-            return true;
+        // raft-rs answers term 0 for an index compacted away: send the message as it is.
+        let log_term = match self.raw.raft.raft_log.term(done) {
+            Ok(t) if t != 0 || done == 0 => t,
+            _ => return true,
         };
         let sent = (done + 1 - a.index) as usize;
         let mut rest = m.take_entries().into_vec();

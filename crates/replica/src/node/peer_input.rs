@@ -14,6 +14,12 @@ impl<F: Fabric> Replica<F> {
     /// the messages that travel between nodes are taken, each where it can be meant.
     pub(super) fn refuse_raft_message(&self, m: &Message) -> Option<&'static str> {
         use MessageType::*;
+        // Proposals made ahead of raft are stepped before any received frame is handled, so
+        // raft's log holds every entry a follower can answer for.
+        debug_assert!(
+            !self.deferred.has_queued(),
+            "deferred proposals not stepped"
+        );
         let r = &self.raw.raft;
         if m.term == 0 {
             // raft-rs steps a message of term 0 as a local one.
@@ -136,4 +142,64 @@ fn restorable(cs: &ConfState) -> bool {
             })
     };
     applied.is_ok() && raft_proto::conf_state_eq(cs, &tracker.conf().to_conf_state())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raft::prelude::ConfChangeType::{AddLearnerNode, AddNode};
+
+    fn cs(
+        voters: &[u64],
+        learners: &[u64],
+        outgoing: &[u64],
+        next: &[u64],
+        auto: bool,
+    ) -> ConfState {
+        let mut c = ConfState::default();
+        c.voters = voters.to_vec();
+        c.learners = learners.to_vec();
+        c.voters_outgoing = outgoing.to_vec();
+        c.learners_next = next.to_vec();
+        c.auto_leave = auto;
+        c
+    }
+
+    /// Memberships raft-rs makes pass (a joiner sent a checkpoint as a learner, and a joint
+    /// one that raft-rs's own changer built); broken ones do not (each made raft-rs panic).
+    #[test]
+    fn memberships_raft_makes_pass_and_broken_ones_do_not() {
+        assert!(restorable(&cs(&[1, 2, 3], &[], &[], &[], false)));
+        assert!(restorable(&cs(&[3, 1, 2], &[], &[], &[], false)));
+        assert!(restorable(&cs(&[1, 2, 3], &[4], &[], &[], false)));
+        let single = raft_proto::new_conf_change_single;
+        let mut t = raft::ProgressTracker::new(1);
+        for id in [1, 2, 3] {
+            let (cfg, changes) = raft::Changer::new(&t)
+                .simple(&[single(id, AddNode)])
+                .unwrap();
+            t.apply_conf(cfg, changes, 1);
+        }
+        let (cfg, changes) = raft::Changer::new(&t)
+            .enter_joint(true, &[single(4, AddNode), single(3, AddLearnerNode)])
+            .unwrap();
+        t.apply_conf(cfg, changes, 1);
+        let joint = t.conf().to_conf_state();
+        assert!(!joint.voters_outgoing.is_empty() && !joint.learners_next.is_empty());
+        assert!(restorable(&joint), "{joint:?}");
+
+        assert!(
+            !restorable(&cs(&[1, 2, 3], &[], &[], &[], true)),
+            "auto_leave, not joint"
+        );
+        assert!(
+            !restorable(&cs(&[1, 2], &[2], &[], &[], false)),
+            "a voter and a learner"
+        );
+        assert!(!restorable(&cs(&[], &[1], &[], &[], false)), "no voters");
+        assert!(
+            !restorable(&cs(&[1, 2], &[], &[], &[3], false)),
+            "learners_next, not joint"
+        );
+    }
 }

@@ -9,7 +9,10 @@ impl<F: Fabric> Replica<F> {
     pub(super) fn send_all(&mut self, mut msgs: Vec<Message>) {
         if self.cfg.mutation != crate::Mutation::UnrepairedRaftBatches {
             let log = &self.raw.raft.raft_log;
-            repair_batched(&mut msgs, |index| log.term(index).ok());
+            // raft-rs answers term 0 for an index compacted away (or past the log): gone.
+            repair_batched(&mut msgs, |index| {
+                log.term(index).ok().filter(|&t| t != 0 || index == 0)
+            });
         }
         coalesce(
             &mut msgs,
