@@ -380,6 +380,7 @@ impl<F: Fabric> Replica<F> {
                         // to an empty membership (which made a joiner a cluster of itself, or
                         // failed with "removed all voters").
                         Some(voters) if !knows_members => {
+                            self.infer_membership_before(&cc, &voters);
                             for v in voters {
                                 let mut add = ConfChange::default();
                                 add.set_change_type(ConfChangeType::AddNode);
@@ -417,6 +418,33 @@ impl<F: Fabric> Replica<F> {
         }
         self.pending_sessions.applied(self.applied);
         Ok(())
+    }
+
+    /// A node that joined and replays the log from its start knew no members before the
+    /// first change it applies, `cc` (the voters after it: `after`). Every entry before it was
+    /// under the membership that change changed: `after` with the change undone. The history
+    /// takes that as its base, so that a checkpoint below the change records the membership it
+    /// was under; one recording none could never be restored by a follower (raft-rs refuses
+    /// a membership without voters, and panicked on it before `node::peer_input`).
+    fn infer_membership_before(&mut self, cc: &ConfChange, after: &[u64]) {
+        let h = &self.conf_history;
+        if !(h.base.voters.is_empty() && h.base.voters_outgoing.is_empty() && h.changes.is_empty())
+        {
+            return;
+        }
+        let mut before: Vec<u64> = after.to_vec();
+        match cc.get_change_type() {
+            ConfChangeType::AddNode => before.retain(|&v| v != cc.node_id),
+            ConfChangeType::RemoveNode if !before.contains(&cc.node_id) => before.push(cc.node_id),
+            _ => {}
+        }
+        before.sort_unstable();
+        if before.is_empty() {
+            return;
+        }
+        let mut cs = ConfState::default();
+        cs.voters = before;
+        self.conf_history = ConfHistory::new(h.base_index, cs);
     }
 
     pub(super) fn apply_conf_change(
