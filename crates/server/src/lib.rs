@@ -248,6 +248,15 @@ fn accept_loop<F: Fabric + Send + 'static>(listener: TcpListener, shared: Arc<Sh
                     .connections_total
                     .fetch_add(1, Ordering::Relaxed);
                 let open = shared.connections.fetch_add(1, Ordering::AcqRel) + 1;
+                if open > 2 * shared.opts.max_connections {
+                    // Past twice the limit even the refusal is not served: its `Busy` takes a
+                    // thread, and under TLS a handshake of up to `frame_timeout`, so a flood of
+                    // connections would grow threads without bound. Closed at once, counted.
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    shared.metrics.busy_refusals.fetch_add(1, Ordering::Relaxed);
+                    drop(stream);
+                    continue;
+                }
                 let s = shared.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("client {peer}"))

@@ -356,6 +356,50 @@ fn roles_tokens_and_the_connection_limit() {
     assert!(m.contains("rdmalog_busy_refusals_total 1\n"), "{m}");
 }
 
+/// Past twice `max_connections` a connection is closed at once, not served a refusal: under
+/// TLS the refusal's `Busy` comes after a handshake of up to `frame_timeout` on a thread of its
+/// own, so a flood of connections grew threads without bound. Two connections fill the limit
+/// and two more wait in their refusal's handshake (none of them sends a byte); the fifth is
+/// closed at once and counted.
+#[test]
+fn past_twice_the_connection_limit_a_connection_is_closed_at_once() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("rdmalog test CA");
+    let (cert, key) = pki.issue("localhost", dir.path());
+    let c = cluster(|o| {
+        o.tls = Some(server::tls::server_config(&cert, &key, None).unwrap());
+        o.max_connections = 2;
+        o.frame_timeout = Duration::from_secs(10);
+    });
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+    let held: Vec<TcpStream> = (0..4).map(|_| tcp(addr)).collect();
+    // Let the server count them before the fifth.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut fifth = tcp(addr);
+    fifth
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let start = Instant::now();
+    let closed = match fifth.read(&mut [0u8; 16]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    assert!(
+        closed,
+        "the fifth connection was kept for {:?}",
+        start.elapsed()
+    );
+    let m = get(c.server(l).metrics_addr().unwrap(), "/metrics");
+    assert!(m.contains("rdmalog_busy_refusals_total 1\n"), "{m}");
+    drop(held);
+}
+
 #[test]
 fn shutdown_fails_pending_work_with_a_clear_error() {
     let mut c = cluster(|_| {});
