@@ -1077,10 +1077,7 @@ impl<F: Fabric> Replica<F> {
                         Err(_) => return Ok(()),
                     };
                     let _ = self.fabric.repost_recv(peer, c.wr_id);
-                    match decoded {
-                        Ok(frame) => self.handle_frame(peer.0, frame)?,
-                        Err(_) => self.reject_peer(peer.0),
-                    }
+                    self.take_frame(peer.0, decoded)?;
                 }
                 WcOp::Write => self.on_write_completion(c.wr_id, c.status),
                 WcOp::Send => {}
@@ -1125,10 +1122,20 @@ impl<F: Fabric> Replica<F> {
     #[doc(hidden)]
     pub fn receive_for_test(&mut self, from: u64, frame: &[u8]) -> Result<(), ReplicaError> {
         self.step_deferred();
-        match wire::decode_frame(self.cfg.cluster_id, frame) {
-            Ok(f) => self.handle_frame(from, f),
+        let decoded = wire::decode_frame(self.cfg.cluster_id, frame);
+        self.take_frame(from, decoded)
+    }
+
+    /// A received frame from `peer`, as decoded: handled, or its connection dropped.
+    fn take_frame(
+        &mut self,
+        peer: u64,
+        decoded: Result<Frame, wire::WireError>,
+    ) -> Result<(), ReplicaError> {
+        match decoded {
+            Ok(frame) => self.handle_frame(peer, frame),
             Err(_) => {
-                self.reject_peer(from);
+                self.reject_peer(peer);
                 Ok(())
             }
         }
@@ -1243,10 +1250,6 @@ impl<F: Fabric> Replica<F> {
                     self.stats.snapshot_chunks_dropped += 1;
                     return Ok(());
                 };
-                if let Some(why) = self.refuse_snapshot(&m, &meta, &rx.data) {
-                    self.drop_peer_message(peer, &m, why);
-                    return Ok(());
-                }
                 let mut snap = Snapshot::default();
                 let md = snap.mut_metadata();
                 md.index = meta.index;
@@ -1258,6 +1261,10 @@ impl<F: Fabric> Replica<F> {
                 cs.learners_next = meta.learners_next;
                 cs.auto_leave = meta.auto_leave;
                 snap.data = rx.data.into();
+                if let Some(why) = self.refuse_snapshot(&m, &snap) {
+                    self.drop_peer_message(peer, &m, why);
+                    return Ok(());
+                }
                 m.set_snapshot(snap);
                 if m.term > self.raw.raft.term {
                     self.fence_ring();

@@ -74,27 +74,19 @@ impl<F: Fabric> Replica<F> {
 
     /// Why a snapshot from a peer is dropped, if it is: raft-rs panics on a membership it
     /// cannot restore, and the node would fail stop on a state it cannot install.
-    pub(super) fn refuse_snapshot(
-        &self,
-        m: &Message,
-        meta: &WireSnapshotMeta,
-        data: &[u8],
-    ) -> Option<&'static str> {
+    pub(super) fn refuse_snapshot(&self, m: &Message, snap: &Snapshot) -> Option<&'static str> {
+        let meta = snap.get_metadata();
         if m.term == 0 || meta.term == 0 || meta.index == 0 || meta.index == u64::MAX {
             return Some("a snapshot of term 0 or index 0 or the last possible index");
         }
-        let mut cs = ConfState::default();
-        cs.voters = meta.voters.clone();
-        cs.learners = meta.learners.clone();
-        cs.voters_outgoing = meta.voters_outgoing.clone();
-        cs.learners_next = meta.learners_next.clone();
-        cs.auto_leave = meta.auto_leave;
-        if !restorable(&cs) {
+        if !restorable(meta.get_conf_state()) {
             return Some("a snapshot whose membership cannot be restored");
         }
-        let sound = CheckpointData::decode(data)
-            .and_then(|d| d.session_table().map(|_| d.lsn))
-            .is_ok_and(|lsn| lsn % 8 == 0);
+        // What `install_snapshot` reads of it: the log position and the session table.
+        let sound = snapshot_lsn(snap).is_some_and(|lsn| lsn % 8 == 0)
+            && CheckpointData::decode(&snap.data)
+                .and_then(|d| d.session_table())
+                .is_ok();
         if !sound {
             return Some("a snapshot whose state does not decode");
         }
