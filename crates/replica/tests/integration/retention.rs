@@ -82,6 +82,15 @@ fn three_with_600_entries(mutation: Mutation) -> Three {
     }
 }
 
+/// Waits up to `secs` seconds for `done`, failing with `why` if it never comes.
+fn wait_for(secs: u64, mut done: impl FnMut() -> bool, why: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "{}", why());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
     let Three {
@@ -179,11 +188,11 @@ fn a_retention_pass_reads_the_log_without_holding_up_the_replica() {
                 };
                 log.apply_retention(&entries, SystemTime::now())
             });
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !log.checkpoint_waiting_for_test() {
-                assert!(Instant::now() < deadline, "the pass never reached {at:?}");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_for(
+                20,
+                || log.checkpoint_waiting_for_test(),
+                || format!("the pass never reached {at:?}"),
+            );
             // The pass is between its two steps under the lock: the log goes on.
             let mut newer = 0;
             for k in 0..5u8 {
@@ -196,11 +205,11 @@ fn a_retention_pass_reads_the_log_without_holding_up_the_replica() {
             assert!(newer > t.last);
             assert!(log.checkpoint_waiting_for_test(), "the pass went on");
             // A newer checkpoint, at the last append (once applied).
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while log.status().applied < newer {
-                assert!(Instant::now() < deadline, "{newer} never applied");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_for(
+                10,
+                || log.status().applied >= newer,
+                || format!("{newer} never applied"),
+            );
             log.checkpoint(newer, b"newer").unwrap();
             log.pause_checkpoint_for_test(None);
             // Planned again, the pass finds nothing left to delete: the newer checkpoint cut
@@ -251,11 +260,11 @@ fn a_snapshot_installed_during_a_retention_pass_makes_it_plan_again() {
                 .wait(Duration::from_secs(10))
                 .unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while t.logs[l].status().applied < last {
-            assert!(Instant::now() < deadline, "{last} never applied");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for(
+            10,
+            || t.logs[l].status().applied >= last,
+            || format!("{last} never applied"),
+        );
         let cut = t.logs[l].checkpoint(last, b"the leader's").unwrap();
         assert!(
             cut > t.last + 1,
@@ -271,18 +280,18 @@ fn a_snapshot_installed_during_a_retention_pass_makes_it_plan_again() {
                 };
                 follower.apply_retention(&entries, SystemTime::now())
             });
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !follower.checkpoint_waiting_for_test() {
-                assert!(Instant::now() < deadline, "the pass never reached {at:?}");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_for(
+                20,
+                || follower.checkpoint_waiting_for_test(),
+                || format!("the pass never reached {at:?}"),
+            );
             t.net.set_link(lid, fid, true);
             t.net.set_link(fid, lid, true);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while follower.latest_checkpoint().map(|c| c.index) != Some(last) {
-                assert!(Instant::now() < deadline, "no snapshot installed");
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_for(
+                20,
+                || follower.latest_checkpoint().map(|c| c.index) == Some(last),
+                || "no snapshot installed".to_string(),
+            );
             assert!(follower.checkpoint_waiting_for_test(), "the pass went on");
             follower.pause_checkpoint_for_test(None);
             let result = pass.join().unwrap();
