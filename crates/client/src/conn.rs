@@ -193,8 +193,7 @@ fn looks_like_tls(bytes: &[u8]) -> bool {
 
 impl Conn {
     /// Connects to `addr`, finishes TLS and the hello within `connect_timeout` (and before
-    /// `deadline`), all of it: each step gets what is left. (A TLS handshake's reads are
-    /// each bounded so; a server that trickles its handshake can hold it longer.)
+    /// `deadline`), all of it: each step gets what is left, the TLS handshake as a whole.
     pub(crate) fn open(
         cfg: &ClientConfig,
         tls_cfg: Option<&Arc<rustls::ClientConfig>>,
@@ -255,15 +254,19 @@ impl Conn {
                 let conn = rustls::ClientConnection::new(tc.clone(), name)
                     .map_err(|e| Step::fatal(ClientError::Tls(format!("{addr}: {e}"))))?;
                 let mut s = rustls::StreamOwned::new(conn, tcp);
-                while s.conn.is_handshaking() {
-                    if let Err(e) = s.conn.complete_io(&mut s.sock) {
-                        return Err(if tls::is_tls_failure(&e) {
-                            tls_failed(&e)
-                        } else {
-                            connect_failed(format!("TLS handshake: {e}"))
-                        });
-                    }
+                // The whole handshake by the attempt's deadline: a server that trickles its
+                // handshake a byte at a time would hold each read, and the attempt, as long
+                // as it likes.
+                let by = Instant::now() + rest();
+                if let Err(e) = proto::tls::handshake(&mut s.conn, &mut s.sock, by) {
+                    return Err(if tls::is_tls_failure(&e) {
+                        tls_failed(&e)
+                    } else {
+                        connect_failed(format!("TLS handshake: {e}"))
+                    });
                 }
+                s.sock.set_read_timeout(Some(rest())).map_err(setup)?;
+                s.sock.set_write_timeout(Some(rest())).map_err(setup)?;
                 Stream::Tls(Box::new(s))
             }
         };

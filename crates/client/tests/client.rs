@@ -571,3 +571,63 @@ fn a_member_that_never_answers_does_not_take_the_whole_deadline() {
     client.append(&[b"past a hung member"]).unwrap();
     drop(hung);
 }
+
+/// A TLS handshake is bounded by the attempt's deadline as a whole: a "server" that trickles
+/// its handshake a byte at a time (each of the client's reads then succeeds before its
+/// timeout) does not hold `Client::connect` past its deadline. Before, rustls's `complete_io`
+/// kept reading for as long as the bytes came.
+#[test]
+fn a_server_that_trickles_its_tls_handshake_cannot_hold_the_client() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    Pki::new("rdmalog test CA").write_ca(&ca);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let stopped = stopped.clone();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                let _ = s.read(&mut [0u8; 4096]);
+                // A handshake record's header announcing 16 KiB, then its bytes one at a time.
+                if s.write_all(&[0x16, 0x03, 0x03, 0x40, 0x00]).is_err() {
+                    return;
+                }
+                let start = Instant::now();
+                while !stopped.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(30)
+                {
+                    if s.write_all(&[0x02]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    let mut cfg = ClientConfig::new(vec![addr.clone()], 9);
+    cfg.tls = Some(TlsConfig {
+        ca,
+        client_cert: None,
+        server_name: Some("localhost".into()),
+    });
+    cfg.connect_timeout = Duration::from_secs(1);
+    cfg.deadline = Duration::from_secs(2);
+    let start = Instant::now();
+    let e = match Client::connect(cfg) {
+        Ok(_) => panic!("connected to a server that never finishes its handshake"),
+        Err(e) => e,
+    };
+    let took = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    println!("gave up on {addr} after {took:?}: {e}");
+    assert!(took < Duration::from_secs(4), "{took:?}: {e}");
+    assert!(
+        e.to_string().contains("TLS handshake"),
+        "the error does not say what did not finish: {e}"
+    );
+}

@@ -32,6 +32,9 @@
 
 #![deny(unsafe_code)]
 
+#[cfg(feature = "tls")]
+pub mod tls;
+
 use std::io::{self, Read, Write};
 
 use bincode::{Decode, Encode};

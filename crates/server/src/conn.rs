@@ -96,7 +96,9 @@ pub(crate) fn serve<F: Fabric + Send + 'static>(
             // that trickles its handshake a byte at a time never lets one read time out, and
             // would hold a connection slot for as long as it likes.
             let frame_timeout = shared.opts.frame_timeout;
-            if let Err(e) = handshake(&mut s, Instant::now() + frame_timeout) {
+            if let Err(e) =
+                proto::tls::handshake(&mut s.conn, &mut s.sock, Instant::now() + frame_timeout)
+            {
                 shared
                     .metrics
                     .rejected_connections
@@ -109,60 +111,6 @@ pub(crate) fn serve<F: Fabric + Send + 'static>(
             run(shared, s, peer, over_limit);
         }
     }
-}
-
-/// The server's side of a TLS handshake, done by `deadline`, its last flight sent (under TLS
-/// 1.2 the client waits for the server's Finished before it says anything). `complete_io`
-/// would do it, but it loops inside while bytes keep coming, each read under its own timeout,
-/// so a deadline for the whole could not cut it.
-fn handshake(
-    s: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
-    deadline: Instant,
-) -> std::io::Result<()> {
-    use std::io::{Error, ErrorKind};
-    let late = || {
-        Error::new(
-            ErrorKind::TimedOut,
-            "the handshake did not finish within frame_timeout",
-        )
-    };
-    let timed_out = |e: &Error| matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut);
-    while s.conn.is_handshaking() || s.conn.wants_write() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(late());
-        }
-        s.sock.set_read_timeout(Some(left))?;
-        s.sock.set_write_timeout(Some(left))?;
-        if s.conn.wants_write() {
-            match s.conn.write_tls(&mut s.sock) {
-                Ok(_) => continue,
-                Err(e) if timed_out(&e) => return Err(late()),
-                Err(e) => return Err(e),
-            }
-        }
-        if !s.conn.wants_read() {
-            // Neither side's turn: not a state a handshake in progress gets into.
-            return Err(Error::other("the TLS handshake stalled"));
-        }
-        match s.conn.read_tls(&mut s.sock) {
-            Ok(0) => {
-                return Err(Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "the client closed the connection during the handshake",
-                ));
-            }
-            Ok(_) => {}
-            Err(e) if timed_out(&e) => return Err(late()),
-            Err(e) => return Err(e),
-        }
-        if let Err(e) = s.conn.process_new_packets() {
-            // Tell the client why (the alert rustls queued), as complete_io does.
-            let _ = s.conn.write_tls(&mut s.sock);
-            return Err(Error::new(ErrorKind::InvalidData, e));
-        }
-    }
-    Ok(())
 }
 
 enum Pending<F: Fabric + Send + 'static> {
