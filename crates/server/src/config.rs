@@ -474,6 +474,14 @@ impl ServerConfig {
                 ));
             }
         }
+        for (key, v) in [
+            ("client.frame_timeout_ms", c.frame_timeout_ms),
+            ("client.append_timeout_ms", c.append_timeout_ms),
+        ] {
+            if v == Some(0) {
+                return Err(bad(key, "must be positive".into()));
+            }
+        }
         if c.idle_timeout_ms.is_some_and(|ms| ms < 1000) {
             return Err(bad(
                 "client.idle_timeout_ms",
@@ -1019,6 +1027,14 @@ plaintext = true
             (
                 GOOD.replace("plaintext = true", "plaintext = true\nidle_timeout_ms = 500"),
                 "`client.idle_timeout_ms`: must be at least 1000",
+            ),
+            (
+                GOOD.replace("plaintext = true", "plaintext = true\nframe_timeout_ms = 0"),
+                "`client.frame_timeout_ms`: must be positive",
+            ),
+            (
+                GOOD.replace("plaintext = true", "plaintext = true\nappend_timeout_ms = 0"),
+                "`client.append_timeout_ms`: must be positive",
             ),
             // Read by the check itself, so `--check-config` catches them.
             (

@@ -122,6 +122,33 @@ impl ServerOptions {
         }
     }
 
+    /// Refuses options a server cannot work with, naming the field: a zero count or
+    /// duration (a zero `frame_timeout` would leave reads unbounded, as the socket takes no
+    /// zero timeout), a `max_frame_bytes` outside the protocol's range. The configuration
+    /// file's checks are stricter (`idle_timeout_ms` at least a second); [`start`] runs
+    /// these for embedded servers too.
+    pub fn validate(&self) -> Result<(), String> {
+        let must_be_positive = [
+            ("max_connections", self.max_connections == 0),
+            ("max_in_flight", self.max_in_flight == 0),
+            ("frame_timeout", self.frame_timeout.is_zero()),
+            ("idle_timeout", self.idle_timeout.is_zero()),
+            ("append_timeout", self.append_timeout.is_zero()),
+            ("retention_interval", self.retention_interval.is_zero()),
+        ];
+        if let Some((field, _)) = must_be_positive.iter().find(|(_, zero)| *zero) {
+            return Err(format!("ServerOptions::{field}: must be positive"));
+        }
+        if !(1024..=proto::MAX_FRAME_LIMIT).contains(&self.max_frame_bytes) {
+            return Err(format!(
+                "ServerOptions::max_frame_bytes: expected 1024..={}, not {}",
+                proto::MAX_FRAME_LIMIT,
+                self.max_frame_bytes
+            ));
+        }
+        Ok(())
+    }
+
     fn member(&self, id: u64) -> Option<NodeInfo> {
         self.members.iter().find(|m| m.id == id).cloned()
     }
@@ -155,11 +182,14 @@ impl<F: Fabric + Send + 'static> std::fmt::Debug for ServerHandle<F> {
     }
 }
 
-/// Starts serving `log` to clients.
+/// Starts serving `log` to clients. Options that [`ServerOptions::validate`] refuses are an
+/// `InvalidInput` error.
 pub fn start<F: Fabric + Send + 'static>(
     opts: ServerOptions,
     log: Arc<Log<F>>,
 ) -> std::io::Result<ServerHandle<F>> {
+    opts.validate()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let listener = TcpListener::bind(opts.client_listen)?;
     let client_addr = listener.local_addr()?;
     let metrics_listener = opts.metrics_listen.map(TcpListener::bind).transpose()?;
@@ -339,5 +369,54 @@ impl<F: Fabric + Send + 'static> ServerHandle<F> {
             left = self.connections(),
             "client connections closed; the server has stopped"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_a_server_cannot_work_with_are_refused_by_name() {
+        let good = ServerOptions::new(1, 9, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(good.validate(), Ok(()));
+        type Spoil = fn(&mut ServerOptions);
+        let cases: [(Spoil, &str); 8] = [
+            (
+                |o| o.max_connections = 0,
+                "max_connections: must be positive",
+            ),
+            (|o| o.max_in_flight = 0, "max_in_flight: must be positive"),
+            (
+                |o| o.frame_timeout = Duration::ZERO,
+                "frame_timeout: must be positive",
+            ),
+            (
+                |o| o.idle_timeout = Duration::ZERO,
+                "idle_timeout: must be positive",
+            ),
+            (
+                |o| o.append_timeout = Duration::ZERO,
+                "append_timeout: must be positive",
+            ),
+            (
+                |o| o.retention_interval = Duration::ZERO,
+                "retention_interval: must be positive",
+            ),
+            (
+                |o| o.max_frame_bytes = 1023,
+                "max_frame_bytes: expected 1024..=",
+            ),
+            (
+                |o| o.max_frame_bytes = proto::MAX_FRAME_LIMIT + 1,
+                "max_frame_bytes: expected 1024..=",
+            ),
+        ];
+        for (spoil, says) in cases {
+            let mut o = good.clone();
+            spoil(&mut o);
+            let e = o.validate().unwrap_err();
+            assert!(e.contains(says), "{e:?} does not say {says:?}");
+        }
     }
 }
