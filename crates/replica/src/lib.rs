@@ -360,7 +360,8 @@ impl ReplicaConfig {
         ))
     }
 
-    /// Checks the configuration, naming the bad field.
+    /// Checks the configuration, naming the bad field. [`Replica::open`] runs it, and raft-rs's
+    /// and the wal's own checks, before it writes anything to the data dir.
     pub fn validate(&self) -> Result<(), ReplicaError> {
         let bad =
             |field: &'static str, why: String| Err(ReplicaError::Config { field, reason: why });
@@ -376,36 +377,67 @@ impl ReplicaConfig {
                 ),
             );
         }
+        let mut voters = self.voters.clone();
+        voters.sort_unstable();
+        voters.dedup();
+        if voters.len() != self.voters.len() || voters.first() == Some(&0) {
+            // A voter listed twice would count twice towards a quorum.
+            return bad(
+                "voters",
+                format!(
+                    "{:?} lists a node twice or node 0 (ids start at 1)",
+                    self.voters
+                ),
+            );
+        }
+        if voters.len() > MAX_MEMBERS {
+            return bad("voters", format!("at most {MAX_MEMBERS} voters"));
+        }
         if self.heartbeat_tick == 0 || self.election_tick <= self.heartbeat_tick {
             return bad(
                 "election_tick",
                 "must be greater than heartbeat_tick, which must be positive".into(),
             );
         }
+        if !self.block_bytes.is_power_of_two()
+            || !(wal::format::MIN_BLOCK_BYTES..=wal::format::MAX_BLOCK_BYTES)
+                .contains(&self.block_bytes)
+        {
+            return bad(
+                "block_bytes",
+                "must be a power of two in 64 B ..= 64 MiB".into(),
+            );
+        }
         if !self.ring_bytes.is_power_of_two()
-            || self.ring_bytes % self.block_bytes != 0
             || self.ring_bytes < 2 * self.block_bytes
             || self.ring_bytes < 4096
+            || self.ring_bytes > wal::ring::MAX_RING_BYTES
         {
             return bad(
                 "ring_bytes",
-                "must be a power of two of at least 4 KiB holding at least two blocks".into(),
+                "must be a power of two of 4 KiB ..= 64 GiB holding at least two blocks".into(),
             );
         }
         // The wal batches up to a segment (at most 4 MiB) at a time; a batch of a single block
         // cannot take the padding a record moved to the next block leaves, and an append then
         // spins forever.
-        if self.segment_bytes < 2 * self.block_bytes {
+        if self.segment_bytes < 2 * self.block_bytes
+            || self.segment_bytes % self.block_bytes != 0
+            || self.segment_bytes > wal::MAX_SEGMENT_DATA_BYTES
+        {
             return bad(
                 "segment_bytes",
                 format!(
-                    "must hold at least two blocks of {} bytes",
+                    "must be a multiple of the block of {} bytes, at least two blocks and at \
+                     most 1 TiB",
                     self.block_bytes
                 ),
             );
         }
-        if self.max_snapshot_bytes + crate::sessions::MAX_CHECKPOINT_OVERHEAD
-            > crate::storage::MAX_SNAPSHOT_FILE_BYTES
+        if self
+            .max_snapshot_bytes
+            .checked_add(crate::sessions::MAX_CHECKPOINT_OVERHEAD)
+            .is_none_or(|b| b > crate::storage::MAX_SNAPSHOT_FILE_BYTES)
         {
             return bad("max_snapshot_bytes", "must be below 1 GiB".into());
         }
@@ -423,15 +455,33 @@ impl ReplicaConfig {
                 "an entry must fit a slow-path message with room to spare".into(),
             );
         }
-        if self.max_size_per_msg as usize + self.max_entry_bytes + 4096 > wire::MAX_BODY_BYTES {
+        if self
+            .max_size_per_msg
+            .saturating_add((self.max_entry_bytes + 4096) as u64)
+            > wire::MAX_BODY_BYTES as u64
+        {
             return bad(
                 "max_size_per_msg",
                 "one append message must fit the fabric's message limit".into(),
             );
         }
+        if !(1..=MAX_INFLIGHT_MSGS).contains(&self.max_inflight_msgs) {
+            // raft-rs allocates a window this long per follower.
+            return bad(
+                "max_inflight_msgs",
+                format!("must be 1..={MAX_INFLIGHT_MSGS}"),
+            );
+        }
         Ok(())
     }
 }
+
+/// Most voters a membership may hold (each list of the state file stores at most so many),
+/// far above any real cluster.
+pub const MAX_MEMBERS: usize = 1024;
+
+/// Most appends in flight per follower ([`ReplicaConfig::max_inflight_msgs`]).
+pub const MAX_INFLIGHT_MSGS: usize = 1 << 16;
 
 /// Errors of the replica, each a sentence a caller can act on.
 #[derive(Debug, thiserror::Error)]

@@ -275,7 +275,7 @@ impl<F: Fabric> Shared<F> {
     /// Polls `ready` until it gives a value, sleeping on progress in between (see
     /// [`Shared::wait_progress`]); `None` once `timeout` passed.
     fn wait_until<T>(&self, timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_in(timeout);
         loop {
             if let Some(v) = ready() {
                 return Some(v);
@@ -337,11 +337,23 @@ impl<F: Fabric + Send + 'static> Log<F> {
         fs: Arc<dyn FileSystem>,
         options: LogOptions,
     ) -> Result<Self, ReplicaError> {
-        if options.tick.is_zero() {
+        if options.tick.is_zero() || options.tick > MAX_TICK {
             return Err(ReplicaError::Config {
                 field: "tick",
-                reason: "must be positive".into(),
+                reason: format!("must be positive and at most {MAX_TICK:?}"),
             });
+        }
+        if let Some(core) = options.pin_core {
+            let exists =
+                core_affinity::get_core_ids().is_some_and(|ids| ids.iter().any(|c| c.id == core));
+            if !exists {
+                return Err(ReplicaError::Config {
+                    field: "pin_core",
+                    reason: format!(
+                        "this process may not run on core {core} (or it does not exist)"
+                    ),
+                });
+            }
         }
         let waiter = fabric.waiter();
         let replica = Replica::open(config, fabric, fs)?;
@@ -770,6 +782,17 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".into())
 }
 
+/// The longest [`LogOptions::tick`]: raft's timeouts are a few dozen ticks.
+pub const MAX_TICK: Duration = Duration::from_secs(60);
+
+/// The instant `timeout` from now; a timeout too long for the clock (`Duration::MAX` for "no
+/// limit") gives one so far away that it never comes.
+fn deadline_in(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(u64::from(u32::MAX)))
+}
+
 /// Ticks the driver may fall behind before it logs a warning: well under an election
 /// timeout's worth at the node's defaults (20 to 30 ticks).
 const STALL_TICKS: u32 = 10;
@@ -1001,7 +1024,7 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
     /// `None` if it is still pending. Under [`PollMode::Busy`] the waiting thread drives the
     /// replica itself (see the module doc).
     pub fn wait_for(&self, timeout: Duration) -> Option<Result<u64, ReplicaError>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_in(timeout);
         // Under `Busy`, the right to drive, held from the first pass to the end of the wait:
         // the driver stays off the lock meanwhile (but for its ticks).
         let mut driving = None;
@@ -1128,7 +1151,7 @@ impl<F: Fabric + Send + 'static> Subscription<F> {
         &mut self,
         timeout: Duration,
     ) -> Result<Option<(u64, Vec<u8>)>, ReplicaError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_in(timeout);
         let mut buf = Vec::new();
         loop {
             self.shared.check()?;

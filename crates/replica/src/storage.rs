@@ -16,6 +16,8 @@ use raft::{GetEntriesContext, RaftState, StorageError};
 use wal::fs::FileSystem;
 use wal::{Index, Wal};
 
+use crate::MAX_MEMBERS;
+
 /// First payload byte of an application entry.
 pub const TAG_NORMAL: u8 = 1;
 /// First payload byte of a ConfChangeV2 entry.
@@ -269,9 +271,6 @@ impl ConfHistory {
         }
     }
 }
-/// Bound on voters plus learners in the state file, far above any real cluster.
-const MAX_MEMBERS: usize = 1024;
-
 /// The amnesia guard of `Durability::Memory` (ARCHITECTURE.md, "Recovering after a machine
 /// crash"), kept in the raft-state file beside the HardState.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,7 +36,7 @@ pub use ring::{
     AnonymousMemory, Consumer, Producer, RecordSource, RingConfig, RingMemory, Verified,
     clear_published, open_to_remote, published_tail, ring, ring_recovering,
 };
-pub use wal::{Entry, RecoveryReport, Wal, WalConfig};
+pub use wal::{Entry, MAX_SEGMENT_DATA_BYTES, RecoveryReport, Wal, WalConfig};
 
 use std::fmt;
 

@@ -12,6 +12,9 @@ impl<F: Fabric> Replica<F> {
         fs: Arc<dyn FileSystem>,
     ) -> Result<Self, ReplicaError> {
         cfg.validate()?;
+        // raft-rs's own checks too, before the data dir is written: a first open that failed
+        // after storing the initial membership would make the next one ignore corrected voters.
+        Self::raft_config(&cfg, 0)?;
         let (mut state_file, existed, hs, mut cs, mut conf_history) = Self::open_state(&cfg, &fs)?;
         let wal = Self::open_wal(&cfg, &fs)?;
         let (snapshot_file, snapshot) = Self::load_snapshot(&cfg, &fs)?;

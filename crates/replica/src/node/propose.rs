@@ -398,6 +398,22 @@ impl<F: Fabric> Replica<F> {
             after_change.push(node);
         }
         after_change.sort_unstable();
+        if node == 0 {
+            return Err(ReplicaError::Membership("node ids start at 1".into()));
+        }
+        if after_change.is_empty() {
+            // raft-rs would commit it and then fail to apply it ("removed all voters"), on
+            // every restart again.
+            return Err(ReplicaError::Membership(format!(
+                "node {node} is the last voter: add another before removing it"
+            )));
+        }
+        if after_change.len() > crate::MAX_MEMBERS {
+            return Err(ReplicaError::Membership(format!(
+                "at most {} voters",
+                crate::MAX_MEMBERS
+            )));
+        }
         self.step_deferred();
         cc.context = after_change
             .iter()

@@ -8,6 +8,7 @@ mod ahead_of_raft;
 mod allocations;
 mod batch_and_tickets;
 mod caller_driven_pass;
+mod caller_misuse;
 mod commit_broadcast;
 mod conditional_append;
 mod divergent_suffix;

@@ -1,0 +1,182 @@
+//! What an embedding application can get wrong is refused by name, before anything is
+//! written, and never panics or wedges the log: configurations the replica, the wal or raft-rs
+//! cannot work with, driver options, membership changes that could never be applied, and
+//! waits of `Duration::MAX` ("no limit").
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use fabric::NodeId;
+use fabric::sim::{SimConfig, SimNet};
+use replica::{Log, LogOptions, ReplicaConfig, ReplicaError, Role};
+use wal::fs::{FaultFs, FileSystem};
+
+fn config(voters: Vec<u64>) -> ReplicaConfig {
+    let mut cfg = ReplicaConfig::new(1, voters, 9, "/n1".into());
+    cfg.ring_bytes = 2 << 20;
+    cfg.segment_bytes = 8 << 20;
+    cfg.election_window = Some((10, 11));
+    cfg
+}
+
+/// Opens node 1 of a fresh network with `cfg` and `opts` on `fs`.
+fn open(
+    cfg: ReplicaConfig,
+    opts: LogOptions,
+    fs: &FaultFs,
+) -> Result<(SimNet, Arc<AtomicBool>, Log<fabric::sim::SimEndpoint>), ReplicaError> {
+    let net = SimNet::new(SimConfig::default(), 3);
+    let stop = Arc::new(AtomicBool::new(false));
+    net.run_realtime(stop.clone());
+    let disk: Arc<dyn FileSystem> = Arc::new(fs.clone());
+    let log = Log::open(cfg, net.add_node(NodeId(1)), disk, opts)?;
+    Ok((net, stop, log))
+}
+
+/// Each bad field is an error naming it, with nothing written to the data dir; the same
+/// directory then opens with the corrected configuration and takes its voters. (Before: a
+/// zero or tiny block panicked in the check itself, a voter listed twice counted twice
+/// towards a NIC quorum, a huge `max_inflight_msgs` aborted in raft-rs's allocation, sums of
+/// huge limits wrapped past the checks, and a configuration that raft-rs refused was
+/// refused after the initial membership was stored, so the next open ignored the corrected
+/// voters.)
+#[test]
+fn a_bad_configuration_is_refused_by_name_before_anything_is_written() {
+    type Spoil = fn(&mut ReplicaConfig);
+    let cases: [(Spoil, &str); 12] = [
+        (|c| c.block_bytes = 0, "block_bytes"),
+        (|c| c.block_bytes = 16, "block_bytes"),
+        (|c| c.voters = vec![1, 1, 2], "voters"),
+        (|c| c.voters = vec![0, 1, 2], "voters"),
+        (|c| c.voters = (1..=1025).collect(), "voters"),
+        (|c| c.max_inflight_msgs = usize::MAX, "max_inflight_msgs"),
+        (|c| c.max_inflight_msgs = 0, "max_inflight_msgs"),
+        (|c| c.max_snapshot_bytes = u64::MAX, "max_snapshot_bytes"),
+        (|c| c.max_size_per_msg = u64::MAX, "max_size_per_msg"),
+        (|c| c.segment_bytes = (8 << 20) + 512, "segment_bytes"),
+        (|c| c.ring_bytes = 128 << 30, "ring_bytes"),
+        // raft-rs's own check: the window must start at the election timeout.
+        (|c| c.election_window = Some((1, 2)), "election"),
+    ];
+    let fs = FaultFs::new();
+    for (spoil, field) in cases {
+        let mut cfg = config(vec![1, 2, 3]);
+        spoil(&mut cfg);
+        let e = match open(cfg, LogOptions::default(), &fs) {
+            Ok(_) => panic!("a configuration with a bad {field} opened"),
+            Err(e) => e,
+        };
+        let said = e.to_string();
+        match &e {
+            ReplicaError::Config { field: f, .. } => assert_eq!(*f, field, "{said}"),
+            _ => assert!(said.contains(field), "{said} does not name {field}"),
+        }
+        assert!(
+            fs.names(Path::new("/n1")).is_empty(),
+            "a refused open (bad {field}) wrote {:?}",
+            fs.names(Path::new("/n1"))
+        );
+    }
+    let (_net, _stop, log) = open(config(vec![1]), LogOptions::default(), &fs).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log.status().role != Role::Leader {
+        assert!(
+            Instant::now() < deadline,
+            "the corrected single voter never leads"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    log.append(b"corrected")
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .unwrap();
+}
+
+/// Driver options are checked at `Log::open`, not left to fail the driver after it returned
+/// `Ok` (a tick too long for the clock's arithmetic, a core the process cannot run on).
+#[test]
+fn bad_driver_options_are_refused_at_open() {
+    let fs = FaultFs::new();
+    for (opts, field) in [
+        (
+            LogOptions {
+                tick: Duration::from_secs(3600),
+                ..LogOptions::default()
+            },
+            "tick",
+        ),
+        (
+            LogOptions {
+                pin_core: Some(1 << 20),
+                ..LogOptions::default()
+            },
+            "pin_core",
+        ),
+    ] {
+        match open(config(vec![1]), opts, &fs) {
+            Err(ReplicaError::Config { field: f, .. }) => assert_eq!(f, field),
+            Err(e) => panic!("bad {field}: {e}"),
+            Ok(_) => panic!("bad {field} opened"),
+        }
+    }
+}
+
+/// Removing the last voter, or a change naming node 0, is refused when proposed. Before,
+/// raft-rs committed the removal and then failed to apply it ("removed all voters"): the log
+/// stopped, and stopped again at every restart as it applied the change again.
+#[test]
+fn membership_changes_that_could_never_apply_are_refused() {
+    let fs = FaultFs::new();
+    let (_net, _stop, log) = open(config(vec![1]), LogOptions::default(), &fs).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log.status().role != Role::Leader {
+        assert!(Instant::now() < deadline, "a single voter never leads");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    match log.remove_node(1) {
+        Err(ReplicaError::Membership(why)) => assert!(why.contains("last voter"), "{why}"),
+        Err(e) => panic!("removing the last voter: {e}"),
+        Ok(h) => panic!(
+            "removing the last voter was proposed: {:?}",
+            h.wait(Duration::from_secs(5))
+        ),
+    }
+    match log.add_node(0) {
+        Err(ReplicaError::Membership(why)) => assert!(why.contains("start at 1"), "{why}"),
+        Err(e) => panic!("adding node 0: {e}"),
+        Ok(_) => panic!("adding node 0 was proposed"),
+    }
+    let index = log
+        .append(b"still serving")
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(
+        log.read(index).unwrap().as_deref(),
+        Some(&b"still serving"[..])
+    );
+    assert!(log.status().failure.is_none());
+}
+
+/// `Duration::MAX` is "no limit" to every wait of the API (it overflowed the deadline's
+/// arithmetic and panicked on the caller's thread).
+#[test]
+fn waits_take_duration_max_as_no_limit() {
+    let fs = FaultFs::new();
+    let (_net, _stop, log) = open(config(vec![1]), LogOptions::default(), &fs).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log.status().role != Role::Leader {
+        assert!(Instant::now() < deadline, "a single voter never leads");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let handle = log.append(b"forever").unwrap();
+    let index = handle.wait(Duration::MAX).unwrap();
+    log.wait_for_commit(index, Duration::MAX).unwrap();
+    let mut sub = log.subscribe(index);
+    assert_eq!(
+        sub.next_timeout(Duration::MAX).unwrap(),
+        Some((index, b"forever".to_vec()))
+    );
+}
