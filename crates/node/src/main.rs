@@ -139,7 +139,7 @@ fn crcs(log: &Log<Endpoint>, from: u64, count: u64) -> String {
     for index in from.max(1)..from.max(1).saturating_add(count).min(commit + 1) {
         match log.read(index) {
             Ok(Some(d)) => out.push_str(&format!(" {:08x}", crc32c::crc32c(&d))),
-            Ok(None) => out.push_str(" -"),
+            Ok(None) | Err(ReplicaError::Compacted { .. }) => out.push_str(" -"),
             Err(e) => return format!("ERR reading index {index}: {e}"),
         }
     }

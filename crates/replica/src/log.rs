@@ -520,11 +520,17 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.propose_with(|r| r.propose_batch_if(items, expected_last))
     }
 
-    /// The application payload at committed `index`; `None` if not committed, held, or not an
-    /// application entry.
+    /// The application payload at committed `index`; `None` if not committed or not an
+    /// application entry (raft's no-ops and membership changes), [`ReplicaError::Compacted`]
+    /// if committed and no longer held (deleted after a checkpoint: restore from
+    /// [`Log::latest_checkpoint`]), as a subscription reports it.
     pub fn read(&self, index: u64) -> Result<Option<Vec<u8>>, ReplicaError> {
         let mut buf = Vec::new();
-        match self.shared.lock().read(index, &mut buf)? {
+        let r = self.shared.lock();
+        if let Some(e) = r.compacted(index) {
+            return Err(e);
+        }
+        match r.read(index, &mut buf)? {
             Some(Committed::Application { .. }) => Ok(Some(buf)),
             _ => Ok(None),
         }
@@ -1157,12 +1163,8 @@ impl<F: Fabric + Send + 'static> Subscription<F> {
             self.shared.check()?;
             {
                 let r = self.shared.lock();
-                let first = r.first_index();
-                if self.next < first && self.next <= r.commit_index() {
-                    return Err(ReplicaError::Compacted {
-                        index: self.next,
-                        checkpoint_index: r.latest_checkpoint().map_or(first - 1, |c| c.index),
-                    });
+                if let Some(e) = r.compacted(self.next) {
+                    return Err(e);
                 }
                 while self.next <= r.commit_index() {
                     let i = self.next;

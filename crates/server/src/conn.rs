@@ -990,6 +990,9 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     entries.push(Entry { index, data });
                 }
                 Ok(None) => {}
+                // A trim came in since the status: what was read is whole; the next read
+                // from where this one ends is told.
+                Err(ReplicaError::Compacted { .. }) if !entries.is_empty() => break,
                 Err(e) => return self.error(id, &e),
             }
             index += 1;

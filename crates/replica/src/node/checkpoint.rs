@@ -177,6 +177,18 @@ impl<F: Fabric> Replica<F> {
         Ok(())
     }
 
+    /// [`ReplicaError::Compacted`] when committed entry `index` is no longer held (deleted
+    /// after a checkpoint); `None` when it is, or is not committed.
+    pub(crate) fn compacted(&self, index: u64) -> Option<ReplicaError> {
+        let first = self.first_index();
+        (index > 0 && index < first && index <= self.commit_index()).then(|| {
+            ReplicaError::Compacted {
+                index,
+                checkpoint_index: self.latest_checkpoint().map_or(first - 1, |c| c.index),
+            }
+        })
+    }
+
     /// The index of the latest checkpoint, taken here or installed (0: none).
     pub(crate) fn latest_checkpoint_index(&self) -> u64 {
         self.raw

@@ -133,6 +133,16 @@ fn each_limit_deletes_whole_old_segments_and_keeps_the_rest_readable() {
         log.subscribe(1).next_timeout(Duration::from_secs(1)),
         Err(ReplicaError::Compacted { .. })
     ));
+    // A read below the first index is told so, as the subscription is (it returned `None`,
+    // "not committed", and the server's reads skipped such entries as no-ops).
+    match log.read(first - 1) {
+        Err(ReplicaError::Compacted {
+            index,
+            checkpoint_index,
+        }) => assert!(index == first - 1 && checkpoint_index >= index),
+        other => panic!("a read of a deleted entry: {other:?}"),
+    }
+    assert_eq!(log.read(0).unwrap(), None);
     assert_eq!(log.read(first).unwrap().map(|d| d.len()), Some(3000));
 
     // At most ~600 KB: the log holds at most that plus one segment.
