@@ -441,3 +441,21 @@ fn seed_30001061_reads_a_read_error_in_a_linearizable_read() {
         },
     );
 }
+
+/// Liveness, found by a 600-seed `--conditional` run on 2026-12-07: raft dropped six
+/// additions in a row (a change was pending), and the empty joiners stayed up; after the
+/// faults the client, asking a random live node for the leader, met only joiners that knew
+/// none, 27 times out of 27, and the append made after the repair never went through. A
+/// harness bug: a real client sends to the members it learns from `Status` and redirects.
+/// Once the faults stop the simulated one picks among the nodes a live node counts as
+/// voters.
+#[test]
+fn seed_70500186_conditional_a_client_asked_only_joiners() {
+    pass_with(
+        70_500_186,
+        sim::Options {
+            conditional: true,
+            ..sim::Options::default()
+        },
+    );
+}
