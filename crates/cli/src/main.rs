@@ -22,6 +22,8 @@ use client::{Client, ClientConfig, ClientError, Entry, ReadConsistency, TlsConfi
 const READ_BYTES: u32 = 1 << 20;
 /// Payload bytes in one append batch, at most (half the default frame limit).
 const BATCH_BYTES: usize = 8 << 20;
+/// The slowest `bench --rate`: one append every ~28 hours.
+const MIN_RATE: f64 = 1e-5;
 
 const AFTER_HELP: &str = "\
 Network commands (append, tail, status, members, bench) need --servers and --cluster-id (or
@@ -265,8 +267,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => n * 60.0,
         _ => return Err(format!("{s:?}: the unit must be ms, s or m")),
     };
-    if !(secs > 0.0 && secs < 1e9) {
-        return Err(format!("{s:?} must be positive"));
+    if !(0.001..=365.0 * 86_400.0).contains(&secs) {
+        return Err(format!("{s:?} must be 1ms to 365 days"));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -328,6 +330,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Trim(a) => {
             let mut c = connect(&cli.conn)?;
             let members = c.status().context("asking for the members")?.members;
+            if members.is_empty() {
+                bail!("the server listed no members to trim (is it configured with its peers?)");
+            }
             let mut failed = 0;
             for (m, r) in members.iter().zip(c.trim_members(&members, a.index)) {
                 match r {
@@ -357,8 +362,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     a.entries
                 );
             }
-            if a.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
-                bail!("--rate must be a positive number of appends per second");
+            if a.rate.is_some_and(|r| !(MIN_RATE..=1e9).contains(&r)) {
+                bail!("--rate must be {MIN_RATE} to 1e9 appends per second");
+            }
+            let frame_limit = cfg.max_frame_bytes as usize;
+            if a.size == 0 || a.size > frame_limit - 64 {
+                bail!(
+                    "--size must be 1 to {} bytes (the frame limit less the frame's own bytes)",
+                    frame_limit - 64
+                );
             }
             let opts = bench::Opts {
                 entries: a.entries,
@@ -545,6 +557,12 @@ fn append(mut client: Client, a: AppendArgs, out: &mut impl Write) -> anyhow::Re
     };
     for entry in source {
         let entry = entry.context("cannot read the entries")?;
+        // Sent before it would take the batch past its bytes: a batch of entries that each
+        // fit a frame stays within one.
+        if !batch.is_empty() && bytes + entry.len() + 16 > BATCH_BYTES {
+            send(&mut batch, out)?;
+            bytes = 0;
+        }
         bytes += entry.len() + 16;
         batch.push(entry);
         if batch.len() >= max || bytes >= BATCH_BYTES {
@@ -605,7 +623,12 @@ fn tail(mut client: Client, a: &TailArgs, out: &mut impl Write) -> anyhow::Resul
             if last >= target {
                 break;
             }
-            entries = client.read(last + 1, READ_BYTES).context("read")?.0;
+            // At least up to the target: after a reconnect to a follower that lags, an
+            // empty answer would end the output short of it.
+            entries = client
+                .read_with(last + 1, READ_BYTES, ReadConsistency::AtLeast(target))
+                .context("read")?
+                .0;
         }
         return Ok(());
     }
@@ -648,6 +671,14 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("5h").is_err());
+        // Past what a client takes, or rounded to nothing: said as such.
+        for s in ["99999999999s", "1e-10", "366d"] {
+            assert!(parse_duration(s).is_err(), "{s}");
+        }
+        assert_eq!(
+            parse_duration("99999999999s"),
+            Err("\"99999999999s\" must be 1ms to 365 days".into())
+        );
     }
 
     #[test]

@@ -371,6 +371,30 @@ fn plain_tcp_needs_to_be_asked_for() {
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no server reachable"), "{err}");
+    // Bench parameters no run can use, refused before any connection (a rate of 1e-20
+    // panicked in a worker; a size over the frame limit failed only after connecting).
+    for (flag, value, says) in [
+        ("--rate", "1e-20", "--rate must be"),
+        ("--size", "0", "--size must be"),
+        ("--size", "100000000", "--size must be"),
+    ] {
+        let o = rdmalog()
+            .args([
+                "--servers",
+                &free_port().to_string(),
+                "--cluster-id",
+                "1",
+                "--plaintext",
+                "bench",
+                flag,
+                value,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
     // Every subcommand has meaningful help.
     for sub in [
         "append", "tail", "status", "members", "dump", "check", "bench",

@@ -101,6 +101,14 @@ const MAX_HOPS: u32 = 4;
 /// [`ClientConfig::connect_timeout`]), or what is left of the call if less.
 const MIN_ATTEMPT: Duration = Duration::from_millis(500);
 
+/// The longest timeout or deadline of a [`ClientConfig`]: far past any wait that makes sense,
+/// and well inside what the clock's arithmetic takes.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 86_400);
+
+/// Most members a `Status` answer may list: a longer list is not a real cluster's, and each
+/// member costs an address to try and, in [`Client::cluster_status`], a thread.
+pub const MAX_MEMBERS: usize = 1024;
+
 /// How to reach a cluster.
 #[derive(Clone)]
 pub struct ClientConfig {
@@ -182,10 +190,17 @@ impl ClientConfig {
                 self.max_frame_bytes
             )));
         }
-        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
-            return Err(ClientError::Config(
-                "the connect and request timeouts must be positive".into(),
-            ));
+        for (what, d) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+            ("deadline", self.deadline),
+        ] {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(ClientError::Config(format!(
+                    "{what} must be positive and at most {} days, not {d:?}",
+                    MAX_TIMEOUT.as_secs() / 86_400
+                )));
+            }
         }
         Ok(())
     }
@@ -560,7 +575,11 @@ impl Client {
                     r => r?,
                 };
                 match resp {
-                    Response::AppendedAt { indexes, .. } if indexes.len() == n => Ok(indexes),
+                    Response::AppendedAt { indexes, .. }
+                        if indexes.len() == n && ascending_from(&indexes, 1) =>
+                    {
+                        Ok(indexes)
+                    }
                     other => Err(unexpected(conn, "AppendInSession", &other)),
                 }
             });
@@ -649,7 +668,9 @@ impl Client {
         self.run(|conn, id, deadline| {
             set_id(&mut req, id);
             match conn.call(&req, id, deadline)? {
-                Response::Appended { first, last, .. } => Ok((first, last)),
+                Response::Appended { first, last, .. } => {
+                    appended_range(conn, first, last, entries.len())
+                }
                 Response::PartlyAppended { first, last, .. } => {
                     Err(partly_committed(conn, first, last, entries.len()))
                 }
@@ -678,18 +699,43 @@ impl Client {
                 from,
                 max_bytes,
             },
+            from,
             "Read",
         )
     }
 
     /// Sends a read request (`Read` or `ReadWith`) and returns its entries and commit index.
-    fn entries(&mut self, mut req: Request, what: &str) -> Result<(Vec<Entry>, u64), ClientError> {
+    /// Sends a read request (`Read` or `ReadWith` of entries from `from`) and returns its
+    /// entries and commit index. Entries that cannot be the answer (out of order, before
+    /// `from`, past the commit index the answer states) are a protocol error. (Indexes may
+    /// skip: raft's own entries are not sent.)
+    fn entries(
+        &mut self,
+        mut req: Request,
+        from: u64,
+        what: &str,
+    ) -> Result<(Vec<Entry>, u64), ClientError> {
         self.run(|conn, id, deadline| {
             set_id(&mut req, id);
             match conn.call(&req, id, deadline)? {
                 Response::Entries {
                     commit, entries, ..
-                } => Ok((entries, commit)),
+                } => {
+                    let indexes: Vec<u64> = entries.iter().map(|e| e.index).collect();
+                    if !ascending_from(&indexes, from.max(1))
+                        || indexes.last().is_some_and(|&l| l > commit)
+                    {
+                        return Err(Step::Fatal {
+                            err: ClientError::Protocol(format!(
+                                "{} answered a {what} from {from} with entries at {} (commit {commit}): not in order from there",
+                                conn.addr,
+                                summary(&indexes)
+                            )),
+                            keep_conn: false,
+                        });
+                    }
+                    Ok((entries, commit))
+                }
                 other => Err(unexpected(conn, what, &other)),
             }
         })
@@ -713,6 +759,7 @@ impl Client {
                 max_bytes,
                 consistency,
             },
+            from,
             "ReadWith",
         )
     }
@@ -731,7 +778,7 @@ impl Client {
                     leader,
                     members,
                     ..
-                } => Ok(StatusReport {
+                } if members.len() <= MAX_MEMBERS => Ok(StatusReport {
                     addr: conn.addr.clone(),
                     node,
                     leader,
@@ -782,7 +829,7 @@ impl Client {
                 leader,
                 members,
                 ..
-            } => Ok(StatusReport {
+            } if members.len() <= MAX_MEMBERS => Ok(StatusReport {
                 addr: addr.to_string(),
                 node,
                 leader,
@@ -923,7 +970,9 @@ fn each_member<T: Send>(
 fn partly_committed(conn: &Conn, first: u64, last: u64, sent: usize) -> Step {
     let committed = last
         .checked_sub(first)
-        .and_then(|d| usize::try_from(d + 1).ok());
+        .and_then(|d| d.checked_add(1))
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|_| first > 0);
     let err = match committed {
         Some(committed) if committed < sent => ClientError::PartlyCommitted {
             first,
@@ -940,6 +989,35 @@ fn partly_committed(conn: &Conn, first: u64, last: u64, sent: usize) -> Step {
         err,
         keep_conn: true,
     }
+}
+
+/// An `Appended { first, last }` answer to a batch of `sent` entries, checked to be one
+/// index per entry (anything else is a protocol error, never a commit reported at an index
+/// the server did not give each entry).
+fn appended_range(conn: &Conn, first: u64, last: u64, sent: usize) -> Result<(u64, u64), Step> {
+    let count = last.checked_sub(first).and_then(|d| d.checked_add(1));
+    if first > 0 && count == Some(sent as u64) {
+        return Ok((first, last));
+    }
+    Err(Step::Fatal {
+        err: ClientError::Protocol(format!(
+            "{} answered an append of {sent} entries with Appended {first}..={last}",
+            conn.addr
+        )),
+        keep_conn: false,
+    })
+}
+
+/// Whether `indexes` rise strictly, from `from` on.
+fn ascending_from(indexes: &[u64], from: u64) -> bool {
+    indexes.first().is_none_or(|&i| i >= from) && indexes.windows(2).all(|w| w[0] < w[1])
+}
+
+/// A few of `indexes`, for an error message.
+fn summary(indexes: &[u64]) -> String {
+    let shown: Vec<String> = indexes.iter().take(8).map(u64::to_string).collect();
+    let more = if indexes.len() > 8 { ", ..." } else { "" };
+    format!("[{}{more}]", shown.join(", "))
 }
 
 /// A response of the wrong kind, as a fatal step.

@@ -102,7 +102,8 @@ impl Tail {
                 "the tail has ended after an error".into(),
             ));
         }
-        let until = Instant::now() + timeout;
+        let now = Instant::now();
+        let until = now.checked_add(timeout).unwrap_or(now + crate::MAX_TIMEOUT);
         loop {
             if self.stream.is_none() || self.client.conn.is_none() {
                 self.open()?;
@@ -119,7 +120,12 @@ impl Tail {
                     self.commit = self.commit.max(commit);
                     for e in entries {
                         if e.index >= self.next {
-                            self.next = e.index + 1;
+                            self.next = e.index.checked_add(1).ok_or_else(|| {
+                                ClientError::Protocol(format!(
+                                    "the tail sent an entry at index {}",
+                                    e.index
+                                ))
+                            })?;
                             self.buf.push_back(e);
                         }
                     }

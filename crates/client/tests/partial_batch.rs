@@ -106,8 +106,8 @@ fn appended_then_malformed(n: usize, id: u64, _: &[Vec<u8>]) -> Response {
     match n {
         0 => Response::Appended {
             id,
-            first: 0,
-            last: 0,
+            first: 1,
+            last: 1,
         },
         _ => Response::Error {
             id: None,
@@ -129,18 +129,19 @@ fn an_idle_close_crossing_a_request_is_retried_once() {
             code: proto::ErrorCode::Malformed,
             message: "idle for more than 1s; closing".into(),
         },
+        // Indexes start at 1.
         _ => Response::Appended {
             id,
-            first: n as u64,
-            last: n as u64,
+            first: n as u64 + 1,
+            last: n as u64 + 1,
         },
     });
     let mut c = client(addr);
-    assert_eq!(c.append(&[b"first"]).unwrap(), (0, 0));
+    assert_eq!(c.append(&[b"first"]).unwrap(), (1, 1));
     std::thread::sleep(Duration::from_millis(1_200));
     assert_eq!(
         c.append(&[b"second"]).unwrap(),
-        (2, 2),
+        (3, 3),
         "resent once, on a new connection"
     );
     assert_eq!(got.lock().unwrap().len(), 3);
