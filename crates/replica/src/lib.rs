@@ -68,7 +68,9 @@ pub mod wire;
 
 use std::path::PathBuf;
 
-pub use log::{AppendHandle, CheckpointPause, Log, LogOptions, PollMode, ReadHandle, Subscription};
+pub use log::{
+    AppendHandle, CheckpointPause, Log, LogOptions, MAX_TICK, PollMode, ReadHandle, Subscription,
+};
 pub use node::{
     COMPLETION_STATUSES, Checkpoint, Committed, PeerStatus, Replica, ReplicaStats, Role, Status,
     Ticket,

@@ -76,6 +76,32 @@ pub struct LogOptions {
     pub pin_core: Option<usize>,
 }
 
+impl LogOptions {
+    /// Refuses options the driver cannot run with, naming the field: a tick of zero or over
+    /// [`MAX_TICK`], a `pin_core` this process may not run on. [`Log::open`] runs it.
+    pub fn validate(&self) -> Result<(), ReplicaError> {
+        if self.tick.is_zero() || self.tick > MAX_TICK {
+            return Err(ReplicaError::Config {
+                field: "tick",
+                reason: format!("must be positive and at most {MAX_TICK:?}"),
+            });
+        }
+        if let Some(core) = self.pin_core {
+            let usable =
+                core_affinity::get_core_ids().is_some_and(|ids| ids.iter().any(|c| c.id == core));
+            if !usable {
+                return Err(ReplicaError::Config {
+                    field: "pin_core",
+                    reason: format!(
+                        "this process may not run on core {core} (or it does not exist)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for LogOptions {
     fn default() -> Self {
         LogOptions {
@@ -337,24 +363,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
         fs: Arc<dyn FileSystem>,
         options: LogOptions,
     ) -> Result<Self, ReplicaError> {
-        if options.tick.is_zero() || options.tick > MAX_TICK {
-            return Err(ReplicaError::Config {
-                field: "tick",
-                reason: format!("must be positive and at most {MAX_TICK:?}"),
-            });
-        }
-        if let Some(core) = options.pin_core {
-            let exists =
-                core_affinity::get_core_ids().is_some_and(|ids| ids.iter().any(|c| c.id == core));
-            if !exists {
-                return Err(ReplicaError::Config {
-                    field: "pin_core",
-                    reason: format!(
-                        "this process may not run on core {core} (or it does not exist)"
-                    ),
-                });
-            }
-        }
+        options.validate()?;
         let waiter = fabric.waiter();
         let replica = Replica::open(config, fabric, fs)?;
         let shared = Arc::new(Shared {

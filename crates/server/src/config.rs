@@ -8,6 +8,28 @@ use std::path::{Path, PathBuf};
 use proto::Role;
 use serde::Deserialize;
 
+/// Checks a client address given to clients: `host:port` with a host and a port number (an
+/// IP address or a name; names resolve on the client).
+fn client_address(a: &str) -> Result<(), String> {
+    let bad = || format!("expected host:port with a port number, not \"{a}\"");
+    if let Ok(sa) = a.parse::<SocketAddr>() {
+        return if sa.ip().is_unspecified() || sa.port() == 0 {
+            Err(format!("{a} is not an address clients can connect to"))
+        } else {
+            Ok(())
+        };
+    }
+    let (host, port) = a.rsplit_once(':').ok_or_else(bad)?;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && !host.is_empty() && !host.contains(char::is_whitespace) => Ok(()),
+        _ => Err(bad()),
+    }
+}
+
+/// The shortest dead-peer bound `rdma.qp_timeout` and `rdma.qp_retry` may give under
+/// `transport = "tcp"`.
+const MIN_TCP_DEAD_PEER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 #[error("{file}: `{key}`: {reason}")]
@@ -336,7 +358,7 @@ impl ServerFile {
             key: e
                 .span()
                 .map(|s| {
-                    let line = text[..s.start].lines().count().max(1);
+                    let line = text[..s.start].matches('\n').count() + 1;
                     format!("line {line}")
                 })
                 .unwrap_or_else(|| "(syntax)".into()),
@@ -419,6 +441,23 @@ impl ServerConfig {
                 return Err(bad("rdma.qp_retry", format!("expected 0..=7, not {r}")));
             }
         }
+        if transport == fabric::Transport::Tcp {
+            // Over TCP the same two values bound how long an operation may go unanswered
+            // before its peer is taken for dead; a NIC enforces a floor of its own, TCP none,
+            // and a bound below a round trip and a scheduling delay breaks healthy links.
+            let bound = fabric::tcp::TcpConfig::dead_peer_from_qp(
+                file.rdma.qp_timeout.unwrap_or(14),
+                file.rdma.qp_retry.unwrap_or(7),
+            );
+            if bound < MIN_TCP_DEAD_PEER {
+                return Err(bad(
+                    "rdma.qp_timeout",
+                    format!(
+                        "with qp_retry, an operation unanswered for {bound:?} would count its peer dead; over TCP that must be at least {MIN_TCP_DEAD_PEER:?}"
+                    ),
+                ));
+            }
+        }
         let mut ids = vec![file.node_id];
         for (k, p) in file.peers.iter().enumerate() {
             if ids.contains(&p.id) || p.id == 0 {
@@ -428,12 +467,22 @@ impl ServerConfig {
                 ));
             }
             ids.push(p.id);
-            if p.client.parse::<SocketAddr>().is_err() && !p.client.contains(':') {
+            client_address(&p.client).map_err(|e| bad(&format!("peers[{k}].client"), e))?;
+        }
+        // What clients are told to connect to (redirects, `Status`): an address they can
+        // reach, not the wildcard the port listens on.
+        match &file.client.advertise {
+            Some(a) => client_address(a).map_err(|e| bad("client.advertise", e))?,
+            None if file.client.listen.ip().is_unspecified() => {
                 return Err(bad(
-                    &format!("peers[{k}].client"),
-                    format!("expected host:port, not \"{}\"", p.client),
+                    "client.advertise",
+                    format!(
+                        "client.listen is {}, which clients cannot connect to: set advertise to the address they reach this node at",
+                        file.client.listen
+                    ),
                 ));
             }
+            None => {}
         }
         let r = &file.raft;
         if r.tick_ms == 0 || r.heartbeat_ticks == 0 || r.election_ticks <= r.heartbeat_ticks {
@@ -577,7 +626,7 @@ impl ServerConfig {
                 return Err(bad(&key, "the same token is listed twice".into()));
             }
         }
-        Ok(ServerConfig {
+        let config = ServerConfig {
             file,
             cluster_id,
             durability,
@@ -587,7 +636,32 @@ impl ServerConfig {
             anonymous_role,
             secret,
             client_tls,
-        })
+        };
+        // What the node would refuse at start, refused here too (so `--check-config` tells),
+        // named by the file's keys.
+        config.replica_config().validate().map_err(|e| {
+            let key = match &e {
+                replica::ReplicaError::Config { field, .. } => match *field {
+                    "voters" => "peers",
+                    "ring_bytes" => "ring_mib",
+                    "segment_bytes" => "segment_mib",
+                    "election_tick" => "raft.election_ticks",
+                    _ => "(replica)",
+                },
+                _ => "(replica)",
+            };
+            bad(key, e.to_string())
+        })?;
+        // The tick only: whether `poll.pin_core` is a core this process may use depends on
+        // the machine and its cpuset, which `Log::open` checks at start.
+        let tick = config.log_options().tick;
+        if tick > replica::MAX_TICK {
+            return Err(bad(
+                "raft.tick_ms",
+                format!("must be at most {}", replica::MAX_TICK.as_millis()),
+            ));
+        }
+        Ok(config)
     }
 
     /// Reads `[peer_tls]` and the peers' `tls_name`s into the fabric's TLS settings.
@@ -775,6 +849,7 @@ rdma = "192.0.2.12:7700"
 client = "192.0.2.12:7600"
 [client]
 listen = "0.0.0.0:7600"
+advertise = "192.0.2.11:7600"
 plaintext = true
 "#;
 
@@ -790,7 +865,7 @@ plaintext = true
             "an embedded server is as closed as a configured one"
         );
         assert_eq!(c.file.raft.tick_ms, 20);
-        assert_eq!(c.advertise(), "0.0.0.0:7600");
+        assert_eq!(c.advertise(), "192.0.2.11:7600");
         assert_eq!(c.transport, fabric::Transport::Rdma, "rdma by default");
         let tcp = GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"");
         assert_eq!(
@@ -893,7 +968,7 @@ plaintext = true
             .iter()
             .map(|m| (m.id, m.client_addr.as_str()))
             .collect();
-        assert_eq!(members, [(1, "0.0.0.0:7600"), (2, "192.0.2.12:7600")]);
+        assert_eq!(members, [(1, "192.0.2.11:7600"), (2, "192.0.2.12:7600")]);
 
         let set = GOOD
             .replace(
@@ -906,7 +981,7 @@ plaintext = true
             )
             .replace(
                 "plaintext = true",
-                "plaintext = true\nadvertise = \"192.0.2.11:7600\"\nmax_connections = 10\nmax_in_flight = 5\nframe_timeout_ms = 1000\nidle_timeout_ms = 2000\nappend_timeout_ms = 3000",
+                "plaintext = true\nmax_connections = 10\nmax_in_flight = 5\nframe_timeout_ms = 1000\nidle_timeout_ms = 2000\nappend_timeout_ms = 3000",
             )
             + "[raft]\ntick_ms = 5\nelection_ticks = 30\nheartbeat_ticks = 4\nbroadcast_commit = true\n[poll]\nmode = \"busy\"\npin_core = 2\n[metrics]\nlisten = \"127.0.0.1:9100\"\n[retention]\nmax_entries = 1000\ninterval_ms = 500\n";
         let c = ServerConfig::parse(&set, "t.toml").unwrap();
@@ -1046,6 +1121,30 @@ plaintext = true
                 GOOD.replace("[rdma]", "[rdma]\nsecret_file = \"/nonexistent/secret\""),
                 "`rdma.secret_file`: ",
             ),
+            // Clients would be told to connect to the wildcard, or to nothing.
+            (
+                GOOD.replace("advertise = \"192.0.2.11:7600\"\n", ""),
+                "`client.advertise`: client.listen is 0.0.0.0:7600",
+            ),
+            (
+                GOOD.replace("client = \"192.0.2.12:7600\"", "client = \"host:\""),
+                "`peers[0].client`: expected host:port",
+            ),
+            (
+                GOOD.replace("192.0.2.11:7600", "node-a:70OO"),
+                "`client.advertise`: expected host:port",
+            ),
+            // What the node refused only at start, after binding its peer port.
+            (
+                format!("{GOOD}\n[raft]\ntick_ms = 70000\n"),
+                "`raft.tick_ms`: ",
+            ),
+            // Over TCP, a dead-peer bound of 8 us: every healthy link would break.
+            (
+                GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"")
+                    .replace("[rdma]", "[rdma]\nqp_timeout = 1\nqp_retry = 0"),
+                "`rdma.qp_timeout`: with qp_retry, an operation unanswered for 8.192µs",
+            ),
         ];
         for (text, want) in cases {
             let e = ServerConfig::parse(&text, "t.toml")
@@ -1054,5 +1153,12 @@ plaintext = true
             assert!(e.contains(want), "{e} should mention {want}");
             assert!(e.starts_with("t.toml: "), "{e}");
         }
+        // A syntax error names the line the bad key is on (it said the line before).
+        let text = GOOD.replace("[client]", "[client]\nbogus = 1");
+        let line = text.lines().position(|l| l.starts_with("bogus")).unwrap() + 1;
+        let e = ServerConfig::parse(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("line {line}")), "{e}: not line {line}");
     }
 }
