@@ -63,6 +63,11 @@ DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024  # 16777216
 MIN_FRAME_LIMIT = 1024
 MAX_FRAME_LIMIT = 64 * 1024 * 1024  # 67108864
 MAX_BATCH_ENTRIES = 4096
+U64_MAX = (1 << 64) - 1
+# Most members a Status answer may list (a longer list is no real cluster's).
+MAX_MEMBERS = 1024
+# The longest timeout a Client takes (as the Rust client).
+MAX_TIMEOUT = 365 * 86400.0
 DEFAULT_MAX_ENTRY_BYTES = 65536  # the replica's default; servers may differ
 
 
@@ -547,6 +552,13 @@ def decode_response(body: bytes) -> dict:
 # Section 2: frames
 # --------------------------------------------------------------------------
 
+def _check_timeout(name: str, value: float) -> float:
+    t = float(value)
+    if not (0 < t <= MAX_TIMEOUT):  # also refuses NaN
+        raise ValueError(f"{name} must be positive and at most 365 days, not {value!r}")
+    return t
+
+
 def _check_limit(max_frame_bytes: int) -> int:
     if not (MIN_FRAME_LIMIT <= max_frame_bytes <= MAX_FRAME_LIMIT):
         raise ValueError(
@@ -956,9 +968,9 @@ class Client:
         self.addrs = addrs
         self.cluster_id = cluster_id
         self.token = token
-        self.timeout = float(timeout)
-        self.connect_timeout = float(connect_timeout)
-        self.request_timeout = float(request_timeout)
+        self.timeout = _check_timeout("timeout", timeout)
+        self.connect_timeout = _check_timeout("connect_timeout", connect_timeout)
+        self.request_timeout = _check_timeout("request_timeout", request_timeout)
         self.max_frame_bytes = _check_limit(max_frame_bytes)
         self.exactly_once = bool(exactly_once)
         self.tls = tls
@@ -1059,6 +1071,8 @@ class Client:
                 raise ClientError(f"TLS verification of {addr} failed: {e}") from e
             except (OSError, ssl.SSLError) as e:  # refused, unreachable, TLS transport
                 raise _Retry(e) from e
+            except UnicodeError as e:  # a host name that does not encode (idna)
+                raise _Retry(f"{addr}: not a host name: {e}") from e
             conn = _Conn(sock, addr, self._ssl_ctx is not None, self.max_frame_bytes)
             hello = {"variant": "Hello", "version": PROTOCOL_VERSION,
                      "cluster_id": self.cluster_id, "token": self.token}
@@ -1275,13 +1289,15 @@ class Client:
                 first, last = resp["first"], resp["last"]
                 k = last - first + 1
                 if resp["variant"] == "Appended":
-                    if k != len(rest):
+                    if k != len(rest) or first < 1:
                         raise ProtocolError(
                             f"Appended {first}..={last} for a batch of {len(rest)} entries")
                     indexes.extend(range(first, last + 1))
                     rest = []
                 else:  # PartlyAppended: only entries[:k] committed; resend entries[k:]
-                    if not 0 <= k < len(rest):
+                    # A prefix of at least one entry (none committed is NotCommitted, and
+                    # resending the same batch at once would loop until the deadline).
+                    if not 1 <= k < len(rest) or first < 1:
                         raise ProtocolError(
                             f"PartlyAppended {first}..={last} for a batch of {len(rest)} entries")
                     indexes.extend(range(first, last + 1))
@@ -1359,10 +1375,11 @@ class Client:
                                   {"session": session, "first_seq": first_seq, "entries": batch},
                                   deadline, retry_timeout=True, sends=sends)
                 indexes = list(resp["indexes"])
-                if len(indexes) != n or any(b <= a for a, b in zip(indexes, indexes[1:])):
+                if len(indexes) != n or indexes[0] < 1 \
+                        or any(b <= a for a, b in zip(indexes, indexes[1:])):
                     raise ProtocolError(
                         f"AppendedAt {indexes} for a batch of {n} entries "
-                        f"(one increasing index per entry expected)")
+                        f"(one increasing index per entry, from 1, expected)")
                 return indexes
             except BaseException as e:
                 self.session = None
@@ -1453,7 +1470,7 @@ class Client:
                     indexes.extend(range(first, last + 1))
                     rest = []
                 else:  # PartlyAppended: entries[:k] committed; resend entries[k:] after them
-                    if not 0 <= k < len(rest):
+                    if not 1 <= k < len(rest):
                         raise ProtocolError(
                             f"PartlyAppended {first}..={last} for a batch of {len(rest)} entries")
                     indexes.extend(range(first, last + 1))
@@ -1500,19 +1517,26 @@ class Client:
             answers = {"Entries", "Redirect"} if c["variant"] == "Linearizable" else {"Entries"}
             resp = self._call("ReadWith", {**fields, "consistency": c}, self._deadline(),
                               answers=answers, retry_timeout=True)
-        self.last_commit = resp["commit"]
         out = [(e["index"], e["data"]) for e in resp["entries"]]
         prev = max(from_index, 1) - 1
         for i, _ in out:
             if i <= prev:
                 raise ProtocolError(f"Read from {from_index}: index {i} out of order")
             prev = i
+        if out and out[-1][0] > resp["commit"]:
+            raise ProtocolError(
+                f"Read from {from_index}: index {out[-1][0]} past the commit index "
+                f"{resp['commit']} the answer states")
+        self.last_commit = resp["commit"]
         return out
 
     def status(self) -> dict:
         """The connected node's status: {"node": NodeStatus, "leader": NodeInfo
         or None, "members": [NodeInfo]} (dicts as in section 4)."""
         resp = self._call("Status", {}, self._deadline())
+        if len(resp["members"]) > MAX_MEMBERS:
+            raise ProtocolError(
+                f"Status lists {len(resp['members'])} members (at most {MAX_MEMBERS})")
         for m in resp["members"]:
             self._learn(m)
         if resp["leader"] is not None:
@@ -1534,6 +1558,8 @@ class Client:
         ``timeout`` (the client's), it raises DeadlineExceeded. ``wait_timeout``:
         raise TailTimeout when no entry arrives for that long (None: wait
         forever)."""
+        if wait_timeout is not None:
+            wait_timeout = _check_timeout("wait_timeout", wait_timeout)
         next_index = max(from_index, 1)
         conn: Optional[_Conn] = None
         backoff = _Backoff()
@@ -1582,6 +1608,8 @@ class Client:
                     for e in resp["entries"]:
                         if e["index"] < next_index:
                             continue  # already delivered before a resume
+                        if e["index"] >= U64_MAX:
+                            raise ProtocolError(f"the tail sent an entry at index {e['index']}")
                         next_index = e["index"] + 1
                         last_progress = time.monotonic()
                         yield e["index"], e["data"]

@@ -15,6 +15,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1182,6 +1183,95 @@ class ClientSessionTests(unittest.TestCase):
                         c.append([b"x", b"y"])
                     self.assertIs(cm.exception.maybe_committed, True)
                     self.assertIsNone(c.session)
+
+
+class HostileAnswerTests(unittest.TestCase):
+    """Answers no correct server gives: a ProtocolError naming them, never an index the
+    server did not give each entry, a loop, a hang or a foreign exception (as the Rust
+    client, crates/client/tests/hostile_server.rs)."""
+
+    def setUp(self):
+        self.nodes = []
+
+    def tearDown(self):
+        for n in self.nodes:
+            n.close()
+
+    def node(self, answer):
+        n = FakeNode(len(self.nodes) + 1, answer)
+        self.nodes.append(n)
+        return n
+
+    def test_appends_answered_at_index_0_or_with_no_prefix(self):
+        for name, resp in (
+                ("Appended from 0", {"variant": "Appended", "first": 0, "last": 1}),
+                # Nothing committed: resending the same batch at once looped to the deadline.
+                ("PartlyAppended of none", {"variant": "PartlyAppended", "first": 7, "last": 6}),
+                ("PartlyAppended from 0", {"variant": "PartlyAppended", "first": 0, "last": 0})):
+            with self.subTest(name):
+                n = self.node(lambda req, node, resp=resp: {**resp, "id": req["id"]})
+                start = time.monotonic()
+                with rc.Client([n.addr], 7, timeout=5, exactly_once=False) as c:
+                    with self.assertRaises(rc.ProtocolError):
+                        c.append([b"x", b"y"])
+                self.assertLess(time.monotonic() - start, 2)
+        log = FakeSessionLog()
+
+        def answer(req, node):
+            if req["variant"] == "OpenSession":
+                return log.open(req)
+            return {"variant": "AppendedAt", "id": req["id"], "indexes": [0, 1]}
+        n = self.node(answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ProtocolError):
+                c.append([b"x", b"y"])
+
+    def test_read_entries_past_the_commit_index(self):
+        n = self.node(lambda req, node: {
+            "variant": "Entries", "id": req["id"], "commit": 3,
+            "entries": [{"index": 5, "data": b"x"}, {"index": 9, "data": b"y"}]})
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ProtocolError):
+                c.read(5)
+            self.assertIsNone(c.last_commit)
+
+    def test_a_status_of_absurd_members(self):
+        members = [{"id": i, "client_addr": "10.0.%d.%d:7600" % (i // 256, i % 256)}
+                   for i in range(1, 2001)]
+        node = {"id": 1, "role": "leader", "term": 1, "commit": 0, "applied": 0,
+                "first_index": 1, "last_index": 0, "ring_used_bytes": 0, "ring_bytes": 0,
+                "fenced_writes": 0, "peers": []}
+        n = self.node(lambda req, n_: {"variant": "Status", "id": req["id"], "node": node,
+                                       "leader": None, "members": members})
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            with self.assertRaises(rc.ProtocolError):
+                c.status()
+            self.assertEqual(c.addrs, [n.addr])
+
+    def test_a_tail_entry_at_the_last_index(self):
+        n = self.node(lambda req, node: {
+            "variant": "Entries", "id": req["id"], "commit": (1 << 64) - 1,
+            "entries": [{"index": 4, "data": b"ok"}, {"index": (1 << 64) - 1, "data": b"x"}]})
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            t = c.tail(4)
+            self.assertEqual(next(t), (4, b"ok"))
+            with self.assertRaises(rc.ProtocolError):
+                next(t)
+
+    def test_a_redirect_to_a_name_that_does_not_encode(self):
+        # idna refuses an empty label: a connect failure like any other, not a UnicodeError.
+        n = self.node(lambda req, node: {"variant": "Redirect", "id": req["id"],
+                                         "leader": {"id": 2, "client_addr": "a..b:7600"}})
+        with rc.Client([n.addr], 7, timeout=1, exactly_once=False) as c:
+            with self.assertRaises(rc.DeadlineExceeded):
+                c.append([b"x"])
+
+    def test_timeouts_the_clock_cannot_take(self):
+        for kw in ({"timeout": float("nan")}, {"timeout": 0}, {"timeout": 1e12},
+                   {"connect_timeout": float("inf")}, {"request_timeout": -1}):
+            with self.subTest(kw):
+                with self.assertRaises(ValueError):
+                    rc.Client(["127.0.0.1:1"], 7, **kw)
 
 
 if __name__ == "__main__":
