@@ -120,12 +120,16 @@ impl Tail {
                     self.commit = self.commit.max(commit);
                     for e in entries {
                         if e.index >= self.next {
-                            self.next = e.index.checked_add(1).ok_or_else(|| {
-                                ClientError::Protocol(format!(
+                            let Some(next) = e.index.checked_add(1) else {
+                                // No entry can follow it: the tail ends here, with the
+                                // entries taken before it dropped too.
+                                self.buf.clear();
+                                return Err(self.fail(ClientError::Protocol(format!(
                                     "the tail sent an entry at index {}",
                                     e.index
-                                ))
-                            })?;
+                                ))));
+                            };
+                            self.next = next;
                             self.buf.push_back(e);
                         }
                     }

@@ -196,6 +196,9 @@ fn a_tail_entry_at_the_last_index_ends_the_tail() {
     let mut t = client(addr, false).tail(4).unwrap();
     let m = protocol_error(t.poll(Duration::MAX), "tail");
     assert!(m.contains(&u64::MAX.to_string()), "{m}");
+    // Ended: no entry of that frame comes after the error, and no more frames are read.
+    let m = protocol_error(t.poll(Duration::from_millis(100)), "tail after the error");
+    assert!(m.contains("ended"), "{m}");
 }
 
 /// Timeouts the clock cannot add are a configuration error naming them (they panicked at the

@@ -10,7 +10,8 @@
 //!   opens a client session for exactly-once appends (`replica::sessions`)
 //! - `APPEND_IN <session> <seq> <hex payload>` → as `APPEND`: entry number `seq` (from 1) of
 //!   the session; sent again, it is not appended twice, and answers the first copy's index
-//! - `READ <index>` → `DATA <hex payload>` | `NONE`
+//! - `READ <index>` → `DATA <hex payload>` | `NONE` (not committed, or no payload) | `ERR ...`
+//!   (deleted after a checkpoint: `Compacted`)
 //! - `CRCS <from> <count>` → `CRCS <commit> <one token per index>`: the crc32c of each committed
 //!   entry as 8 hex digits, `-` for a committed entry that carries no application payload
 //!   (an election no-op or a membership change); it stops at the commit index.

@@ -247,7 +247,8 @@ pub struct PollSection {
 pub struct ClientSection {
     /// Where clients connect, e.g. "0.0.0.0:7600".
     pub listen: SocketAddr,
-    /// How clients reach this node (what redirects name); default: `listen`.
+    /// How clients reach this node (what redirects and `Status` name); default: `listen`,
+    /// which must then not be a wildcard address such as 0.0.0.0.
     #[serde(default)]
     pub advertise: Option<String>,
     /// Serve plain TCP instead of TLS. Must be said explicitly.

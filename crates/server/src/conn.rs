@@ -486,7 +486,11 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
     /// then the rest fail.
     fn drain_for_shutdown(&mut self) -> End {
         let grace = self.shared.shutdown_grace_ms.load(Ordering::Acquire);
-        let deadline = Instant::now() + Duration::from_millis(grace);
+        let now = Instant::now();
+        // `shutdown(Duration::MAX)` stores u64::MAX: no deadline the clock can add is later.
+        let deadline = now
+            .checked_add(Duration::from_millis(grace))
+            .unwrap_or(now + Duration::from_secs(365 * 24 * 3600));
         // What already resolved is answered as it resolved, even with no grace at all: an
         // append that committed must not be told it may not have.
         if self.answer_resolved().is_err() {
