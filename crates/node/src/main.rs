@@ -52,8 +52,8 @@ use wal::fs::{FileSystem, StdFs};
     about = "One rdmalog replica over RDMA or TCP with a driver port for lab tests"
 )]
 struct Args {
-    /// This node's id (1..).
-    #[arg(long)]
+    /// This node's id (1..=100: its election window, 20 + 10 x id ticks, grows with it).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100))]
     id: u64,
     /// Cluster id (hex or decimal).
     #[arg(long, default_value = "0x1ab")]
@@ -341,11 +341,16 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     let cluster_id = parse_u64(&a.cluster_id).context("--cluster-id")?;
-    let peers: BTreeMap<NodeId, SocketAddr> = a
-        .peers
-        .iter()
-        .map(|p| parse_peer(p))
-        .collect::<anyhow::Result<_>>()?;
+    let mut peers: BTreeMap<NodeId, SocketAddr> = BTreeMap::new();
+    for p in &a.peers {
+        let (id, addr) = parse_peer(p)?;
+        if id == NodeId(a.id) {
+            bail!("--peer `{p}` names this node's own id");
+        }
+        if peers.insert(id, addr).is_some() {
+            bail!("--peer `{p}`: node {} is given twice", id.0);
+        }
+    }
     let transport: Transport = a
         .transport
         .parse()

@@ -35,6 +35,8 @@ pub fn handshake<Data>(
         if conn.wants_write() {
             match conn.write_tls(sock) {
                 Ok(_) => continue,
+                // A signal: a socket with a timeout is not restarted (SA_RESTART or not).
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) if timed_out(&e) => return Err(late()),
                 Err(e) => return Err(e),
             }
@@ -51,6 +53,7 @@ pub fn handshake<Data>(
                 ));
             }
             Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) if timed_out(&e) => return Err(late()),
             Err(e) => return Err(e),
         }
