@@ -2,10 +2,10 @@
 //! (Prometheus text format 0.0.4) and `GET /status` (JSON).
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fabric::Fabric;
 
@@ -315,6 +315,31 @@ pub fn status_json<F: Fabric + Send + 'static>(shared: &Shared<F>) -> String {
 
 /// Serves `/metrics` and `/status` until the server shuts down. One request per
 /// connection, read with a timeout and a size bound.
+/// How long one scrape may take to send its request line (and each write of the answer).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The request line of `stream` (at most 8 KiB), read by `deadline` as a whole: the endpoint
+/// serves one scrape at a time, and a client that trickles its request a byte at a time,
+/// each read inside its own timeout, held it (and blinded monitoring) for hours.
+fn request_line(mut stream: &std::net::TcpStream, deadline: Instant) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.contains(&b'\n') && buf.len() < 8192 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return None;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
 pub fn serve<F: Fabric + Send + 'static>(listener: TcpListener, shared: &Shared<F>) {
     let _ = listener.set_nonblocking(true);
     while !shared.shutting_down.load(Ordering::Acquire) {
@@ -326,13 +351,10 @@ pub fn serve<F: Fabric + Send + 'static>(listener: TcpListener, shared: &Shared<
             }
         };
         let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
-        let mut line = String::new();
-        let mut reader = BufReader::new(std::io::Read::take(&stream, 8192));
-        if reader.read_line(&mut line).is_err() {
+        let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+        let Some(line) = request_line(&stream, Instant::now() + REQUEST_TIMEOUT) else {
             continue;
-        }
+        };
         let path = line.split_whitespace().nth(1).unwrap_or("");
         let (status, kind, body) = match (line.split_whitespace().next(), path) {
             (Some("GET"), "/metrics") => ("200 OK", "text/plain; version=0.0.4", render(shared)),

@@ -541,6 +541,40 @@ fn get(addr: SocketAddr, path: &str) -> String {
     out
 }
 
+/// The metrics endpoint serves one scrape at a time: a client that trickles its request a
+/// byte at a time is cut after 2 s as a whole, and a scrape behind it is answered. Before,
+/// each byte arrived within its read's timeout and the trickle held the endpoint for as long
+/// as it liked (8 KiB at a byte every 300 ms: 40 minutes).
+#[test]
+fn a_trickled_metrics_request_does_not_hold_the_endpoint() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let addr = c.server(l).metrics_addr().unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let trickler = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let start = Instant::now();
+        while !stopped.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(20) {
+            if s.write_all(b"G").is_err() {
+                return start.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        start.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    let m = get(addr, "/metrics");
+    let took = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    assert!(m.starts_with("HTTP/1.0 200 OK"), "{m}");
+    assert!(took < Duration::from_secs(5), "a scrape waited {took:?}");
+    let held = trickler.join().unwrap();
+    println!("scrape answered after {took:?}; the trickler was cut after {held:?}");
+}
+
 #[test]
 fn metrics_and_status_endpoints() {
     let c = cluster(|_| {});
