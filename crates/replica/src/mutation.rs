@@ -55,4 +55,7 @@ impl FileSystem for NoSyncFs {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.0.sync_dir(dir)
     }
+    fn lock_dir(&self, dir: &Path) -> io::Result<wal::fs::DirLock> {
+        self.0.lock_dir(dir)
+    }
 }

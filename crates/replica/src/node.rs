@@ -426,6 +426,8 @@ impl Quiet {
 
 /// One replica of the log.
 pub struct Replica<F: Fabric> {
+    /// The data dir, taken for this replica alone while it lives (`FileSystem::lock_dir`).
+    _dir_lock: wal::fs::DirLock,
     cfg: ReplicaConfig,
     raw: RawNode<WalStorage>,
     fabric: F,

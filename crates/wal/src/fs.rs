@@ -51,7 +51,24 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// fsync(2) of a directory, which makes its entries (creations, renames, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes `dir` (which exists) for one user until the returned guard drops; a second take
+    /// while it is held, by another process or in this one, fails with `WouldBlock`. The
+    /// default takes nothing: the in-memory file systems have one user by construction.
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        let _ = dir;
+        Ok(DirLock { _file: None })
+    }
 }
+
+/// A directory taken with [`FileSystem::lock_dir`]: held until dropped (or until the process
+/// ends, however it ends).
+#[derive(Debug)]
+pub struct DirLock {
+    _file: Option<File>,
+}
+
+/// The file in a directory that [`StdFs`] locks for [`FileSystem::lock_dir`].
+pub const LOCK_FILE: &str = "LOCK";
 
 /// The real file system through `std::fs` and rustix.
 #[derive(Debug, Default, Clone, Copy)]
@@ -130,6 +147,29 @@ impl FileSystem for StdFs {
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+    /// An exclusive flock(2) of `dir/LOCK`, which the kernel releases when the process ends,
+    /// kill -9 included: nothing to clean up after a crash.
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        let path = dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(DirLock { _file: Some(file) }),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "{} is in use: another process (or another open in this one) holds {}",
+                    dir.display(),
+                    path.display()
+                ),
+            )),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -15,6 +15,7 @@ impl<F: Fabric> Replica<F> {
         // raft-rs's own checks too, before the data dir is written: a first open that failed
         // after storing the initial membership would make the next one ignore corrected voters.
         Self::raft_config(&cfg, 0)?;
+        let dir_lock = Self::lock_data_dir(&cfg, &fs)?;
         let (mut state_file, existed, hs, mut cs, mut conf_history) = Self::open_state(&cfg, &fs)?;
         let wal = Self::open_wal(&cfg, &fs)?;
         let (snapshot_file, snapshot) = Self::load_snapshot(&cfg, &fs)?;
@@ -87,6 +88,7 @@ impl<F: Fabric> Replica<F> {
             reason: fabric::DisconnectReason::Closed,
         };
         let mut r = Replica {
+            _dir_lock: dir_lock,
             cfg,
             raw,
             fabric,
@@ -198,6 +200,31 @@ impl<F: Fabric> Replica<F> {
             sessions,
             hs,
         })
+    }
+
+    /// Creates the data dir and takes it for this replica alone: two replicas writing one log
+    /// (a second server started on the same `data_dir`, a restart while the old process still
+    /// runs) would interleave their appends and their raft state, and lose what either
+    /// acknowledged.
+    fn lock_data_dir(
+        cfg: &ReplicaConfig,
+        fs: &Arc<dyn FileSystem>,
+    ) -> Result<wal::fs::DirLock, ReplicaError> {
+        let field = "data_dir";
+        fs.create_dir_all(&cfg.data_dir)
+            .map_err(|e| ReplicaError::Config {
+                field,
+                reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
+            })?;
+        fs.lock_dir(&cfg.data_dir)
+            .map_err(|e| ReplicaError::Config {
+                field,
+                reason: if e.kind() == std::io::ErrorKind::WouldBlock {
+                    e.to_string()
+                } else {
+                    format!("cannot lock {}: {e}", cfg.data_dir.display())
+                },
+            })
     }
 
     /// Opens the data dir's raft-state (term, vote, commit, membership, guard), creating it

@@ -206,3 +206,42 @@ fn a_pin_core_outside_the_current_mask_is_accepted() {
     .unwrap();
     assert!(accepted.is_ok(), "{accepted:?}");
 }
+
+/// A second open of a data dir in use is refused by name, before it writes anything: two
+/// replicas writing one log (a second server on the same `data_dir`, a restart while the old
+/// process still runs) would interleave their appends and raft state and lose what either
+/// acknowledged. The lock goes with the replica (and with its process, however it ends).
+#[test]
+fn a_data_dir_in_use_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let open_real = |net: &SimNet| {
+        let mut cfg = config(vec![1]);
+        cfg.data_dir = dir.path().to_path_buf();
+        let disk: Arc<dyn FileSystem> = Arc::new(wal::fs::StdFs);
+        Log::open(cfg, net.add_node(NodeId(1)), disk, LogOptions::default())
+    };
+    let net = SimNet::new(SimConfig::default(), 3);
+    let first = open_real(&net).unwrap();
+    let net2 = SimNet::new(SimConfig::default(), 3);
+    let listing = |d: &Path| {
+        let mut v: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing(dir.path());
+    match open_real(&net2) {
+        Err(ReplicaError::Config {
+            field: "data_dir",
+            reason,
+        }) => assert!(reason.contains("in use"), "{reason}"),
+        Err(e) => panic!("a second open: {e}"),
+        Ok(_) => panic!("a second replica opened a data dir in use"),
+    }
+    assert_eq!(listing(dir.path()), before, "the refused open wrote");
+    first.close().unwrap();
+    let net3 = SimNet::new(SimConfig::default(), 3);
+    open_real(&net3).expect("reopened after the first closed");
+}
