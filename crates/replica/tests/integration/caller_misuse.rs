@@ -35,6 +35,17 @@ fn open(
     Ok((net, stop, log))
 }
 
+/// A single voter opened with `fs`, once it leads.
+fn single_leader(fs: &FaultFs) -> (SimNet, Arc<AtomicBool>, Log<fabric::sim::SimEndpoint>) {
+    let (net, stop, log) = open(config(vec![1]), LogOptions::default(), fs).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log.status().role != Role::Leader {
+        assert!(Instant::now() < deadline, "a single voter never leads");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (net, stop, log)
+}
+
 /// Each bad field is an error naming it, with nothing written to the data dir; the same
 /// directory then opens with the corrected configuration and takes its voters. (Before: a
 /// zero or tiny block panicked in the check itself, a voter listed twice counted twice
@@ -79,15 +90,8 @@ fn a_bad_configuration_is_refused_by_name_before_anything_is_written() {
             fs.names(Path::new("/n1"))
         );
     }
-    let (_net, _stop, log) = open(config(vec![1]), LogOptions::default(), &fs).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while log.status().role != Role::Leader {
-        assert!(
-            Instant::now() < deadline,
-            "the corrected single voter never leads"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // The same directory opens with the corrected configuration.
+    let (_net, _stop, log) = single_leader(&fs);
     log.append(b"corrected")
         .unwrap()
         .wait(Duration::from_secs(10))
@@ -129,12 +133,7 @@ fn bad_driver_options_are_refused_at_open() {
 #[test]
 fn membership_changes_that_could_never_apply_are_refused() {
     let fs = FaultFs::new();
-    let (_net, _stop, log) = open(config(vec![1]), LogOptions::default(), &fs).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while log.status().role != Role::Leader {
-        assert!(Instant::now() < deadline, "a single voter never leads");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (_net, _stop, log) = single_leader(&fs);
     match log.remove_node(1) {
         Err(ReplicaError::Membership(why)) => assert!(why.contains("last voter"), "{why}"),
         Err(e) => panic!("removing the last voter: {e}"),
@@ -165,12 +164,7 @@ fn membership_changes_that_could_never_apply_are_refused() {
 #[test]
 fn waits_take_duration_max_as_no_limit() {
     let fs = FaultFs::new();
-    let (_net, _stop, log) = open(config(vec![1]), LogOptions::default(), &fs).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while log.status().role != Role::Leader {
-        assert!(Instant::now() < deadline, "a single voter never leads");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (_net, _stop, log) = single_leader(&fs);
     let handle = log.append(b"forever").unwrap();
     let index = handle.wait(Duration::MAX).unwrap();
     log.wait_for_commit(index, Duration::MAX).unwrap();
