@@ -442,23 +442,6 @@ impl ServerConfig {
                 return Err(bad("rdma.qp_retry", format!("expected 0..=7, not {r}")));
             }
         }
-        if transport == fabric::Transport::Tcp {
-            // Over TCP the same two values bound how long an operation may go unanswered
-            // before its peer is taken for dead; a NIC enforces a floor of its own, TCP none,
-            // and a bound below a round trip and a scheduling delay breaks healthy links.
-            let bound = fabric::tcp::TcpConfig::dead_peer_from_qp(
-                file.rdma.qp_timeout.unwrap_or(14),
-                file.rdma.qp_retry.unwrap_or(7),
-            );
-            if bound < MIN_TCP_DEAD_PEER {
-                return Err(bad(
-                    "rdma.qp_timeout",
-                    format!(
-                        "with qp_retry, an operation unanswered for {bound:?} would count its peer dead; over TCP that must be at least {MIN_TCP_DEAD_PEER:?}"
-                    ),
-                ));
-            }
-        }
         let mut ids = vec![file.node_id];
         for (k, p) in file.peers.iter().enumerate() {
             if ids.contains(&p.id) || p.id == 0 {
@@ -653,6 +636,20 @@ impl ServerConfig {
             };
             bad(key, e.to_string())
         })?;
+        if config.transport == fabric::Transport::Tcp {
+            // Over TCP the same two values bound how long an operation may go unanswered
+            // before its peer is taken for dead; a NIC enforces a floor of its own, TCP none,
+            // and a bound below a round trip and a scheduling delay breaks healthy links.
+            let bound = config.tcp_config().dead_peer_timeout;
+            if bound < MIN_TCP_DEAD_PEER {
+                return Err(bad(
+                    "rdma.qp_timeout",
+                    format!(
+                        "with qp_retry, an operation unanswered for {bound:?} would count its peer dead; over TCP that must be at least {MIN_TCP_DEAD_PEER:?}"
+                    ),
+                ));
+            }
+        }
         // The tick only: whether `poll.pin_core` is a core this process may use depends on
         // the machine and its cpuset, which `Log::open` checks at start.
         let tick = config.log_options().tick;
