@@ -94,8 +94,48 @@ fn main() -> anyhow::Result<()> {
     run(cfg)
 }
 
+/// Open files the server needs besides its clients' connections: segment files (one per
+/// segment the log holds), the ring, the listeners, peer links, the metrics port.
+const FILES_BESIDES_CLIENTS: u64 = 1024;
+
+/// Raises the soft limit on open files to the hard one, as most servers do: a shell's default
+/// of 1,024 is spent by a client flood (up to twice `max_connections` are held open while
+/// refused) or by a log of a thousand segments, and the next segment file could not be
+/// created, which stops the log. Warns when even the hard limit is short of what
+/// `max_connections` may take.
+fn raise_open_files_limit(max_connections: usize) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let (soft, hard) = (limit.current, limit.maximum);
+    if soft != hard {
+        let raised = Rlimit {
+            current: hard,
+            maximum: hard,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::info!(from = ?soft, to = ?hard, "raised the open files limit"),
+            Err(e) => {
+                tracing::warn!(error = %e, limit = ?soft, "cannot raise the open files limit")
+            }
+        }
+    }
+    let have = getrlimit(Resource::Nofile).current;
+    let need = 2 * max_connections as u64 + FILES_BESIDES_CLIENTS;
+    if have.is_some_and(|n| n < need) {
+        tracing::warn!(
+            limit = ?have,
+            need,
+            "the open files limit is short of twice client.max_connections and {FILES_BESIDES_CLIENTS} \
+             for the log and peers: a flood of clients could leave the log unable to create its \
+             next segment, which stops it; raise LimitNOFILE (systemd) or the hard ulimit -n, or \
+             lower client.max_connections"
+        );
+    }
+}
+
 fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let f = &cfg.file;
+    raise_open_files_limit(cfg.server_options().max_connections);
     if cfg.client_tls.is_none() {
         tracing::warn!("serving clients over plain TCP, as client.plaintext = true asks");
     }
