@@ -182,17 +182,57 @@ impl<F: Fabric + Send + 'static> std::fmt::Debug for ServerHandle<F> {
     }
 }
 
-/// Starts serving `log` to clients. Options that [`ServerOptions::validate`] refuses are an
-/// `InvalidInput` error.
+/// The client port and the metrics port, bound ([`bind`]) and not yet served.
+#[derive(Debug)]
+pub struct Bound {
+    opts: ServerOptions,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+}
+
+/// Checks `opts` ([`ServerOptions::validate`]: `InvalidInput`) and binds the client and metrics
+/// ports, before there is a log to serve: a port in use then fails a node before it has
+/// joined its cluster, not after.
+pub fn bind(opts: ServerOptions) -> std::io::Result<Bound> {
+    opts.validate()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let port = |what: &'static str, addr: SocketAddr| {
+        move |e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("the {what} port {addr}: {e}"))
+        }
+    };
+    let listener =
+        TcpListener::bind(opts.client_listen).map_err(port("client", opts.client_listen))?;
+    let metrics_listener = match opts.metrics_listen {
+        Some(addr) => Some(TcpListener::bind(addr).map_err(port("metrics", addr))?),
+        None => None,
+    };
+    Ok(Bound {
+        opts,
+        listener,
+        metrics_listener,
+    })
+}
+
+/// Starts serving `log` to clients: [`bind`], then [`serve`].
 pub fn start<F: Fabric + Send + 'static>(
     opts: ServerOptions,
     log: Arc<Log<F>>,
 ) -> std::io::Result<ServerHandle<F>> {
-    opts.validate()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let listener = TcpListener::bind(opts.client_listen)?;
+    serve(bind(opts)?, log)
+}
+
+/// Serves `log` to clients on the ports `bound` holds.
+pub fn serve<F: Fabric + Send + 'static>(
+    bound: Bound,
+    log: Arc<Log<F>>,
+) -> std::io::Result<ServerHandle<F>> {
+    let Bound {
+        opts,
+        listener,
+        metrics_listener,
+    } = bound;
     let client_addr = listener.local_addr()?;
-    let metrics_listener = opts.metrics_listen.map(TcpListener::bind).transpose()?;
     let metrics_addr = metrics_listener
         .as_ref()
         .map(TcpListener::local_addr)

@@ -136,6 +136,8 @@ fn raise_open_files_limit(max_connections: usize) {
 fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let f = &cfg.file;
     raise_open_files_limit(cfg.server_options().max_connections);
+    // The client and metrics ports first: one in use stops this node before it takes part.
+    let bound = server::bind(cfg.server_options()).context("binding the ports")?;
     if cfg.client_tls.is_none() {
         tracing::warn!("serving clients over plain TCP, as client.plaintext = true asks");
     }
@@ -159,10 +161,7 @@ fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let log = Arc::new(
         Log::open(cfg.replica_config(), ep, fs, cfg.log_options()).context("opening the log")?,
     );
-    let so = cfg.server_options();
-    let c = &f.client;
-    let handle = server::start(so, log.clone())
-        .with_context(|| format!("listening for clients on {}", c.listen))?;
+    let handle = server::serve(bound, log.clone()).context("serving clients")?;
     eprintln!(
         "rdmalog-server {}: up ({} {}{}, clients {}{}, data {})",
         f.node_id,

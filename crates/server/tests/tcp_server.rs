@@ -158,3 +158,42 @@ fn the_server_raises_its_open_files_limit() {
         "{all}"
     );
 }
+
+/// A client port in use stops the server before it opens the log, so before it takes part
+/// in its cluster (it used to open the log, start its driver, vote, and then fail to bind):
+/// the error names the port, and the data dir is not created.
+#[test]
+fn a_client_port_in_use_stops_the_server_before_it_opens_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let peer_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let data = dir.path().join("data");
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node_id = 1\ncluster_id = 7\ntransport = \"tcp\"\ndata_dir = \"{}\"\n\n[rdma]\nlisten = \"{peer_port}\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\n",
+            data.display(),
+            taken.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdmalog-server"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("the client port {}", taken.local_addr().unwrap())),
+        "{err}"
+    );
+    assert!(
+        !data.exists(),
+        "the log was opened before the port was bound"
+    );
+}
