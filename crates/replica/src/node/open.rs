@@ -246,6 +246,7 @@ impl<F: Fabric> Replica<F> {
                 hs, cs, history, ..
             }) => (hs, cs, history),
             None => {
+                Self::refuse_a_log_without_state(cfg, fs)?;
                 let hs = HardState::default();
                 let mut cs = ConfState::default();
                 cs.voters = cfg.voters.clone();
@@ -257,6 +258,38 @@ impl<F: Fabric> Replica<F> {
             }
         };
         Ok((state_file, existed, hs, cs, history))
+    }
+
+    /// A data dir without `raft-state` is a new one, unless it holds a log: the first open
+    /// stores `raft-state` before it creates any segment, so segments or a snapshot without
+    /// it mean it was deleted or lost. Starting anew would forget this node's term and vote
+    /// (it could vote twice in a term, and two leaders be elected in it) and treat the
+    /// configured voters as the membership: refused, naming what to do.
+    fn refuse_a_log_without_state(
+        cfg: &ReplicaConfig,
+        fs: &Arc<dyn FileSystem>,
+    ) -> Result<(), ReplicaError> {
+        let names = fs.list(&cfg.data_dir).unwrap_or_default();
+        let mut log: Vec<&String> = names
+            .iter()
+            .filter(|n| n.ends_with(".wal") || *n == "snapshot")
+            .collect();
+        if log.is_empty() {
+            return Ok(());
+        }
+        log.sort();
+        Err(ReplicaError::Config {
+            field: "data_dir",
+            reason: format!(
+                "{} holds a log ({} files, {:?} first) but no raft-state: this node's term and \
+                 vote are lost, and starting anew could vote twice in a term. Restore \
+                 raft-state, or remove the node from the cluster (rdmalog members remove), \
+                 clear the directory and add it back",
+                cfg.data_dir.display(),
+                log.len(),
+                log[0]
+            ),
+        })
     }
 
     /// Opens (recovers) the segment files.

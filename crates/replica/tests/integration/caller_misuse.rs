@@ -239,3 +239,36 @@ fn a_data_dir_in_use_is_refused() {
     let net3 = SimNet::new(SimConfig::default(), 3);
     open_real(&net3).expect("reopened after the first closed");
 }
+
+/// A data dir whose `raft-state` was deleted but which still holds its log is refused, naming
+/// what to do: the first open stores `raft-state` before any segment, so a log without it
+/// means it was lost, and starting anew would forget the node's term and vote (it could vote
+/// twice in one term). Nothing is written by the refused open.
+#[test]
+fn a_log_without_its_raft_state_is_refused() {
+    let fs = FaultFs::new();
+    {
+        let (_net, _stop, log) = single_leader(&fs);
+        log.append(b"before")
+            .unwrap()
+            .wait(Duration::from_secs(10))
+            .unwrap();
+        log.close().unwrap();
+    }
+    let dir = Path::new("/n1");
+    let disk: &dyn FileSystem = &fs;
+    disk.remove(&dir.join("raft-state")).unwrap();
+    let before = fs.names(dir);
+    match open(config(vec![1]), LogOptions::default(), &fs) {
+        Err(ReplicaError::Config {
+            field: "data_dir",
+            reason,
+        }) => assert!(
+            reason.contains("no raft-state") && reason.contains("members remove"),
+            "{reason}"
+        ),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a log without its raft-state opened as a new node"),
+    }
+    assert_eq!(fs.names(dir), before, "the refused open wrote");
+}
