@@ -19,6 +19,22 @@ impl<F: Fabric> Replica<F> {
         let (mut state_file, existed, hs, mut cs, mut conf_history) = Self::open_state(&cfg, &fs)?;
         let wal = Self::open_wal(&cfg, &fs)?;
         let (snapshot_file, snapshot) = Self::load_snapshot(&cfg, &fs)?;
+        if snapshot.is_none() && wal.first_index().0 > 1 {
+            // Entries are deleted only after the checkpoint covering them is stored (a trim,
+            // retention, an installed snapshot): a log that starts later without one lost it,
+            // and the state of every entry before the log with it.
+            return Err(ReplicaError::Config {
+                field: "data_dir",
+                reason: format!(
+                    "the log in {} starts at index {} but its snapshot file is missing: the \
+                     checkpoint of the entries before it is lost. Restore it, or remove the \
+                     node from the cluster (rdmalog members remove), clear the directory and \
+                     add it back",
+                    cfg.data_dir.display(),
+                    wal.first_index().0
+                ),
+            });
+        }
         let persistent =
             cfg.durability.ring_in_shared_memory() && cfg.mutation != crate::Mutation::PrivateRing;
         // A ring left by a crashed process of this data dir holds the entries it accepted (and

@@ -37,7 +37,15 @@ fn open(
 
 /// A single voter opened with `fs`, once it leads.
 fn single_leader(fs: &FaultFs) -> (SimNet, Arc<AtomicBool>, Log<fabric::sim::SimEndpoint>) {
-    let (net, stop, log) = open(config(vec![1]), LogOptions::default(), fs).unwrap();
+    leading(config(vec![1]), fs)
+}
+
+/// The single voter of `cfg` opened with `fs`, once it leads.
+fn leading(
+    cfg: ReplicaConfig,
+    fs: &FaultFs,
+) -> (SimNet, Arc<AtomicBool>, Log<fabric::sim::SimEndpoint>) {
+    let (net, stop, log) = open(cfg, LogOptions::default(), fs).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while log.status().role != Role::Leader {
         assert!(Instant::now() < deadline, "a single voter never leads");
@@ -271,4 +279,46 @@ fn a_log_without_its_raft_state_is_refused() {
         Ok(_) => panic!("a log without its raft-state opened as a new node"),
     }
     assert_eq!(fs.names(dir), before, "the refused open wrote");
+}
+
+/// A log that starts past index 1 without its snapshot file is refused: entries are deleted
+/// only after the checkpoint covering them is stored, so the file was lost, and with it the
+/// state of every entry before the log (and the session table). It opened before, with
+/// nothing to restore from and no snapshot for a follower that needs those entries.
+#[test]
+fn a_trimmed_log_without_its_snapshot_is_refused() {
+    let fs = FaultFs::new();
+    let small = || {
+        let mut cfg = config(vec![1]);
+        cfg.block_bytes = 4096;
+        cfg.segment_bytes = 16 << 10;
+        cfg.ring_bytes = 64 << 10;
+        cfg.max_entry_bytes = 2048;
+        cfg
+    };
+    {
+        let (_net, _stop, log) = leading(small(), &fs);
+        let mut last = 0;
+        for i in 0..60u8 {
+            last = log
+                .append(&[i; 1000])
+                .unwrap()
+                .wait(Duration::from_secs(10))
+                .unwrap();
+        }
+        let first = log.checkpoint(last - 5, b"state").unwrap();
+        assert!(first > 1, "the checkpoint deleted no segment");
+        log.close().unwrap();
+    }
+    let dir = Path::new("/n1");
+    let disk: &dyn FileSystem = &fs;
+    disk.remove(&dir.join("snapshot")).unwrap();
+    match open(small(), LogOptions::default(), &fs) {
+        Err(ReplicaError::Config {
+            field: "data_dir",
+            reason,
+        }) => assert!(reason.contains("snapshot file is missing"), "{reason}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a trimmed log without its snapshot opened"),
+    }
 }
