@@ -426,8 +426,6 @@ impl Quiet {
 
 /// One replica of the log.
 pub struct Replica<F: Fabric> {
-    /// The data dir, taken for this replica alone while it lives (`FileSystem::lock_dir`).
-    _dir_lock: wal::fs::DirLock,
     cfg: ReplicaConfig,
     raw: RawNode<WalStorage>,
     fabric: F,
@@ -511,6 +509,10 @@ pub struct Replica<F: Fabric> {
     scratch: Vec<u8>,
     /// Linearizable reads in flight (raft's ReadIndex).
     reads: Reads,
+    /// The data dir, taken for this replica alone (`FileSystem::lock_dir`) until a clean
+    /// [`Replica::flush`] (after which it writes nothing) or until it drops; the last field,
+    /// so that it is let go after the wal and the ring are.
+    dir_lock: Option<wal::fs::DirLock>,
 }
 
 impl<F: Fabric> std::fmt::Debug for Replica<F> {
@@ -783,6 +785,16 @@ impl<F: Fabric> Replica<F> {
             })?;
         }
         self.wal.close()?;
+        let closed = self.close_ring_files();
+        // Closed for writing: another open of the data dir may go on, even while handles of
+        // this replica's log live on (they answer `Closed`).
+        self.dir_lock = None;
+        closed
+    }
+
+    /// Under `Durability::Memory`, removes the ring's files once the segment files hold
+    /// everything the ring does (after the wal closed).
+    fn close_ring_files(&mut self) -> Result<(), ReplicaError> {
         if let Some((ring, tail)) = self.ring_files.take() {
             let ring_end = self.producer.position().lsn;
             let durable = self.wal.durable_lsn();

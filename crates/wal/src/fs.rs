@@ -56,7 +56,7 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     /// default takes nothing: the in-memory file systems have one user by construction.
     fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
         let _ = dir;
-        Ok(DirLock { _file: None })
+        Ok(DirLock::unheld())
     }
 }
 
@@ -65,6 +65,13 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
 #[derive(Debug)]
 pub struct DirLock {
     _file: Option<File>,
+}
+
+impl DirLock {
+    /// A lock that holds nothing (a file system with one user, or one that cannot lock).
+    pub fn unheld() -> DirLock {
+        DirLock { _file: None }
+    }
 }
 
 /// The file in a directory that [`StdFs`] locks for [`FileSystem::lock_dir`].

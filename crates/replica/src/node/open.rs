@@ -104,7 +104,7 @@ impl<F: Fabric> Replica<F> {
             reason: fabric::DisconnectReason::Closed,
         };
         let mut r = Replica {
-            _dir_lock: dir_lock,
+            dir_lock: Some(dir_lock),
             cfg,
             raw,
             fabric,
@@ -232,15 +232,23 @@ impl<F: Fabric> Replica<F> {
                 field,
                 reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
             })?;
-        fs.lock_dir(&cfg.data_dir)
-            .map_err(|e| ReplicaError::Config {
+        match fs.lock_dir(&cfg.data_dir) {
+            Ok(lock) => Ok(lock),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Err(ReplicaError::Config {
                 field,
-                reason: if e.kind() == std::io::ErrorKind::WouldBlock {
-                    e.to_string()
-                } else {
-                    format!("cannot lock {}: {e}", cfg.data_dir.display())
-                },
-            })
+                reason: e.to_string(),
+            }),
+            // A file system that cannot lock (some network ones): run, and say so.
+            Err(e) => {
+                tracing::warn!(
+                    node = cfg.id,
+                    dir = %cfg.data_dir.display(),
+                    error = %e,
+                    "cannot lock the data dir: nothing keeps a second replica from opening it"
+                );
+                Ok(wal::fs::DirLock::unheld())
+            }
+        }
     }
 
     /// Opens the data dir's raft-state (term, vote, commit, membership, guard), creating it

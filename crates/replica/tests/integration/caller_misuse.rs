@@ -212,7 +212,8 @@ fn a_pin_core_outside_the_current_mask_is_accepted() {
 /// A second open of a data dir in use is refused by name, before it writes anything: two
 /// replicas writing one log (a second server on the same `data_dir`, a restart while the old
 /// process still runs) would interleave their appends and raft state and lose what either
-/// acknowledged. The lock goes with the replica (and with its process, however it ends).
+/// acknowledged. The lock goes when the log closes, or with the replica (and with its
+/// process, however it ends).
 #[test]
 fn a_data_dir_in_use_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,9 +244,13 @@ fn a_data_dir_in_use_is_refused() {
         Ok(_) => panic!("a second replica opened a data dir in use"),
     }
     assert_eq!(listing(dir.path()), before, "the refused open wrote");
+    // Closed, the first lets go of the directory even while a handle of its log lives on
+    // (a subscription the application kept; it answers `Closed`).
+    let sub = first.subscribe(1);
     first.close().unwrap();
     let net3 = SimNet::new(SimConfig::default(), 3);
     open_real(&net3).expect("reopened after the first closed");
+    drop(sub);
 }
 
 /// A data dir whose `raft-state` was deleted but which still holds its log is refused, naming
