@@ -576,7 +576,7 @@ impl Client {
                 };
                 match resp {
                     Response::AppendedAt { indexes, .. }
-                        if indexes.len() == n && ascending_from(&indexes, 1) =>
+                        if indexes.len() == n && ascending_from(indexes.iter().copied(), 1) =>
                     {
                         Ok(indexes)
                     }
@@ -721,15 +721,17 @@ impl Client {
                 Response::Entries {
                     commit, entries, ..
                 } => {
-                    let indexes: Vec<u64> = entries.iter().map(|e| e.index).collect();
-                    if !ascending_from(&indexes, from.max(1))
-                        || indexes.last().is_some_and(|&l| l > commit)
+                    let indexes = || entries.iter().map(|e| e.index);
+                    if !ascending_from(indexes(), from.max(1))
+                        || entries.last().is_some_and(|e| e.index > commit)
                     {
+                        let shown: Vec<String> = indexes().take(8).map(|i| i.to_string()).collect();
+                        let more = if entries.len() > 8 { ", ..." } else { "" };
                         return Err(Step::Fatal {
                             err: ClientError::Protocol(format!(
-                                "{} answered a {what} from {from} with entries at {} (commit {commit}): not in order from there",
+                                "{} answered a {what} from {from} with entries at [{}{more}] (commit {commit}): not in order from there",
                                 conn.addr,
-                                summary(&indexes)
+                                shown.join(", ")
                             )),
                             keep_conn: false,
                         });
@@ -968,11 +970,7 @@ fn each_member<T: Send>(
 /// A `PartlyAppended` answer to a batch of `sent` entries, as a fatal step (resending would
 /// append the committed prefix twice), or a protocol error if it cannot describe a prefix.
 fn partly_committed(conn: &Conn, first: u64, last: u64, sent: usize) -> Step {
-    let committed = last
-        .checked_sub(first)
-        .and_then(|d| d.checked_add(1))
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|_| first > 0);
+    let committed = range_len(first, last).and_then(|n| usize::try_from(n).ok());
     let err = match committed {
         Some(committed) if committed < sent => ClientError::PartlyCommitted {
             first,
@@ -995,8 +993,7 @@ fn partly_committed(conn: &Conn, first: u64, last: u64, sent: usize) -> Step {
 /// index per entry (anything else is a protocol error, never a commit reported at an index
 /// the server did not give each entry).
 fn appended_range(conn: &Conn, first: u64, last: u64, sent: usize) -> Result<(u64, u64), Step> {
-    let count = last.checked_sub(first).and_then(|d| d.checked_add(1));
-    if first > 0 && count == Some(sent as u64) {
+    if range_len(first, last) == Some(sent as u64) {
         return Ok((first, last));
     }
     Err(Step::Fatal {
@@ -1008,16 +1005,23 @@ fn appended_range(conn: &Conn, first: u64, last: u64, sent: usize) -> Result<(u6
     })
 }
 
-/// Whether `indexes` rise strictly, from `from` on.
-fn ascending_from(indexes: &[u64], from: u64) -> bool {
-    indexes.first().is_none_or(|&i| i >= from) && indexes.windows(2).all(|w| w[0] < w[1])
+/// How many indexes `first..=last` holds, if it is a range of real ones (from 1, not empty).
+fn range_len(first: u64, last: u64) -> Option<u64> {
+    last.checked_sub(first)
+        .and_then(|d| d.checked_add(1))
+        .filter(|_| first > 0)
 }
 
-/// A few of `indexes`, for an error message.
-fn summary(indexes: &[u64]) -> String {
-    let shown: Vec<String> = indexes.iter().take(8).map(u64::to_string).collect();
-    let more = if indexes.len() > 8 { ", ..." } else { "" };
-    format!("[{}{more}]", shown.join(", "))
+/// Whether `indexes` rise strictly, from `from` on.
+fn ascending_from(indexes: impl Iterator<Item = u64>, from: u64) -> bool {
+    let mut prev = None;
+    for i in indexes {
+        if i < from || prev.is_some_and(|p| i <= p) {
+            return false;
+        }
+        prev = Some(i);
+    }
+    true
 }
 
 /// A response of the wrong kind, as a fatal step.

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// What an operator does with a node whose data dir lost a file no copy elsewhere restores.
+const REPLACE_NODE: &str = "remove the node from the cluster (rdmalog members remove), clear the directory and add it back";
+
 impl<F: Fabric> Replica<F> {
     /// Opens (or creates) the replica's data dir, recovers the log, registers the ring with
     /// the fabric once, and starts raft.
@@ -27,9 +30,7 @@ impl<F: Fabric> Replica<F> {
                 field: "data_dir",
                 reason: format!(
                     "the log in {} starts at index {} but its snapshot file is missing: the \
-                     checkpoint of the entries before it is lost. Restore it, or remove the \
-                     node from the cluster (rdmalog members remove), clear the directory and \
-                     add it back",
+                     checkpoint of the entries before it is lost. Restore it, or {REPLACE_NODE}",
                     cfg.data_dir.display(),
                     wal.first_index().0
                 ),
@@ -257,11 +258,7 @@ impl<F: Fabric> Replica<F> {
         cfg: &ReplicaConfig,
         fs: &Arc<dyn FileSystem>,
     ) -> Result<(StateFile, bool, HardState, ConfState, ConfHistory), ReplicaError> {
-        fs.create_dir_all(&cfg.data_dir)
-            .map_err(|e| ReplicaError::Config {
-                field: "data_dir",
-                reason: format!("cannot create {}: {e}", cfg.data_dir.display()),
-            })?;
+        // The directory exists: `lock_data_dir` created it.
         let mut state_file = StateFile::new(fs.clone(), &cfg.data_dir);
         let loaded = state_file.load().map_err(ReplicaError::Poisoned)?;
         let existed = loaded.is_some();
@@ -307,8 +304,7 @@ impl<F: Fabric> Replica<F> {
             reason: format!(
                 "{} holds a log ({} files, {:?} first) but no raft-state: this node's term and \
                  vote are lost, and starting anew could vote twice in a term. Restore \
-                 raft-state, or remove the node from the cluster (rdmalog members remove), \
-                 clear the directory and add it back",
+                 raft-state, or {REPLACE_NODE}",
                 cfg.data_dir.display(),
                 log.len(),
                 log[0]
