@@ -343,6 +343,24 @@ fn bench_prints_a_latency_table() {
     assert!(v["elapsed_s"].as_f64().unwrap() >= 0.15, "{out}");
 }
 
+/// Runs `rdmalog --servers <a free port> --cluster-id 1 --plaintext <args>`, which must fail
+/// with exit status 2; its standard error.
+fn refused_with_nothing_listening(args: &[&str]) -> String {
+    let o = rdmalog()
+        .args([
+            "--servers",
+            &free_port().to_string(),
+            "--cluster-id",
+            "1",
+            "--plaintext",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{args:?}");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 #[test]
 fn plain_tcp_needs_to_be_asked_for() {
     let o = rdmalog()
@@ -354,22 +372,7 @@ fn plain_tcp_needs_to_be_asked_for() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--ca") && err.contains("--plaintext"), "{err}");
     // Nothing reachable: a clear line after the timeout.
-    let o = rdmalog()
-        .args([
-            "--servers",
-            &free_port().to_string(),
-            "--cluster-id",
-            "1",
-            "--plaintext",
-            "--timeout",
-            "300ms",
-            "append",
-            "x",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = refused_with_nothing_listening(&["--timeout", "300ms", "append", "x"]);
     assert!(err.contains("no server reachable"), "{err}");
     // Bench parameters no run can use, refused before any connection (a rate of 1e-20
     // panicked in a worker; a size over the frame limit failed only after connecting).
@@ -378,21 +381,7 @@ fn plain_tcp_needs_to_be_asked_for() {
         ("--size", "0", "--size must be"),
         ("--size", "100000000", "--size must be"),
     ] {
-        let o = rdmalog()
-            .args([
-                "--servers",
-                &free_port().to_string(),
-                "--cluster-id",
-                "1",
-                "--plaintext",
-                "bench",
-                flag,
-                value,
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{flag} {value}");
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = refused_with_nothing_listening(&["bench", flag, value]);
         assert!(err.contains(says), "{flag} {value}: {err}");
     }
     // Every subcommand has meaningful help.

@@ -109,23 +109,7 @@ fn sigterm_gives_pending_appends_their_grace() {
 fn the_server_raises_its_open_files_limit() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
-    let config = dir.path().join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "node_id = 1\ncluster_id = 7\ntransport = \"tcp\"\ndata_dir = \"{}\"\n\n[rdma]\nlisten = \"{}\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\n",
-            dir.path().join("data").display(),
-            free(),
-            free()
-        ),
-    )
-    .unwrap();
+    let config = single_node_config(dir.path(), free_port());
     let mut child = std::process::Command::new("prlimit")
         .arg("--nofile=300:2048")
         .arg(env!("CARGO_BIN_EXE_rdmalog-server"))
@@ -166,21 +150,8 @@ fn the_server_raises_its_open_files_limit() {
 fn a_client_port_in_use_stops_the_server_before_it_opens_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let peer_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let data = dir.path().join("data");
-    let config = dir.path().join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "node_id = 1\ncluster_id = 7\ntransport = \"tcp\"\ndata_dir = \"{}\"\n\n[rdma]\nlisten = \"{peer_port}\"\n\n[client]\nlisten = \"{}\"\nplaintext = true\n",
-            data.display(),
-            taken.local_addr().unwrap()
-        ),
-    )
-    .unwrap();
+    let config = single_node_config(dir.path(), taken.local_addr().unwrap());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rdmalog-server"))
         .arg("--config")
         .arg(&config)
@@ -196,4 +167,28 @@ fn a_client_port_in_use_stops_the_server_before_it_opens_the_log() {
         !data.exists(),
         "the log was opened before the port was bound"
     );
+}
+
+/// A port on loopback free when asked.
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The configuration of a one-node cluster over TCP in `dir` (its data in `dir/data`), serving
+/// clients on `client`; its path.
+fn single_node_config(dir: &std::path::Path, client: std::net::SocketAddr) -> std::path::PathBuf {
+    let config = dir.join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node_id = 1\ncluster_id = 7\ntransport = \"tcp\"\ndata_dir = \"{}\"\n\n[rdma]\nlisten = \"{}\"\n\n[client]\nlisten = \"{client}\"\nplaintext = true\n",
+            dir.join("data").display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    config
 }

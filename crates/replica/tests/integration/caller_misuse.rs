@@ -54,6 +54,18 @@ fn leading(
     (net, stop, log)
 }
 
+/// Asserts that an open was refused for its data dir, with a reason that says each of `says`.
+fn refused_data_dir(opened: Result<(), ReplicaError>, says: &[&str]) {
+    match opened {
+        Err(ReplicaError::Config {
+            field: "data_dir",
+            reason,
+        }) => assert!(says.iter().all(|s| reason.contains(s)), "{reason}"),
+        Err(e) => panic!("refused, but not for the data dir: {e}"),
+        Ok(()) => panic!("opened; expected a refusal saying {says:?}"),
+    }
+}
+
 /// Each bad field is an error naming it, with nothing written to the data dir; the same
 /// directory then opens with the corrected configuration and takes its voters. (Before: a
 /// zero or tiny block panicked in the check itself, a voter listed twice counted twice
@@ -235,14 +247,7 @@ fn a_data_dir_in_use_is_refused() {
         v
     };
     let before = listing(dir.path());
-    match open_real(&net2) {
-        Err(ReplicaError::Config {
-            field: "data_dir",
-            reason,
-        }) => assert!(reason.contains("in use"), "{reason}"),
-        Err(e) => panic!("a second open: {e}"),
-        Ok(_) => panic!("a second replica opened a data dir in use"),
-    }
+    refused_data_dir(open_real(&net2).map(drop), &["in use"]);
     assert_eq!(listing(dir.path()), before, "the refused open wrote");
     // Closed, the first lets go of the directory even while a handle of its log lives on
     // (a subscription the application kept; it answers `Closed`).
@@ -272,17 +277,8 @@ fn a_log_without_its_raft_state_is_refused() {
     let disk: &dyn FileSystem = &fs;
     disk.remove(&dir.join("raft-state")).unwrap();
     let before = fs.names(dir);
-    match open(config(vec![1]), LogOptions::default(), &fs) {
-        Err(ReplicaError::Config {
-            field: "data_dir",
-            reason,
-        }) => assert!(
-            reason.contains("no raft-state") && reason.contains("members remove"),
-            "{reason}"
-        ),
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a log without its raft-state opened as a new node"),
-    }
+    let opened = open(config(vec![1]), LogOptions::default(), &fs).map(drop);
+    refused_data_dir(opened, &["no raft-state", "members remove"]);
     assert_eq!(fs.names(dir), before, "the refused open wrote");
 }
 
@@ -318,12 +314,6 @@ fn a_trimmed_log_without_its_snapshot_is_refused() {
     let dir = Path::new("/n1");
     let disk: &dyn FileSystem = &fs;
     disk.remove(&dir.join("snapshot")).unwrap();
-    match open(small(), LogOptions::default(), &fs) {
-        Err(ReplicaError::Config {
-            field: "data_dir",
-            reason,
-        }) => assert!(reason.contains("snapshot file is missing"), "{reason}"),
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a trimmed log without its snapshot opened"),
-    }
+    let opened = open(small(), LogOptions::default(), &fs).map(drop);
+    refused_data_dir(opened, &["snapshot file is missing"]);
 }
