@@ -1603,6 +1603,13 @@ class Client:
                     continue
                 v = resp["variant"]
                 if v == "Entries" and resp["id"] == tid:
+                    # Every entry of a frame is committed by the frame's own commit
+                    # (PROTOCOL.md 6.3): one past it is not known to be in the log.
+                    past = [e["index"] for e in resp["entries"] if e["index"] > resp["commit"]]
+                    if past:
+                        raise ProtocolError(
+                            f"the tail sent an entry at index {past[0]} past the commit index "
+                            f"{resp['commit']} it stated")
                     backoff = _Backoff()
                     deadline = self._deadline()
                     for e in resp["entries"]:

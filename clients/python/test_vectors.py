@@ -1258,6 +1258,16 @@ class HostileAnswerTests(unittest.TestCase):
             with self.assertRaises(rc.ProtocolError):
                 next(t)
 
+    def test_a_tail_entry_past_its_frames_commit(self):
+        # Not known to be in the log: the frame is refused whole, none of it yielded.
+        n = self.node(lambda req, node: {
+            "variant": "Entries", "id": req["id"], "commit": 4,
+            "entries": [{"index": 4, "data": b"ok"}, {"index": 5, "data": b"not committed"}]})
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            t = c.tail(4)
+            with self.assertRaisesRegex(rc.ProtocolError, "index 5 past the commit index 4"):
+                next(t)
+
     def test_a_redirect_to_a_name_that_does_not_encode(self):
         # idna refuses an empty label: a connect failure like any other, not a UnicodeError.
         n = self.node(lambda req, node: {"variant": "Redirect", "id": req["id"],

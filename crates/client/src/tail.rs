@@ -117,6 +117,16 @@ impl Tail {
                     commit,
                     entries,
                 })) if Some(id) == self.stream => {
+                    // Every entry of a frame is committed by the frame's own `commit`
+                    // (PROTOCOL.md 6.3): one past it is not known to be in the log.
+                    if let Some(e) = entries.iter().find(|e| e.index > commit) {
+                        let m = format!(
+                            "{} sent a tail entry at index {} past the commit index {commit} \
+                             it stated",
+                            conn.addr, e.index
+                        );
+                        return Err(self.fail(ClientError::Protocol(m)));
+                    }
                     self.commit = self.commit.max(commit);
                     for e in entries {
                         if e.index >= self.next {

@@ -222,3 +222,29 @@ fn timeouts_past_the_clock_are_refused_by_name() {
         }
     }
 }
+
+/// A tail frame with an entry past the commit index the frame states ends the tail with a
+/// protocol error, and none of the frame's entries is yielded: an entry past the commit is not
+/// known to be in the log.
+#[test]
+fn a_tail_entry_past_its_frames_commit_ends_the_tail() {
+    let addr = scripted(|_, id| Response::Entries {
+        id,
+        commit: 4,
+        entries: vec![
+            Entry {
+                index: 4,
+                data: b"ok".to_vec(),
+            },
+            Entry {
+                index: 5,
+                data: b"not committed".to_vec(),
+            },
+        ],
+    });
+    let mut t = client(addr, false).tail(4).unwrap();
+    let m = protocol_error(t.poll(Duration::MAX), "tail");
+    assert!(m.contains("index 5 past the commit index 4"), "{m}");
+    let m = protocol_error(t.poll(Duration::from_millis(100)), "tail after the error");
+    assert!(m.contains("ended"), "{m}");
+}
