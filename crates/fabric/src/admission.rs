@@ -29,19 +29,33 @@ pub const CHALLENGE_BYTES: usize = 1 + NONCE_BYTES;
 /// A proof message: its tag and the HMAC.
 pub const PROOF_BYTES: usize = 1 + 32;
 
-/// Reads a file that holds a credential (`what`: "the secret file", "the token file"), which
-/// must be its owner's only: opened once, its mode checked on the open file (no window
-/// between the check and the read), then read whole.
+/// The largest credential file [`read_owner_only`] reads: a secret, a token list or a PEM
+/// private key is a few KiB; a longer file is a wrong path.
+pub const MAX_CREDENTIAL_BYTES: u64 = 1 << 20;
+
+/// Reads a file that holds a credential (`what`: "the secret file", "the token file", "the
+/// private key"), which must be a regular file, its owner's only, and at most
+/// [`MAX_CREDENTIAL_BYTES`]: opened once without blocking (a FIFO named by mistake would hang
+/// the open until some writer came), its type, mode and size checked on the open file (no
+/// window between the check and the read), then read whole.
 pub fn read_owner_only(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
-    use std::os::unix::fs::PermissionsExt;
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
-    let mode = file
-        .metadata()
-        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?
-        .permissions()
-        .mode();
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let cannot = |e: std::io::Error| format!("cannot read {what} {}: {e}", path.display());
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{what} {} is not a regular file ({:?})",
+            path.display(),
+            meta.file_type()
+        ));
+    }
+    let mode = meta.permissions().mode();
     if mode & 0o077 != 0 {
         return Err(format!(
             "{what} {} is open to group or others (mode {:o}); make it the server's user's \
@@ -53,8 +67,17 @@ pub fn read_owner_only(what: &str, path: &std::path::Path) -> Result<Vec<u8>, St
         ));
     }
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    // One byte past the limit tells a file that grew since the size was read.
+    (&mut file)
+        .take(MAX_CREDENTIAL_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if meta.len() > MAX_CREDENTIAL_BYTES || bytes.len() as u64 > MAX_CREDENTIAL_BYTES {
+        return Err(format!(
+            "{what} {} holds more than {MAX_CREDENTIAL_BYTES} bytes: not a credential file",
+            path.display()
+        ));
+    }
     Ok(bytes)
 }
 
@@ -237,6 +260,35 @@ mod tests {
                 .contains("at least 16")
         );
         assert!(load_secret(&dir.path().join("missing")).is_err());
+    }
+
+    /// A FIFO is refused at once (an open without `O_NONBLOCK` waited for a writer forever),
+    /// and so are a directory and a file past the size limit (read whole before).
+    #[test]
+    fn credentials_are_small_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .args(["-m", "600"])
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let e = read_owner_only("the secret file", &fifo).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = read_owner_only("the secret file", dir.path()).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = dir.path().join("big");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_CREDENTIAL_BYTES + 1).unwrap();
+        std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = read_owner_only("the secret file", &big).unwrap_err();
+        assert!(e.contains("more than"), "{e}");
+        f.set_len(MAX_CREDENTIAL_BYTES).unwrap();
+        assert_eq!(
+            read_owner_only("the secret file", &big).unwrap().len() as u64,
+            MAX_CREDENTIAL_BYTES
+        );
     }
 
     #[test]

@@ -62,9 +62,15 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
-/// Reads the private key of a PEM file.
+/// Reads the private key of a PEM file, which must be its owner's only, as the cluster
+/// secret and the token file ([`crate::admission::read_owner_only`]): whoever can read it can
+/// pass for this node.
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| err(path, e))
+    let pem = crate::admission::read_owner_only("the private key", path).map_err(|e| TlsError {
+        file: path.display().to_string(),
+        reason: e,
+    })?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| err(path, e))
 }
 
 /// Reads a CA bundle into a root store.

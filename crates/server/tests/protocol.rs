@@ -664,6 +664,8 @@ impl Pki {
         );
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key.serialize_pem()).unwrap();
+        // A private key is refused unless it is its owner's only.
+        std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         (c, k)
     }
 }

@@ -198,8 +198,30 @@ impl Pki {
         );
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key.serialize_pem()).unwrap();
+        // A private key is refused unless it is its owner's only.
+        std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         PeerTls::from_pem(&c, &k, &roots.dir.join("ca.crt")).unwrap()
     }
+}
+
+/// A peer's private key readable by group or others is refused, naming the remedy: whoever can
+/// read it can pass for this node.
+#[test]
+fn a_private_key_open_to_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("cluster CA", dir.path());
+    pki.peer("127.0.0.1");
+    let key = pki.dir.join("127.0.0.1.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let e = PeerTls::from_pem(
+        &pki.dir.join("127.0.0.1.crt"),
+        &key,
+        &pki.dir.join("ca.crt"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("private key") && e.contains("chmod 600"), "{e}");
 }
 
 /// Dials `from` -> `to` and waits for the dialler's verdict: `Ok` when both sides are up,
