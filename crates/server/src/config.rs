@@ -602,6 +602,18 @@ impl ServerConfig {
                 )
             })?;
             let token = text.trim().to_string();
+            // One word: a comment or a second line in the file would otherwise become part
+            // of the token, which no client then matches.
+            if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(bad(
+                    &key,
+                    format!(
+                        "{} holds more than one word: a token file holds the token alone, \
+                         without spaces, comments or further lines",
+                        t.token_file.display()
+                    ),
+                ));
+            }
             if token.len() < 16 {
                 return Err(bad(&key, "a token must have at least 16 characters".into()));
             }
@@ -1029,6 +1041,17 @@ plaintext = true
             c.tokens.get("writer-token-0123456789"),
             Some(&Role::ReadWrite)
         );
+        // A comment line, or a space inside, would become part of the token.
+        for body in [
+            "# the writers' token\nwriter-token-0123456789\n",
+            "writer-token 0123456789\n",
+        ] {
+            std::fs::write(&path, body).unwrap();
+            let e = ServerConfig::parse(&text, "t.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("more than one word"), "{e}");
+        }
     }
 
     #[test]
