@@ -182,17 +182,74 @@ impl<F: Fabric + Send + 'static> std::fmt::Debug for ServerHandle<F> {
     }
 }
 
-/// The client port and the metrics port, bound ([`bind`]) and not yet served.
+/// The client port and the metrics port, bound ([`bind`]) and not yet served. Until [`serve`]
+/// (while the log opens: a recovery may take a while) a thread accepts every connection and
+/// closes it at once, so that a client moves on to another member instead of waiting in the
+/// kernel's backlog for an answer that comes only once the log is served.
 #[derive(Debug)]
 pub struct Bound {
     opts: ServerOptions,
-    listener: TcpListener,
-    metrics_listener: Option<TcpListener>,
+    /// The client and metrics listeners, held by the refusing thread until [`serve`].
+    refuser: Option<Refuser>,
+    client_addr: SocketAddr,
+}
+
+/// The thread that refuses connections on bound ports until they are served.
+#[derive(Debug)]
+struct Refuser {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<(TcpListener, Option<TcpListener>)>,
+}
+
+impl Refuser {
+    fn start(client: TcpListener, metrics: Option<TcpListener>) -> std::io::Result<Refuser> {
+        client.set_nonblocking(true)?;
+        if let Some(m) = &metrics {
+            m.set_nonblocking(true)?;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("opening".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    let mut refused = false;
+                    for l in std::iter::once(&client).chain(metrics.as_ref()) {
+                        // Closed unread: the peer sees its connection reset or ended.
+                        while let Ok((c, _)) = l.accept() {
+                            drop(c);
+                            refused = true;
+                        }
+                    }
+                    if !refused {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                (client, metrics)
+            })?;
+        Ok(Refuser { stop, thread })
+    }
+
+    /// Stops refusing and hands the listeners back.
+    fn stop(self) -> (TcpListener, Option<TcpListener>) {
+        self.stop.store(true, Ordering::Release);
+        self.thread
+            .join()
+            .expect("the refusing thread does not panic")
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(r) = self.refuser.take() {
+            r.stop();
+        }
+    }
 }
 
 /// Checks `opts` ([`ServerOptions::validate`]: `InvalidInput`) and binds the client and metrics
 /// ports, before there is a log to serve: a port in use then fails a node before it has
-/// joined its cluster, not after.
+/// joined its cluster, not after. Until [`serve`] every connection is closed at once.
 pub fn bind(opts: ServerOptions) -> std::io::Result<Bound> {
     opts.validate()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -207,11 +264,19 @@ pub fn bind(opts: ServerOptions) -> std::io::Result<Bound> {
         Some(addr) => Some(TcpListener::bind(addr).map_err(port("metrics", addr))?),
         None => None,
     };
+    let client_addr = listener.local_addr()?;
     Ok(Bound {
         opts,
-        listener,
-        metrics_listener,
+        refuser: Some(Refuser::start(listener, metrics_listener)?),
+        client_addr,
     })
+}
+
+impl Bound {
+    /// The client port's address (the port the system chose for port 0).
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
 }
 
 /// Starts serving `log` to clients: [`bind`], then [`serve`].
@@ -227,11 +292,13 @@ pub fn serve<F: Fabric + Send + 'static>(
     bound: Bound,
     log: Arc<Log<F>>,
 ) -> std::io::Result<ServerHandle<F>> {
-    let Bound {
-        opts,
-        listener,
-        metrics_listener,
-    } = bound;
+    let mut bound = bound;
+    let opts = bound.opts.clone();
+    let (listener, metrics_listener) = bound.refuser.take().expect("a Bound is served once").stop();
+    metrics_listener
+        .as_ref()
+        .map(|l| l.set_nonblocking(false))
+        .transpose()?;
     let client_addr = listener.local_addr()?;
     let metrics_addr = metrics_listener
         .as_ref()
@@ -415,6 +482,71 @@ impl<F: Fabric + Send + 'static> ServerHandle<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Between [`bind`] and [`serve`] (while the log opens) the ports are taken but refuse
+    /// connections at once, so a client moves on to another member instead of waiting in a
+    /// backlog; served, they accept. [`bind`] checks the options first (`InvalidInput`).
+    #[test]
+    fn a_bound_port_refuses_connections_until_it_is_served() {
+        use fabric::NodeId;
+        use fabric::sim::{SimConfig, SimNet};
+        use std::net::TcpStream;
+        use wal::fs::{FaultFs, FileSystem};
+
+        let mut bad = ServerOptions::new(1, 9, "127.0.0.1:0".parse().unwrap());
+        bad.max_connections = 0;
+        let e = bind(bad).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("max_connections"), "{e}");
+
+        let mut opts = ServerOptions::new(1, 9, "127.0.0.1:0".parse().unwrap());
+        opts.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        let bound = bind(opts).unwrap();
+        let addr = bound.client_addr();
+        // Taken: a second server cannot bind the port.
+        let e = TcpListener::bind(addr).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+        // Closed at once, and nothing is answered.
+        let refused = |a: SocketAddr| {
+            let mut c = TcpStream::connect(a).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 1];
+            match std::io::Read::read(&mut c, &mut buf) {
+                Ok(n) => assert_eq!(n, 0, "{a} answered"),
+                Err(e) => assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "{a} held"),
+            }
+        };
+        refused(addr);
+        let net = SimNet::new(SimConfig::default(), 1);
+        let stop = Arc::new(AtomicBool::new(false));
+        net.run_realtime(stop.clone());
+        let cfg = replica::ReplicaConfig::new(1, vec![1], 9, "/n1".into());
+        let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
+        let log = replica::Log::open(
+            cfg,
+            net.add_node(NodeId(1)),
+            disk,
+            replica::LogOptions::default(),
+        )
+        .unwrap();
+        let handle = serve(bound, Arc::new(log)).unwrap();
+        assert_eq!(handle.client_addr(), addr);
+        // Served: the connection waits for its hello.
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let e = std::io::Read::read(&mut c, &mut [0u8; 1]).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        );
+        TcpStream::connect(handle.metrics_addr().unwrap()).unwrap();
+        handle.shutdown(Duration::ZERO);
+        stop.store(true, Ordering::Release);
+    }
 
     #[test]
     fn options_a_server_cannot_work_with_are_refused_by_name() {
