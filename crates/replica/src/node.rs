@@ -478,8 +478,13 @@ pub struct Replica<F: Fabric> {
     granted: Option<u64>,
     ticks: u64,
     applied: u64,
-    /// The client sessions as of `applied` ([`crate::sessions`]).
+    /// The client sessions as of `applied` ([`crate::sessions`]), or as of
+    /// `sessions_through` while that is higher.
     sessions: Sessions,
+    /// The last index `sessions` accounts for when it was loaded from a checkpoint: a restart
+    /// applies again the entries from the log's first on (the wal keeps the segment that
+    /// holds the checkpoint's index), and those up to here are in the table already.
+    sessions_through: u64,
     /// Leader: the sessions' entries in its log past `applied`.
     pending_sessions: Pending,
     stats: ReplicaStats,

@@ -98,6 +98,7 @@ impl<F: Fabric> Replica<F> {
             raw,
             applied,
             sessions,
+            sessions_through,
             hs,
         } = Self::start_raft(&cfg, &wal, hs, cs, snapshot, ring_lost)?;
         let dummy = Event::Disconnected {
@@ -137,6 +138,7 @@ impl<F: Fabric> Replica<F> {
             ticks: 0,
             applied,
             sessions,
+            sessions_through,
             pending_sessions: Pending::default(),
             stats: ReplicaStats {
                 recovered_from_ring: recovered,
@@ -197,7 +199,11 @@ impl<F: Fabric> Replica<F> {
         hs.commit = hs.commit.clamp(applied, trusted_end);
         let mut storage = WalStorage::new(wal.clone(), hs.clone(), cs, (applied, prefix_term));
         storage.set_mutation(cfg.mutation);
-        // The sessions as of the checkpoint; the entries after it are applied again below.
+        // The sessions as of the checkpoint; the entries after it are applied again, those
+        // before it (from the log's first) skipped.
+        let sessions_through = snapshot
+            .as_ref()
+            .map_or(applied, |s| s.get_metadata().index.max(applied));
         let sessions = match &snapshot {
             Some(snap) => CheckpointData::decode(&snap.data)
                 .and_then(|d| d.session_table())
@@ -215,6 +221,7 @@ impl<F: Fabric> Replica<F> {
             raw,
             applied,
             sessions,
+            sessions_through,
             hs,
         })
     }
@@ -576,6 +583,8 @@ struct Started {
     applied: u64,
     /// The sessions as of the latest checkpoint.
     sessions: Sessions,
+    /// The latest checkpoint's index (at least `applied`): the last `sessions` covers.
+    sessions_through: u64,
     /// The hard state raft started from (its commit clamped into the log).
     hs: HardState,
 }

@@ -117,6 +117,7 @@ impl<F: Fabric> Replica<F> {
         store.set_snapshot(snap.clone());
         self.applied = meta.index;
         self.sessions = sessions;
+        self.sessions_through = meta.index;
         self.pending_sessions = Pending::default();
         self.sync_peers(&members_of(&cs));
         self.stats.snapshots_installed += 1;
@@ -349,6 +350,9 @@ impl<F: Fabric> Replica<F> {
                 continue;
             }
             match e.get_entry_type() {
+                // In the session table already: a restart applies again from the log's
+                // first entry, at or below the checkpoint's (`sessions_through`).
+                EntryType::EntryNormal if e.index <= self.sessions_through => {}
                 EntryType::EntryNormal => match payload_kind(&e.data) {
                     PayloadKind::SessionOpen => self.sessions.open(e.index),
                     PayloadKind::Application {
