@@ -294,6 +294,11 @@ pub enum Mutation {
     /// serves them without checking the wal's term: raft may read back entries this node's
     /// log no longer holds.
     StaleEntryCache,
+    /// A restart folds into the session table the entries from the log's first on, although
+    /// the table loaded from the checkpoint already covers those up to the checkpoint's index
+    /// (the wal keeps the segment that holds it): sessions whose opens are replayed are reset,
+    /// others expire than on the other replicas, and entries count as committed twice.
+    SessionsFromLogStart,
     /// A follower cuts its wal (a conflicting suffix, `Replica::truncate_from`) or restarts
     /// it (a snapshot install) before it lowers its ring's published end: a crash between
     /// the two leaves the published end past the wal's over records the ring no longer

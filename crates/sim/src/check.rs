@@ -104,6 +104,9 @@ pub struct Checker {
     views: BTreeMap<u64, NodeView>,
     /// Checkpoints already compared, per node: (node, index).
     checkpoints_checked: BTreeSet<(u64, u64)>,
+    /// Session agreement: index → crc32c of the session table as of it (encoded), and the
+    /// node that first showed it.
+    session_tables: BTreeMap<u64, (u32, u64)>,
     /// (node, index) of entries whose stored bytes rotted: a read of one may fail its check
     /// (that is the detection), never return other bytes.
     pub rotted: BTreeSet<(u64, u64)>,
@@ -194,6 +197,33 @@ impl Checker {
         }
         v.commit = s.commit;
         v.applied = s.applied;
+
+        // Exactly-once: the session table is a function of the committed log, the same on
+        // every replica as of the same index, and no entry of a session is folded in twice.
+        let twice = r.stats().session_duplicates_applied;
+        if twice > 0 {
+            return Err(format!(
+                "exactly-once: node {id} folded {twice} session entries into its table whose \
+                 numbers it already held"
+            ));
+        }
+        self.buf.clear();
+        r.sessions().encode(&mut self.buf);
+        let table = crc32c::crc32c(&self.buf);
+        let at = r.sessions_index();
+        match self.session_tables.get(&at) {
+            Some(&(seen, other)) if seen != table => {
+                return Err(format!(
+                    "session agreement: node {id}'s session table as of index {at} differs \
+                     from node {other}'s ({} sessions here)",
+                    r.sessions().len()
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.session_tables.insert(at, (table, id));
+            }
+        }
 
         // Log matching over the persisted log: walk back over a truncated suffix, then check
         // the new entries.

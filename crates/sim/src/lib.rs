@@ -313,6 +313,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("reopen-fast-path-early", Mutation::ReopenFastPathEarly),
     ("merge-disjoint-appends", Mutation::MergeDisjointAppends),
     ("stale-entry-cache", Mutation::StaleEntryCache),
+    ("sessions-from-log-start", Mutation::SessionsFromLogStart),
     ("unrepaired-raft-batches", Mutation::UnrepairedRaftBatches),
     ("trust-log-after-lost-ring", Mutation::TrustLogAfterLostRing),
     ("cut-wal-before-ring", Mutation::CutWalBeforeRing),

@@ -224,7 +224,13 @@ impl<F: Fabric> Replica<F> {
         Ok((conf, pos))
     }
 
-    /// The client sessions as of the applied index.
+    /// The index the session table ([`Replica::sessions`]) is as of: the applied index, or,
+    /// while a restart applies again the entries a checkpoint covers, the checkpoint's.
+    pub fn sessions_index(&self) -> u64 {
+        self.applied.max(self.sessions_through)
+    }
+
+    /// The client sessions table, as of [`Replica::sessions_index`].
     pub fn sessions(&self) -> &Sessions {
         &self.sessions
     }

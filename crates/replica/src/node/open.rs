@@ -201,9 +201,12 @@ impl<F: Fabric> Replica<F> {
         storage.set_mutation(cfg.mutation);
         // The sessions as of the checkpoint; the entries after it are applied again, those
         // before it (from the log's first) skipped.
-        let sessions_through = snapshot
-            .as_ref()
-            .map_or(applied, |s| s.get_metadata().index.max(applied));
+        let sessions_through = match &snapshot {
+            Some(s) if cfg.mutation != crate::Mutation::SessionsFromLogStart => {
+                s.get_metadata().index.max(applied)
+            }
+            _ => applied,
+        };
         let sessions = match &snapshot {
             Some(snap) => CheckpointData::decode(&snap.data)
                 .and_then(|d| d.session_table())
