@@ -290,3 +290,61 @@ fn a_restart_after_a_checkpoint_applies_no_session_entry_twice() {
     let table = c.node(l).sessions().clone();
     assert_eq!(c.node(f).sessions(), &table);
 }
+
+/// A trim's checkpoint is taken below the applied index, so its session table is read back
+/// from the entries it deletes (the latest checkpoint's table and every entry after it): a
+/// resend of an entry whose segment the trim deleted, after every node restarted from that
+/// checkpoint, still resolves to its first copy and is not appended again.
+#[test]
+fn a_resend_after_a_trim_below_the_applied_index_resolves_to_the_first_copy() {
+    let mut c = SimCluster::new(3, 39, SimConfig::zero_delay(), |cfg: &mut ReplicaConfig| {
+        cfg.segment_bytes = 512 << 10;
+    })
+    .unwrap();
+    let l = c.elect().unwrap();
+    let s = open(&mut c, l);
+    let mut first = Vec::new();
+    for k in 1..=3u64 {
+        let t = c
+            .node(l)
+            .propose_in_session(s, k, &[format!("e{k}").as_bytes()])
+            .unwrap()[0];
+        first.push(c.wait(l, t).unwrap());
+    }
+    let mut filler = 0;
+    for k in 0..300u32 {
+        filler = c.append(&[k as u8; 3000]).unwrap();
+    }
+    let t = c.node(l).propose_in_session(s, 4, &[b"e4"]).unwrap()[0];
+    first.push(c.wait(l, t).unwrap());
+    c.run_for(100_000_000).unwrap();
+    // The trim: a checkpoint at the last filler entry, below every node's applied index.
+    for i in 1..=3 {
+        assert!(c.node(i).status().applied > filler);
+        let from = c.node(i).checkpoint(filler, b"trimmed").unwrap();
+        assert!(from > first[2], "node {i}: the trim must delete e1..e3");
+    }
+    for i in 1..=3 {
+        c.crash(i);
+    }
+    for i in 1..=3 {
+        c.restart(i).unwrap();
+    }
+    let l = c.elect().unwrap();
+    let t = c
+        .node(l)
+        .propose_in_session(s, 2, &[b"e2", b"e3", b"e4"])
+        .unwrap();
+    let got: Vec<u64> = t.iter().map(|t| c.wait(l, *t).unwrap()).collect();
+    assert_eq!(
+        got,
+        &first[1..],
+        "resent entries resolve to their first copies"
+    );
+    c.run_for(200_000_000).unwrap();
+    for i in 1..=3 {
+        assert_eq!(payloads_of(&mut c, i, b"e4"), [first[3]], "node {i}");
+        assert_eq!(c.node(i).stats().session_duplicates_applied, 0);
+        assert_eq!(c.node(i).sessions().get(s).unwrap().last_seq, 4);
+    }
+}
