@@ -297,6 +297,36 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    /// Whether session `id` still exists once every entry of this view is folded into
+    /// `table` (the sessions as of `applied`): the opens among them expire the least recently
+    /// used sessions, which may be `id`, before an entry proposed now is applied. Replays a
+    /// copy of the table only when the opens can expire any session at all.
+    pub fn survives(&self, table: &Sessions, id: u64) -> bool {
+        if table.len() + self.opened.len() <= SESSION_CAPACITY {
+            return table.get(id).is_some() || self.opened.contains(&id);
+        }
+        let mut log: Vec<(u64, Option<(u64, u64)>)> = self
+            .opened
+            .iter()
+            .map(|&index| (index, None))
+            .chain(self.entries.iter().flat_map(|(&session, q)| {
+                q.iter()
+                    .map(move |&(seq, index, _)| (index, Some((session, seq))))
+            }))
+            .collect();
+        log.sort_unstable_by_key(|&(index, _)| index);
+        let mut t = table.clone();
+        for (index, entry) in log {
+            match entry {
+                None => t.open(index),
+                Some((session, seq)) => {
+                    t.apply(index, session, seq);
+                }
+            }
+        }
+        t.get(id).is_some()
+    }
+
     /// Forgets what is applied now (at or below `applied`).
     pub fn applied(&mut self, applied: u64) {
         if self.opened.is_empty() && self.entries.is_empty() {
@@ -316,6 +346,27 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A leader's view of its unapplied entries says whether a session outlives the opens
+    /// among them: the least recently used expire first, a pending use keeps one.
+    #[test]
+    fn pending_opens_expire_the_least_recently_used() {
+        let mut t = Sessions::default();
+        for i in 1..=SESSION_CAPACITY as u64 {
+            t.open(i);
+        }
+        let mut p = Pending::default();
+        assert!(p.survives(&t, 1) && !p.survives(&t, 9_999));
+        p.opened.insert(5_000);
+        assert!(!p.survives(&t, 1), "the oldest expires");
+        assert!(p.survives(&t, 2) && p.survives(&t, 5_000));
+        // A pending entry of session 1 before the open makes it recently used.
+        p.entries.entry(1).or_default().push_back((1, 4_999, 1));
+        assert!(p.survives(&t, 1) && !p.survives(&t, 2));
+        // After the open it comes too late: session 1 expired at the open.
+        p.entries.insert(1, [(1, 5_001, 1)].into());
+        assert!(!p.survives(&t, 1));
+    }
 
     #[test]
     fn sequence_numbers_apply_once_and_remember_their_index() {

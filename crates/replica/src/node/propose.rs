@@ -233,6 +233,15 @@ impl<F: Fabric> Replica<F> {
                 });
             }
         }
+        // The opens in this leader's log past `applied` may expire the session before the new
+        // entries are applied: they would then be ordinary entries, acknowledged as in the
+        // session, and a resend of one would find the session unknown.
+        if !fresh.is_empty()
+            && !committed_only
+            && !self.pending_sessions.survives(&self.sessions, session)
+        {
+            return Err(ReplicaError::UnknownSession { session });
+        }
         self.stats.session_duplicates_refused += tickets.len() as u64;
         let first_fresh = last_seq + 1;
         let proposed: Vec<Ticket> = self.propose_entries(fresh)?.collect();

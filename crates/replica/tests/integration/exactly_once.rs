@@ -348,3 +348,29 @@ fn a_resend_after_a_trim_below_the_applied_index_resolves_to_the_first_copy() {
         assert_eq!(c.node(i).sessions().get(s).unwrap().last_seq, 4);
     }
 }
+
+/// Opens proposed and not yet applied expire the least recently used sessions when they are
+/// applied, before any entry proposed after them. A leader that took an entry into such a
+/// session had it acknowledged as in the session although every replica applied it as an
+/// ordinary entry, and a resend after a lost answer found the session unknown. The leader now
+/// counts the opens in its log: the session is unknown already.
+#[test]
+fn a_session_that_pending_opens_will_expire_takes_no_new_entry() {
+    let mut c = SimCluster::new(3, 40, SimConfig::zero_delay(), |_| {}).unwrap();
+    let l = c.elect().unwrap();
+    let s = open(&mut c, l);
+    let t = c.node(l).propose_in_session(s, 1, &[b"s1"]).unwrap()[0];
+    c.wait(l, t).unwrap();
+    for _ in 0..replica::sessions::SESSION_CAPACITY {
+        c.node(l).open_session().unwrap();
+    }
+    match c.node(l).propose_in_session(s, 2, &[b"s2"]) {
+        Err(ReplicaError::UnknownSession { session }) => assert_eq!(session, s),
+        other => panic!("an entry into a session its pending opens expire: {other:?}"),
+    }
+    c.run_for(1_000_000_000).unwrap();
+    for i in 1..=3 {
+        assert!(c.node(i).sessions().get(s).is_none(), "node {i}");
+        assert!(payloads_of(&mut c, i, b"s2").is_empty(), "node {i}");
+    }
+}
