@@ -943,6 +943,14 @@ impl<F: Fabric> Replica<F> {
         if self.cfg.mutation == crate::Mutation::NicQuorumAnyIndex {
             return true;
         }
+        // A membership change in raft's log past `applied` (at an election raft takes every
+        // entry it holds for one) may apply at the next `Ready` before raft counts this leader
+        // for an entry proposed ahead of it, and raft then counts with the new configuration,
+        // in which the holders counted here may be no quorum: until it applies, tickets wait
+        // for raft's commit (`a_membership_change_between_a_resolution_and_raft_does_not_stop_the_leader`).
+        if r.pending_conf_index > self.applied {
+            return false;
+        }
         // A waiter asks again and again between events: remember the last answer until an
         // event (the work counter), a new completion or a new term can change it.
         let key = (self.work, self.acks_unstepped.len(), r.term, index.0);

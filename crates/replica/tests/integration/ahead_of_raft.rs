@@ -147,3 +147,65 @@ fn a_leader_alone_proposes_through_raft() {
     assert!(resolved, "a caller's passes did not commit it");
     assert_eq!(c.node(leader).ticket_status(t).unwrap().unwrap(), t.index);
 }
+
+/// A membership change in raft's log, not yet applied, when an append goes ahead of raft and
+/// a caller's pass resolves it at its write completions: the leader counted itself by its ring
+/// under the configuration before the change, and raft, which counts the leader only at its
+/// next `Ready`, applied the change first and counted under the new one, where the same
+/// holders are no quorum. The leader's check of its promises then stopped it: a fail-stop on a
+/// legal schedule (a membership change under load, callers driving their own waits). While a
+/// change in raft's log is not applied, a ticket now waits for raft's commit.
+#[test]
+fn a_membership_change_between_a_resolution_and_raft_does_not_stop_the_leader() {
+    use fabric::NodeId;
+    let (mut c, leader) = cluster(Durability::Replicated);
+    let followers: Vec<u64> = (1..=3).filter(|&i| i != leader).collect();
+    c.add_node(4).unwrap();
+    let tc = c.node(leader).change_membership(4, true).unwrap();
+    c.node(leader).process().unwrap();
+    // Both followers take the change's writes; both completions reach the leader in one batch
+    // of a caller's pass, which resolves the change and stops before raft steps them.
+    for _ in 0..50 {
+        c.net.step();
+        for &f in &followers {
+            c.node(f).process().unwrap();
+        }
+    }
+    // (Without the rule that pass resolved the change and stopped before raft stepped the
+    // completions, the change in its log unapplied; with it, the change's ticket waits for
+    // raft's commit, and the pass applies it.)
+    c.node(leader).process_until_resolved(tc).unwrap();
+    assert_eq!(
+        c.node(leader).ticket_status(tc).map(Result::unwrap),
+        Some(tc.index)
+    );
+    let before = c.node(leader).status().stats.direct_proposals;
+    let t = c.node(leader).propose(b"x").unwrap();
+    assert_eq!(
+        c.node(leader).status().stats.direct_proposals,
+        before + 1,
+        "ahead of raft"
+    );
+    // One follower's write of it never completes.
+    let cut = followers[1];
+    c.net.set_link(NodeId(leader), NodeId(cut), false);
+    c.net.set_link(NodeId(cut), NodeId(leader), false);
+    // Its write into the other follower completes before the leader's next pass, a caller's.
+    for _ in 0..50 {
+        c.net.step();
+        c.node(followers[0]).process().unwrap();
+    }
+    c.node(leader).process_until_resolved(t).unwrap();
+    // Neither the old configuration's quorum (this leader by its ring, one follower) nor
+    // the new one's holds it (it panicked at the next pass when it resolved here).
+    let early = c.node(leader).ticket_status(t);
+    assert!(
+        early.is_none(),
+        "resolved under a configuration about to change"
+    );
+    c.node(leader).process().unwrap();
+    c.net.set_link(NodeId(leader), NodeId(cut), true);
+    c.net.set_link(NodeId(cut), NodeId(leader), true);
+    assert_eq!(c.wait(leader, t).unwrap(), t.index);
+    assert!(c.node(leader).status().commit >= t.index);
+}
