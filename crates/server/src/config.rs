@@ -1054,6 +1054,36 @@ plaintext = true
         }
     }
 
+    /// The client port's private key must be its owner's only, as the secret and the token
+    /// files: refused by the configuration check (so by `--check-config` and at start),
+    /// naming `[tls]` and the remedy.
+    #[test]
+    fn a_client_tls_key_open_to_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["192.0.2.11".to_string()]).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let (c, k) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        let text = GOOD.replace("plaintext = true", "").replace(
+            "[client]",
+            &format!(
+                "[tls]\ncert = \"{}\"\nkey = \"{}\"\n\n[client]",
+                c.display(),
+                k.display()
+            ),
+        );
+        std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = ServerConfig::parse(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`tls`") && e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600)).unwrap();
+        ServerConfig::parse(&text, "t.toml").unwrap();
+    }
+
     #[test]
     fn errors_name_the_bad_key() {
         let cases = [
@@ -1174,6 +1204,27 @@ plaintext = true
             assert!(e.contains(want), "{e} should mention {want}");
             assert!(e.starts_with("t.toml: "), "{e}");
         }
+        // What only the replica's own check refuses, named by the file's key: more members
+        // than a cluster may have (1,024 peers and this node).
+        let many: String = (2..=1025u64)
+            .map(|id| {
+                format!(
+                    "[[peers]]\nid = {id}\nrdma = \"192.0.2.1:{id}\"\nclient = \"192.0.2.2:{id}\"\n"
+                )
+            })
+            .collect();
+        let text = GOOD.replace(
+            "[[peers]]\nid = 2\nrdma = \"192.0.2.12:7700\"\nclient = \"192.0.2.12:7600\"\n",
+            &many,
+        );
+        assert_ne!(text, GOOD);
+        let e = ServerConfig::parse(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`peers`") && e.contains("at most 1024 voters"),
+            "{e}"
+        );
         // A syntax error names the line the bad key is on (it said the line before).
         let text = GOOD.replace("[client]", "[client]\nbogus = 1");
         let line = text.lines().position(|l| l.starts_with("bogus")).unwrap() + 1;

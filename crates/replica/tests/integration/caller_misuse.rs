@@ -138,6 +138,15 @@ fn bad_driver_options_are_refused_at_open() {
             },
             "pin_core",
         ),
+        // In range, so the kernel is asked: no machine this runs on lets a thread run on
+        // core 1,023 (the last the range admits).
+        (
+            LogOptions {
+                pin_core: Some(1023),
+                ..LogOptions::default()
+            },
+            "pin_core",
+        ),
     ] {
         match open(config(vec![1]), opts, &fs) {
             Err(ReplicaError::Config { field: f, .. }) => assert_eq!(f, field),
