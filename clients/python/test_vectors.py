@@ -546,6 +546,36 @@ class ClientReadTests(unittest.TestCase):
                                          "token": None})
         self.assertEqual([r["variant"] for r in n.requests[1:]], ["Read", "Read"])
 
+    def test_an_idle_close_crossing_a_request_is_retried_once(self):
+        # PROTOCOL.md 3, Malformed: a request answered by the idle close on a connection that
+        # answered before and then sat unused for a second or more is resent once, on a new
+        # connection; a Malformed otherwise (or a second time) is the caller's.
+        calls = []
+
+        def answer(req, node):
+            calls.append(req)
+            if len(calls) in (2, 4, 6, 7):
+                return {"variant": "Error", "id": None, "code": "Malformed",
+                        "message": "idle for longer than idle_timeout"}
+            return entries_for(req)
+        n = self.node(1, answer)
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            self.assertEqual(c.read(4), [(4, b"e4"), (5, b"e5")])
+            c._conn.last_used -= 2  # as if unused for two seconds
+            self.assertEqual(c.read(4), [(4, b"e4"), (5, b"e5")])
+            hellos = [r for r in n.requests if r["variant"] == "Hello"]
+            self.assertEqual(len(hellos), 2, "resent on a new connection")
+            # Fresh from its answer: not the idle close, not resent.
+            with self.assertRaises(rc.ServerError) as cm:
+                c.read(4)
+            self.assertEqual(cm.exception.code, "Malformed")
+            # Idle again, answered Malformed twice: resent once only.
+            self.assertEqual(c.read(4), [(4, b"e4"), (5, b"e5")])
+            c._conn.last_used -= 2
+            with self.assertRaises(rc.ServerError):
+                c.read(4)
+        self.assertEqual(len(calls), 7)
+
     def test_linearizable_read_follows_redirect(self):
         leader = self.node(2, lambda req, node: entries_for(req))
 
