@@ -66,6 +66,10 @@ MAX_BATCH_ENTRIES = 4096
 U64_MAX = (1 << 64) - 1
 # Most members a Status answer may list (a longer list is no real cluster's).
 MAX_MEMBERS = 1024
+# The most entries an Entries frame can hold (PROTOCOL.md 6.2, clamp): the server counts each
+# as its payload plus 18 bytes against at most 16 MiB - 32. A frame of more is a protocol
+# violation, refused before it is decoded (each entry would cost ~100 times its wire bytes).
+MAX_FRAME_ENTRIES = (16 * 1024 * 1024 - 32) // 18
 # The longest timeout a Client takes (as the Rust client).
 MAX_TIMEOUT = 365 * 86400.0
 DEFAULT_MAX_ENTRY_BYTES = 65536  # the replica's default; servers may differ
@@ -495,6 +499,9 @@ def _dec(t, r: _Reader, path: str):
         if n > r.left():
             raise ProtocolError(
                 f"truncated body: {path} claims {n} elements, {r.left()} bytes left")
+        if t[1] == ("struct", "Entry") and n > MAX_FRAME_ENTRIES:
+            raise ProtocolError(
+                f"{path} claims {n} entries; a frame holds at most {MAX_FRAME_ENTRIES}")
         return [_dec(t[1], r, f"{path}[{i}]") for i in range(n)]
     if tag == "tuple":
         return tuple(_dec(et, r, f"{path}[{i}]") for i, et in enumerate(t[1]))

@@ -1288,6 +1288,21 @@ class HostileAnswerTests(unittest.TestCase):
             with self.assertRaises(rc.ProtocolError):
                 next(t)
 
+    def test_an_entries_frame_past_the_servers_clamp(self):
+        # One more entry than the server's clamp allows (each counted as payload + 18 bytes
+        # against 16 MiB - 32): refused before the entries are built, which cost ~100 times
+        # their wire bytes in memory.
+        one = rc.encode_response({"variant": "Entries", "id": 1, "commit": 5,
+                                  "entries": [{"index": 1, "data": b""}]})
+        n = rc.MAX_FRAME_ENTRIES
+        tail = rc.encode_varint(1) + b"\x01\x00"
+        self.assertTrue(one.endswith(tail))
+        ok = one[:-len(tail)] + rc.encode_varint(n) + b"\x01\x00" * n
+        self.assertEqual(len(rc.decode_response(ok)["entries"]), n)
+        bad = one[:-len(tail)] + rc.encode_varint(n + 1) + b"\x01\x00" * (n + 1)
+        with self.assertRaisesRegex(rc.ProtocolError, "at most"):
+            rc.decode_response(bad)
+
     def test_a_tail_entry_past_its_frames_commit(self):
         # Not known to be in the log: the frame is refused whole, none of it yielded.
         n = self.node(lambda req, node: {
