@@ -299,6 +299,10 @@ pub enum Mutation {
     /// (the wal keeps the segment that holds it): sessions whose opens are replayed are reset,
     /// others expire than on the other replicas, and entries count as committed twice.
     SessionsFromLogStart,
+    /// A ticket resolves as superseded when this node's log holds another entry at its index
+    /// (or none), committed or not: a new leader's entry that replaced it here may never
+    /// commit, and the ticket's own entry may yet commit through another node.
+    SupersededUncommitted,
     /// A follower cuts its wal (a conflicting suffix, `Replica::truncate_from`) or restarts
     /// it (a snapshot install) before it lowers its ring's published end: a crash between
     /// the two leaves the published end past the wal's over records the ring no longer
@@ -529,6 +533,9 @@ pub enum ReplicaError {
         index: u64,
     },
     /// The entry at the proposal's index was replaced by another leader's; it is not in the log.
+    /// Decided by the commit index only: the committed entry there is another, or a committed
+    /// entry of a later term lies below it (this node's log holding another entry there proves
+    /// nothing until that entry commits).
     #[error("the proposal at index {index} was superseded by a new leader; retry it")]
     Superseded {
         /// The index it had.

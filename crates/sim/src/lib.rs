@@ -314,6 +314,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("merge-disjoint-appends", Mutation::MergeDisjointAppends),
     ("stale-entry-cache", Mutation::StaleEntryCache),
     ("sessions-from-log-start", Mutation::SessionsFromLogStart),
+    ("superseded-uncommitted", Mutation::SupersededUncommitted),
     ("unrepaired-raft-batches", Mutation::UnrepairedRaftBatches),
     ("trust-log-after-lost-ring", Mutation::TrustLogAfterLostRing),
     ("cut-wal-before-ring", Mutation::CutWalBeforeRing),

@@ -44,7 +44,12 @@ use replica::{Durability, Mutation};
 /// pass resolves tickets from unstepped write completions. `removed-leader-leads` is caught
 /// by regression seed 10,500,953 of `Durability::Fsync` (a panic) and deterministically by
 /// `replica/tests/integration/removed_leader.rs`, not by a seed of the CI budget: a removed
-/// node must first win an election. `tick-outside-fail-stop` likewise only by the regression
+/// node must first win an election. `superseded-uncommitted` (a ticket superseded by an
+/// uncommitted entry that replaced its own on this node) is caught by
+/// `replica/tests/integration/stale_suffix.rs`,
+/// `a_ticket_is_not_superseded_by_an_entry_that_never_commits`, not by a seed: it takes five
+/// voters and two partitions in a row, and 6,000 seeds of three families miss it.
+/// `tick-outside-fail-stop` likewise only by the regression
 /// seed that found it (9,800,079 of `--callers-drive --conditional`, a panic;
 /// `ticking_outside_the_fail_stop_wrapper_is_caught`).
 ///

@@ -354,14 +354,32 @@ impl<F: Fabric> Replica<F> {
                 std::cmp::Ordering::Greater => Err(ReplicaError::OutcomeUnknown { index: t.index }),
             });
         }
-        match log.term(t.index) {
-            Ok(term) if term == t.term => (log.committed >= t.index).then_some(Ok(t.index)),
-            Ok(_) => Some(Err(ReplicaError::Superseded { index: t.index })),
-            // Not in the log any more: truncated away after a conflict.
-            Err(_) if t.index > log.last_index() => {
-                Some(Err(ReplicaError::Superseded { index: t.index }))
-            }
-            Err(_) => (log.committed >= t.index).then_some(Ok(t.index)),
+        // Only what is committed decides. This node's log holding another entry at the
+        // ticket's index, or none, is no proof: a new leader's entry that replaced it here
+        // may never commit, and a node that still holds the ticket's entry may yet be
+        // elected and commit it (five voters: the old leader and one follower hold it, a
+        // new leader elected by the other three replaces it on the old leader only, then
+        // dies; the follower wins the next term).
+        let committed = log.committed;
+        if t.index <= committed {
+            return Some(match log.term(t.index) {
+                Ok(term) if term == t.term => Ok(t.index),
+                Ok(_) => Err(ReplicaError::Superseded { index: t.index }),
+                Err(_) => Err(ReplicaError::OutcomeUnknown { index: t.index }),
+            });
+        }
+        // Past the commit index: the committed entry there is in every later leader's log,
+        // and terms never fall along a log, so if it is of a later term than the ticket's,
+        // no log that can commit anything holds the ticket's entry after it.
+        if self.cfg.mutation == crate::Mutation::SupersededUncommitted {
+            return match log.term(t.index) {
+                Ok(term) if term == t.term => None,
+                _ => Some(Err(ReplicaError::Superseded { index: t.index })),
+            };
+        }
+        match log.term(committed) {
+            Ok(term) if term > t.term => Some(Err(ReplicaError::Superseded { index: t.index })),
+            _ => None,
         }
     }
 
