@@ -620,6 +620,13 @@ pub enum ReplicaError {
     /// A membership change was refused.
     #[error("membership change refused: {0}")]
     Membership(String),
+    /// A membership change is in the leader's log and not applied yet (or this leader has not
+    /// yet applied the log it was elected with): raft takes one change at a time. Retry once
+    /// it has applied; nothing was proposed.
+    #[error(
+        "a membership change is still being applied (raft takes one at a time); retry when it has"
+    )]
+    MembershipPending,
     /// This node is recovering from a start that lost entries it may have acknowledged, and
     /// refuses what would make it vote or campaign; the reason says what it waits for.
     #[error("{0}")]

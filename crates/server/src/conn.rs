@@ -1102,6 +1102,8 @@ fn error_code(e: &ReplicaError) -> ErrorCode {
         ReplicaError::ReadTimeout { .. } => ErrorCode::Timeout,
         ReplicaError::Compacted { .. } => ErrorCode::Compacted,
         ReplicaError::Superseded { .. } | ReplicaError::Dropped(_) => ErrorCode::NotCommitted,
+        // Transient: the client retries with backoff until the change before it applied.
+        ReplicaError::MembershipPending => ErrorCode::Busy,
         ReplicaError::Closed => ErrorCode::ShuttingDown,
         ReplicaError::UnknownSession { .. } => ErrorCode::UnknownSession,
         ReplicaError::SessionSequence { .. } => ErrorCode::SessionSequence,

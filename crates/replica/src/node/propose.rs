@@ -441,6 +441,12 @@ impl<F: Fabric> Replica<F> {
                 crate::MAX_MEMBERS
             )));
         }
+        // raft-rs does not refuse a second change: it appends an empty entry in its place,
+        // which commits, and the change was reported made although it never was (a
+        // `members remove` followed at once by a `members add` kept the removed node a voter).
+        if self.raw.raft.has_pending_conf() {
+            return Err(ReplicaError::MembershipPending);
+        }
         self.step_deferred();
         cc.context = after_change
             .iter()
@@ -452,9 +458,10 @@ impl<F: Fabric> Replica<F> {
             .propose_conf_change(Vec::new(), cc)
             .map_err(|e| ReplicaError::Membership(e.to_string()))?;
         let after = self.raw.raft.raft_log.last_index();
-        if after != before + 1 {
+        if after != before + 1 || self.raw.raft.pending_conf_index != after {
             return Err(ReplicaError::Membership(
-                "raft refused the change (one is already pending)".into(),
+                "raft did not take the change (it appended none, or an empty entry in its place)"
+                    .into(),
             ));
         }
         Ok(Ticket {

@@ -63,3 +63,37 @@ fn add_remove_transfer_and_truncate() {
     let log = c.committed_log(4).unwrap();
     assert_eq!(log.last().unwrap().1, b"after truncation");
 }
+
+/// raft-rs takes one membership change at a time, and in place of a second one it appends an
+/// empty entry, which commits: `change_membership` returned a ticket that resolved, and the
+/// change was never made (a `members remove` followed at once by a `members add` kept the
+/// removed node a voter, so the operator's next step, clearing its data dir, made it vote as
+/// a member that never acknowledged anything). The second is refused, nothing proposed, and
+/// goes through once the first has applied.
+#[test]
+fn a_second_membership_change_waits_for_the_first() {
+    let mut c = SimCluster::new(3, 45, SimConfig::default(), |_| {}).unwrap();
+    let leader = c.elect().unwrap();
+    let f = (1..=3).find(|&i| i != leader).unwrap();
+    c.add_node(4).unwrap();
+    let t = c.node(leader).change_membership(4, true).unwrap();
+    let last = c.node(leader).status().last_index;
+    match c.node(leader).change_membership(f, false) {
+        Err(replica::ReplicaError::MembershipPending) => {}
+        other => panic!("a second change while one is pending: {other:?}"),
+    }
+    assert_eq!(c.node(leader).status().last_index, last, "nothing proposed");
+    c.wait(leader, t).unwrap();
+    let ok = c
+        .run_until(5_000_000_000, |c| {
+            c.node(leader).status().applied >= t.index
+        })
+        .unwrap();
+    assert!(ok);
+    let t2 = c.node(leader).change_membership(f, false).unwrap();
+    c.wait(leader, t2).unwrap();
+    c.run_for(500_000_000).unwrap();
+    let mut want: Vec<u64> = (1..=4).filter(|&i| i != f).collect();
+    want.sort_unstable();
+    assert_eq!(c.node(leader).status().voters, want);
+}
