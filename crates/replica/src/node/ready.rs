@@ -79,6 +79,18 @@ impl<F: Fabric> Replica<F> {
             last_index: Index(meta.index),
             last_term: Term(meta.term),
         };
+        // The snapshot's membership is durable before the log restarts at the snapshot: a
+        // stop in between leaves a log that does not hold the snapshot, and the next start
+        // finishes the install (`Replica::finish_snapshot_install`). The other way round, a
+        // stop after the restart left a log that holds it, and the start went on with the
+        // membership from before the snapshot, for good.
+        let cs = meta.get_conf_state().clone();
+        let mut hs = self.raw.store().hard_state().clone();
+        hs.commit = hs.commit.max(meta.index);
+        let history = ConfHistory::new(meta.index, cs.clone());
+        self.state_file
+            .store(&hs, &cs, &history)
+            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the membership", e)))?;
         if self.cfg.durability.commits_on_nic_ack() {
             // The ring starts over: close it (the next grant clears and opens the new one).
             self.fence_ring();
@@ -103,13 +115,7 @@ impl<F: Fabric> Replica<F> {
         self.ring_entries.clear();
         self.writes_in_flight = Inflight::default();
         self.fast_accepted_to = meta.index;
-        let cs = meta.get_conf_state().clone();
-        let mut hs = self.raw.store().hard_state().clone();
-        hs.commit = hs.commit.max(meta.index);
-        self.conf_history = ConfHistory::new(meta.index, cs.clone());
-        self.state_file
-            .store(&hs, &cs, &self.conf_history)
-            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the membership", e)))?;
+        self.conf_history = history;
         let store = self.raw.mut_store();
         store.set_prefix(meta.index + 1, meta.term);
         store.set_conf_state(cs.clone());

@@ -46,3 +46,51 @@ fn a_node_added_after_a_checkpoint_catches_up_from_it() {
     );
     assert_eq!(c.node(4).latest_checkpoint().unwrap().state, b"state");
 }
+
+/// A follower that falls behind a checkpoint and a membership change installs the snapshot;
+/// its write of the new membership fails (or the node stops) right then. It restarted its
+/// log at the snapshot before it stored the membership, so the next start found the log
+/// holding the snapshot, took the install for finished, and went on with the membership from
+/// before: it counted the removed node and ignored the added one, for good (elected by the
+/// removed node and itself, it could commit on a minority of the real membership). The
+/// membership is now stored first: a stop anywhere in the install leaves the log without the
+/// snapshot, and the next start finishes the install.
+#[test]
+fn a_stop_inside_a_snapshot_install_keeps_the_snapshots_membership() {
+    let mut c = SimCluster::new(3, 52, SimConfig::default(), |cfg: &mut ReplicaConfig| {
+        cfg.segment_bytes = 512 << 10;
+    })
+    .unwrap();
+    c.fail_stop = true;
+    let leader = c.elect().unwrap();
+    let mut others = (1..=3).filter(|&i| i != leader);
+    let (f, g) = (others.next().unwrap(), others.next().unwrap());
+    c.kill(f);
+    c.add_node(4).unwrap();
+    let t = c.node(leader).change_membership(4, true).unwrap();
+    c.wait(leader, t).unwrap();
+    c.run_for(200_000_000).unwrap();
+    let t = c.node(leader).change_membership(g, false).unwrap();
+    c.wait(leader, t).unwrap();
+    for i in 0..200u32 {
+        c.append(&[i as u8; 3000]).unwrap();
+    }
+    let applied = c.node(leader).status().applied;
+    assert!(c.node(leader).checkpoint(applied, b"state").unwrap() > t.index);
+    c.restart_killed(f).unwrap();
+    c.disks[&f].fail_next_sync_of("raft-state.tmp");
+    let failed = c
+        .run_until(30_000_000_000, |c| c.failed.contains_key(&f))
+        .unwrap();
+    assert!(failed, "the install's write did not fail");
+    c.failed.clear();
+    c.restart_killed(f).unwrap();
+    let last = c.append(b"after").unwrap();
+    let ok = c
+        .run_until(30_000_000_000, |c| c.node(f).status().commit >= last)
+        .unwrap();
+    assert!(ok, "f never caught up");
+    let mut want = vec![leader, f, 4];
+    want.sort_unstable();
+    assert_eq!(c.node(f).status().voters, want);
+}
