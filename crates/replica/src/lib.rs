@@ -303,6 +303,13 @@ pub enum Mutation {
     /// (or none), committed or not: a new leader's entry that replaced it here may never
     /// commit, and the ticket's own entry may yet commit through another node.
     SupersededUncommitted,
+    /// A snapshot install restarts the log at the snapshot before it stores the snapshot's
+    /// membership: a stop in between leaves a log that reads as a finished install, and the
+    /// node keeps the membership from before the snapshot.
+    MembershipAfterLogRestart,
+    /// A restart applies again the membership changes its stored membership already holds,
+    /// going back to older memberships until it reaches the latest again.
+    ReplayAppliedConfChanges,
     /// A follower cuts its wal (a conflicting suffix, `Replica::truncate_from`) or restarts
     /// it (a snapshot install) before it lowers its ring's published end: a crash between
     /// the two leaves the published end past the wal's over records the ring no longer
@@ -310,8 +317,9 @@ pub enum Mutation {
     /// 501055).
     CutWalBeforeRing,
     /// A node stores a membership change it applies with the commit index it had stored
-    /// before (which may lag the change): a restart takes the change for uncommitted and goes
-    /// back to the configuration before it, counting a node already removed.
+    /// before (which may lag the change): a restart takes the change for uncommitted. (It went
+    /// back to the configuration before it, counting a node already removed, until a restart
+    /// stopped applying again the changes its stored membership holds.)
     ConfChangeCommitLags,
     /// A leader that applies its own removal from the voters goes on leading (raft-rs's
     /// untested branch), instead of stepping down.

@@ -269,6 +269,9 @@ pub struct Status {
     /// after a kill comes back with a commit index at least this high, so the change is
     /// applied again, not forgotten.
     pub conf_index: u64,
+    /// The index the membership this node counts with is as of: its latest change
+    /// (`conf_index`), or else the checkpoint or snapshot it came with.
+    pub conf_as_of: u64,
     /// Counters.
     pub stats: ReplicaStats,
     /// One entry per peer: its connection and whether the fast path is open to it.
@@ -687,6 +690,7 @@ impl<F: Fabric> Replica<F> {
                 v
             },
             conf_index: self.conf_history.last_change().unwrap_or(0),
+            conf_as_of: self.conf_history.as_of(),
             stats: {
                 let (n, total, max) = self.wal.sync_stats();
                 ReplicaStats {

@@ -230,6 +230,11 @@ impl ConfHistory {
         self.changes.last_key_value().map(|(&i, _)| i)
     }
 
+    /// The index the latest membership is as of: the latest change, or else the base.
+    pub fn as_of(&self) -> u64 {
+        self.last_change().unwrap_or(self.base_index)
+    }
+
     /// The membership as of `index`, if the history reaches back that far.
     pub fn at(&self, index: u64) -> Option<&ConfState> {
         if index < self.base_index {

@@ -107,6 +107,9 @@ pub struct Checker {
     /// Session agreement: index → crc32c of the session table as of it (encoded), and the
     /// node that first showed it.
     session_tables: BTreeMap<u64, (u32, u64)>,
+    /// Membership: the index of each change a node showed applied (`Status::conf_index`),
+    /// with the voters after it and the node.
+    memberships: BTreeMap<u64, (Vec<u64>, u64)>,
     /// (node, index) of entries whose stored bytes rotted: a read of one may fail its check
     /// (that is the detection), never return other bytes.
     pub rotted: BTreeSet<(u64, u64)>,
@@ -197,6 +200,35 @@ impl Checker {
         }
         v.commit = s.commit;
         v.applied = s.applied;
+
+        // Membership: the voters after a change are the same on every node, and a node that
+        // applied past a change counts with it (or a later one), never with one before it.
+        if s.conf_index > 0 {
+            match self.memberships.get(&s.conf_index) {
+                Some((voters, other)) if *voters != s.voters => {
+                    return Err(format!(
+                        "membership agreement: node {id} counts voters {:?} after the change at \
+                         {}, node {other} counted {voters:?}",
+                        s.voters, s.conf_index
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    self.memberships
+                        .insert(s.conf_index, (s.voters.clone(), id));
+                }
+            }
+        }
+        if let Some((&later, (_, other))) = (s.applied > s.conf_as_of)
+            .then(|| self.memberships.range(s.conf_as_of + 1..=s.applied).next())
+            .flatten()
+        {
+            return Err(format!(
+                "membership: node {id} applied up to {} past the change at {later} (node \
+                 {other} showed it), but counts with the membership as of index {}: {:?}",
+                s.applied, s.conf_as_of, s.voters
+            ));
+        }
 
         // Exactly-once: the session table is a function of the committed log, the same on
         // every replica as of the same index, and no entry of a session is folded in twice.

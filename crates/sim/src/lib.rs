@@ -315,6 +315,14 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("stale-entry-cache", Mutation::StaleEntryCache),
     ("sessions-from-log-start", Mutation::SessionsFromLogStart),
     ("superseded-uncommitted", Mutation::SupersededUncommitted),
+    (
+        "membership-after-log-restart",
+        Mutation::MembershipAfterLogRestart,
+    ),
+    (
+        "replay-applied-conf-changes",
+        Mutation::ReplayAppliedConfChanges,
+    ),
     ("unrepaired-raft-batches", Mutation::UnrepairedRaftBatches),
     ("trust-log-after-lost-ring", Mutation::TrustLogAfterLostRing),
     ("cut-wal-before-ring", Mutation::CutWalBeforeRing),

@@ -459,3 +459,14 @@ fn seed_70500186_conditional_a_client_asked_only_joiners() {
         },
     );
 }
+
+/// Membership agreement, found by the membership checker the day it was added (2026-12-07):
+/// node 1 applied the removal of node 5, then its machine crashed; the restart started raft
+/// with the stored membership (without 5) and applied the log again from its first entry,
+/// the addition of 5 included, so it counted node 5 again until it re-applied the removal. A
+/// restart no longer applies the changes its stored membership holds (mutation
+/// `replay-applied-conf-changes`).
+#[test]
+fn seed_522_a_restart_went_back_to_an_older_membership() {
+    pass_with(522, sim::Options::default());
+}

@@ -88,9 +88,12 @@ impl<F: Fabric> Replica<F> {
         let mut hs = self.raw.store().hard_state().clone();
         hs.commit = hs.commit.max(meta.index);
         let history = ConfHistory::new(meta.index, cs.clone());
-        self.state_file
-            .store(&hs, &cs, &history)
-            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the membership", e)))?;
+        let late = self.cfg.mutation == crate::Mutation::MembershipAfterLogRestart;
+        if !late {
+            self.state_file.store(&hs, &cs, &history).map_err(|e| {
+                ReplicaError::Poisoned(poison_msg("cannot persist the membership", e))
+            })?;
+        }
         if self.cfg.durability.commits_on_nic_ack() {
             // The ring starts over: close it (the next grant clears and opens the new one).
             self.fence_ring();
@@ -108,6 +111,11 @@ impl<F: Fabric> Replica<F> {
             wal::clear_published(self.memory.as_ref());
         }
         self.wal.restart_at(start)?;
+        if late {
+            self.state_file.store(&hs, &cs, &history).map_err(|e| {
+                ReplicaError::Poisoned(poison_msg("cannot persist the membership", e))
+            })?;
+        }
         self.raw.mut_store().forget_all();
         let (p, c) = wal::ring(self.memory.clone(), ring_cfg, start)?;
         self.producer = p;
@@ -353,6 +361,18 @@ impl<F: Fabric> Replica<F> {
     pub(super) fn apply(&mut self, entries: Vec<Entry>) -> Result<(), ReplicaError> {
         for e in entries {
             if e.index <= self.applied {
+                continue;
+            }
+            // A change the stored membership holds already: a restart starts raft with the
+            // latest membership and applies again from the log's first entry. Applying such a
+            // change again went back to the membership it made (an older one) until the
+            // later changes were applied again, and could fail for good (removing a node the
+            // latest membership had added back: "removed all voters" at every start).
+            if e.get_entry_type() != EntryType::EntryNormal
+                && e.index <= self.conf_history.as_of()
+                && self.cfg.mutation != crate::Mutation::ReplayAppliedConfChanges
+            {
+                self.applied = e.index;
                 continue;
             }
             match e.get_entry_type() {

@@ -10,8 +10,8 @@
 //! and count as a voter.
 
 use fabric::sim::SimConfig;
-use replica::ReplicaConfig;
 use replica::sim::SimCluster;
+use replica::{Mutation, ReplicaConfig};
 
 #[test]
 fn a_node_added_after_a_checkpoint_catches_up_from_it() {
@@ -57,8 +57,25 @@ fn a_node_added_after_a_checkpoint_catches_up_from_it() {
 /// snapshot, and the next start finishes the install.
 #[test]
 fn a_stop_inside_a_snapshot_install_keeps_the_snapshots_membership() {
+    let (voters, want) = voters_after_a_stop_inside_an_install(Mutation::None);
+    assert_eq!(voters, want);
+}
+
+/// The control: with the log restarted before the membership is stored
+/// (`Mutation::MembershipAfterLogRestart`), the same stop leaves the node counting the removed
+/// node and not the added one.
+#[test]
+fn with_the_membership_stored_last_a_stop_inside_an_install_keeps_the_old_one() {
+    let (voters, want) = voters_after_a_stop_inside_an_install(Mutation::MembershipAfterLogRestart);
+    assert_ne!(voters, want);
+}
+
+/// [`a_stop_inside_a_snapshot_install_keeps_the_snapshots_membership`]'s schedule: the
+/// follower's voters once it caught up after the stop, and the cluster's.
+fn voters_after_a_stop_inside_an_install(mutation: Mutation) -> (Vec<u64>, Vec<u64>) {
     let mut c = SimCluster::new(3, 52, SimConfig::default(), |cfg: &mut ReplicaConfig| {
         cfg.segment_bytes = 512 << 10;
+        cfg.mutation = mutation;
     })
     .unwrap();
     c.fail_stop = true;
@@ -92,5 +109,5 @@ fn a_stop_inside_a_snapshot_install_keeps_the_snapshots_membership() {
     assert!(ok, "f never caught up");
     let mut want = vec![leader, f, 4];
     want.sort_unstable();
-    assert_eq!(c.node(f).status().voters, want);
+    (c.node(f).status().voters, want)
 }
