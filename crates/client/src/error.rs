@@ -51,13 +51,18 @@ pub enum ClientError {
         sent: usize,
     },
     /// A conditional append ([`crate::Client::append_if`]) found the log ending at `last`, not
-    /// at `expected`: nothing was appended. Read on from `expected + 1` and decide again.
-    #[error("the log ends at index {last}, not at {expected}: nothing was appended")]
+    /// at `expected`: the send so answered appended nothing. Read on from `expected + 1` and
+    /// decide again. With `maybe_committed`, an earlier send of the same call went unanswered
+    /// (a broken connection, a server shutting down) and may have committed: the entries
+    /// from `expected + 1` may be this call's own.
+    #[error("{}", condition_failed(*expected, *last, *maybe_committed))]
     ConditionFailed {
         /// Where the call expected the log to end.
         expected: u64,
         /// Where it ends.
         last: u64,
+        /// An earlier send of this call, whose answer was lost, may have committed.
+        maybe_committed: bool,
     },
     /// The call did not complete in time: the deadline passed while the servers were busy or
     /// shutting down or while waiting for an answer, or the server reported that an append
@@ -118,5 +123,19 @@ impl ClientError {
             ClientError::Refused { code, .. } => Some(*code),
             _ => None,
         }
+    }
+}
+
+/// [`ClientError::ConditionFailed`]'s message.
+fn condition_failed(expected: u64, last: u64, maybe_committed: bool) -> String {
+    if maybe_committed {
+        format!(
+            "the log ends at index {last}, not at {expected}; an earlier send of this call went \
+             unanswered and may have committed: read from {} to see whether those entries are \
+             this call's",
+            expected.saturating_add(1)
+        )
+    } else {
+        format!("the log ends at index {last}, not at {expected}: nothing was appended")
     }
 }

@@ -665,9 +665,30 @@ impl Client {
             },
         };
         self.check_batch(&req, entries.len())?;
+        // Whether a send went unanswered (its outcome unknown) before the one answered: a
+        // resent conditional append then fails its condition on its own first copy.
+        let mut unanswered = false;
         self.run(|conn, id, deadline| {
             set_id(&mut req, id);
-            match conn.call(&req, id, deadline)? {
+            let answer = conn.call(&req, id, deadline);
+            if let Err(Step::Retry(Failure::Broken { .. } | Failure::Busy { .. })) = &answer {
+                unanswered = true;
+            }
+            match answer? {
+                // A conditional append lands right after the end it expected, or nowhere.
+                Response::Appended { first, .. } | Response::PartlyAppended { first, .. }
+                    if expected_last.is_some_and(|e| e.checked_add(1) != Some(first)) =>
+                {
+                    Err(Step::Fatal {
+                        err: ClientError::Protocol(format!(
+                            "{} answered an append conditional on the log ending at {} with \
+                             entries from {first}",
+                            conn.addr,
+                            expected_last.unwrap_or_default()
+                        )),
+                        keep_conn: false,
+                    })
+                }
                 Response::Appended { first, last, .. } => {
                     appended_range(conn, first, last, entries.len())
                 }
@@ -679,6 +700,7 @@ impl Client {
                         err: ClientError::ConditionFailed {
                             expected: expected_last.unwrap_or_default(),
                             last,
+                            maybe_committed: unanswered,
                         },
                         keep_conn: true,
                     })

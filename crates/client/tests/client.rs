@@ -495,8 +495,12 @@ fn append_if_appends_only_where_the_log_ends() {
     let (first, last) = client.append_if(&[b"a", b"b"], end).unwrap();
     assert_eq!((first, last), (end + 1, end + 2));
     match client.append_if(&[b"late"], end) {
-        Err(ClientError::ConditionFailed { expected, last }) => {
-            assert_eq!((expected, last), (end, end + 2));
+        Err(ClientError::ConditionFailed {
+            expected,
+            last,
+            maybe_committed,
+        }) => {
+            assert_eq!((expected, last, maybe_committed), (end, end + 2, false));
         }
         other => panic!("{other:?}"),
     }

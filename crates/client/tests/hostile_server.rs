@@ -31,6 +31,14 @@ fn id_of(r: &Request) -> u64 {
 /// A server on loopback that welcomes every connection and answers each request with
 /// `answer(request, its id)`.
 fn scripted(answer: impl Fn(&Request, u64) -> Response + Send + Sync + 'static) -> String {
+    scripted_or_close(move |r, id| Some(answer(r, id)))
+}
+
+/// As [`scripted`], closing the connection unanswered where `answer` gives `None` (an answer
+/// lost with its connection).
+fn scripted_or_close(
+    answer: impl Fn(&Request, u64) -> Option<Response> + Send + Sync + 'static,
+) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let answer = std::sync::Arc::new(answer);
@@ -53,7 +61,10 @@ fn scripted(answer: impl Fn(&Request, u64) -> Response + Send + Sync + 'static) 
                     return;
                 }
                 while let Ok(req) = read_frame::<Request>(&mut s, max) {
-                    if write_frame(&mut s, &answer(&req, id_of(&req))).is_err() {
+                    let Some(a) = answer(&req, id_of(&req)) else {
+                        return;
+                    };
+                    if write_frame(&mut s, &a).is_err() {
                         return;
                     }
                 }
@@ -247,4 +258,61 @@ fn a_tail_entry_past_its_frames_commit_ends_the_tail() {
     assert!(m.contains("index 5 past the commit index 4"), "{m}");
     let m = protocol_error(t.poll(Duration::from_millis(100)), "tail after the error");
     assert!(m.contains("ended"), "{m}");
+}
+
+/// A conditional append whose first send went unanswered (its connection broke) and whose
+/// resend fails its condition: the first send may have committed, so the error says so
+/// instead of "nothing was appended" (a resend fails its condition on its own first copy).
+#[test]
+fn a_condition_failed_after_an_unanswered_send_may_have_committed() {
+    let sends = std::sync::atomic::AtomicUsize::new(0);
+    let addr = scripted_or_close(move |r, id| match r {
+        Request::AppendIf { expected_last, .. } => {
+            if sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                None
+            } else {
+                Some(Response::ConditionFailed {
+                    id,
+                    last: expected_last + 1,
+                })
+            }
+        }
+        _ => None,
+    });
+    match client(addr, false).append_if(&[b"x"], 7) {
+        Err(
+            e @ ClientError::ConditionFailed {
+                expected: 7,
+                last: 8,
+                maybe_committed: true,
+            },
+        ) => {
+            let m = e.to_string();
+            assert!(
+                m.contains("may have committed") && m.contains("read from 8"),
+                "{m}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A conditional append answered as appended anywhere but right after the end it expected
+/// (the server would have appended where the condition did not hold): a protocol error.
+#[test]
+fn a_conditional_append_answered_elsewhere_is_refused() {
+    let addr = scripted(|r, id| match r {
+        Request::AppendIf { expected_last, .. } => Response::Appended {
+            id,
+            first: expected_last + 5,
+            last: expected_last + 5,
+        },
+        _ => Response::Error {
+            id: Some(id),
+            code: proto::ErrorCode::Internal,
+            message: "unexpected".into(),
+        },
+    });
+    let m = protocol_error(client(addr, false).append_if(&[b"x"], 7), "append_if");
+    assert!(m.contains("ending at 7") && m.contains("from 12"), "{m}");
 }
