@@ -328,6 +328,17 @@ impl RdmaEndpoint {
                 reason: "recv_slots must be at least 2 (one is kept for credit updates)".into(),
             });
         }
+        // Every slot is posted on the receive queue at each connect: more slots than its
+        // depth failed every connect, with an error naming neither.
+        if cfg.recv_slots > cfg.qp.rq_depth as usize {
+            return Err(FabricError::Setup {
+                reason: format!(
+                    "recv_slots {} exceeds qp.rq_depth {}: every slot is posted on the \
+                     receive queue",
+                    cfg.recv_slots, cfg.qp.rq_depth
+                ),
+            });
+        }
         let name = match &cfg.device {
             Some(n) => n.clone(),
             None => device_for_ip(cfg.listen.ip())?,
@@ -718,12 +729,13 @@ impl RdmaEndpoint {
         }
     }
 
-    fn poll_send_cq(&mut self) {
+    /// Takes one batch of send completions; how many there were.
+    fn poll_send_cq(&mut self) -> usize {
         let n = match self.send_cq.poll(&mut self.wc) {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!(error = %e, "polling the send CQ failed");
-                return;
+                return 0;
             }
         };
         for i in 0..n {
@@ -734,7 +746,6 @@ impl RdmaEndpoint {
             let Some(c) = self.conns.get_mut(&peer) else {
                 continue;
             };
-            c.conn.qp().retire(&wc);
             // RC completes in order: everything before this sequence is done too (only
             // signaled WRs make completions, and every WR here is signaled).
             if !c.inflight.iter().any(|f| f.seq == wc.wr_id) {
@@ -781,6 +792,7 @@ impl RdmaEndpoint {
                 self.failed(peer, status);
             }
         }
+        n
     }
 
     /// An error completion broke `peer`'s connection. Before admission the cause cannot be
@@ -818,12 +830,13 @@ impl RdmaEndpoint {
         self.break_conn(peer, None, DisconnectReason::Refused);
     }
 
-    fn poll_recv_cq(&mut self) {
+    /// Takes one batch of receive completions; how many there were.
+    fn poll_recv_cq(&mut self) -> usize {
         let n = match self.recv_cq.poll(&mut self.wc) {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!(error = %e, "polling the receive CQ failed");
-                return;
+                return 0;
             }
         };
         for i in 0..n {
@@ -845,6 +858,7 @@ impl RdmaEndpoint {
                 }
             }
         }
+        n
     }
 
     fn handle_recv(&mut self, peer: NodeId, wc: verbs::Completion) {
@@ -852,6 +866,12 @@ impl RdmaEndpoint {
             let Some(c) = self.conns.get_mut(&peer) else {
                 return;
             };
+            if !c.recv.owns(&wc) {
+                // A completion of an earlier queue pair's receives, under a number the device
+                // gave this one too (Soft-RoCE keeps a destroyed QP's completions in the CQ).
+                tracing::debug!(%peer, wr_id = wc.wr_id, "a stale receive completion; ignored");
+                return;
+            }
             let mut header = None;
             let frame = &mut self.frame;
             frame.clear();
@@ -1158,8 +1178,11 @@ impl Fabric for RdmaEndpoint {
         for &peer in &peers {
             self.refuse(peer, "it did not prove it knows the cluster secret in time");
         }
-        self.poll_send_cq();
-        self.poll_recv_cq();
+        // Until a batch comes back short: a full batch may leave completions in the CQ, which
+        // arming it would not report (only new ones raise an event), so a driver that found
+        // no event in a full batch of credit-only or stale completions slept past them.
+        while self.poll_send_cq() == self.wc.len() {}
+        while self.poll_recv_cq() == self.wc.len() {}
         // A credit update that found no free send slot is retried here.
         peers.clear();
         peers.extend(self.conns.keys().copied());
@@ -1392,7 +1415,7 @@ mod tests {
             BTreeMap::new(),
         );
         cfg.recv_slots = 1;
-        let Err(err) = RdmaEndpoint::open(cfg) else {
+        let Err(err) = RdmaEndpoint::open(cfg.clone()) else {
             panic!("one receive slot was accepted")
         };
         assert!(
@@ -1400,6 +1423,11 @@ mod tests {
                 .starts_with("cannot set up the fabric: recv_slots"),
             "{err}"
         );
+        cfg.recv_slots = cfg.qp.rq_depth as usize + 1;
+        let Err(err) = RdmaEndpoint::open(cfg) else {
+            panic!("more receive slots than the receive queue holds were accepted")
+        };
+        assert!(err.to_string().contains("exceeds qp.rq_depth"), "{err}");
     }
 
     #[test]

@@ -67,7 +67,14 @@ pub struct RemoteRegion {
 
 impl RemoteRegion {
     pub(crate) fn check(&self, offset: u64, len: u64) -> Result<()> {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+        // The region as advertised must also fit the address space: a peer advertising an
+        // address near the top would make `addr + offset` wrap (a panic in debug builds, a
+        // write elsewhere in release).
+        let fits = offset
+            .checked_add(len)
+            .filter(|&end| end <= self.len)
+            .and_then(|end| self.addr.checked_add(end));
+        if fits.is_none() {
             return Err(Error::OutOfBounds {
                 offset: offset as usize,
                 len: len as usize,
@@ -1088,6 +1095,28 @@ impl Listener {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A range is checked against the advertised length and against the address space: a
+    /// peer advertising a region at the top of it cannot make `addr + offset` wrap.
+    #[test]
+    fn a_remote_range_must_fit_the_region_and_the_address_space() {
+        let r = RemoteRegion {
+            addr: 1 << 20,
+            rkey: 1,
+            len: 4096,
+        };
+        assert!(r.check(0, 4096).is_ok());
+        assert!(r.check(4000, 97).is_err());
+        assert!(r.check(u64::MAX, 2).is_err());
+        let top = RemoteRegion {
+            addr: u64::MAX - 100,
+            rkey: 1,
+            len: 4096,
+        };
+        assert!(top.check(0, 100).is_ok());
+        assert!(top.check(0, 101).is_err());
+        assert!(top.check(50, 100).is_err(), "addr + offset + len wraps");
+    }
 
     fn hello() -> Hello {
         Hello {

@@ -237,6 +237,12 @@ impl SqAccounting {
     }
 }
 
+/// WR sequence numbers each QP has to itself: 2^40 WRs per QP, for 2^24 QPs.
+const SEQ_SPAN: u64 = 1 << 40;
+
+/// The first WR sequence number of the next QP created ([`QueuePair`]'s numbering).
+static NEXT_SEQ_BASE: AtomicU64 = AtomicU64::new(0);
+
 /// An RC queue pair.
 ///
 /// Drop order: the QP is destroyed in `Drop::drop` before its fields (the CQ and PD
@@ -304,6 +310,12 @@ impl QueuePair {
         }
         // SAFETY: the QP was just created and is live.
         let qp_num = unsafe { (*qp).qp_num };
+        // Every QP of the process numbers its WRs from a base of its own, above every earlier
+        // QP's numbers: a device may give a new QP the number of a destroyed one, whose
+        // completions can still come (Soft-RoCE keeps them in the CQ), and a caller matching
+        // completions by QP number would otherwise credit an old WR's completion (a flush, or
+        // a success) to the new QP's WR of the same sequence.
+        let base = NEXT_SEQ_BASE.fetch_add(SEQ_SPAN, Ordering::Relaxed);
         Ok(QueuePair {
             qp,
             qp_num,
@@ -311,11 +323,11 @@ impl QueuePair {
             max_inline: init.cap.max_inline_data,
             port: std::sync::atomic::AtomicU8::new(1),
             sq: Mutex::new(SqAccounting {
-                posted: 0,
+                posted: base,
                 depth: cfg.sq_depth,
                 policy: cfg.signal,
             }),
-            retired: AtomicU64::new(0),
+            retired: AtomicU64::new(base),
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             pd: pd.clone(),
@@ -610,9 +622,10 @@ impl QueuePair {
     ) -> Result<u64> {
         local.check(offset, len)?;
         remote.check(remote_offset, len as u64)?;
+        let length = wr_length(len)?;
         let sge = sys::ibv_sge {
             addr: local.addr() + offset as u64,
-            length: len as u32,
+            length,
             lkey: local.lkey(),
         };
         let opcode = if imm.is_some() {
@@ -625,7 +638,7 @@ impl QueuePair {
             Some(sge),
             Some((remote.addr + remote_offset, remote.rkey)),
             imm,
-            len as u32 <= self.max_inline && len > 0,
+            length <= self.max_inline && len > 0,
             force_signal,
             "ibv_post_send(RDMA_WRITE)",
         )
@@ -647,9 +660,10 @@ impl QueuePair {
         force_signal: bool,
     ) -> Result<u64> {
         local.check(offset, len)?;
+        let length = wr_length(len)?;
         let sge = sys::ibv_sge {
             addr: local.addr() + offset as u64,
-            length: len as u32,
+            length,
             lkey: local.lkey(),
         };
         let opcode = if imm.is_some() {
@@ -662,7 +676,7 @@ impl QueuePair {
             Some(sge),
             None,
             imm,
-            len as u32 <= self.max_inline && len > 0,
+            length <= self.max_inline && len > 0,
             force_signal,
             "ibv_post_send(SEND)",
         )
@@ -813,8 +827,35 @@ impl Drop for QueuePair {
     }
 }
 
+/// The most bytes one work request may move: the RDMA message limit of the specifications
+/// (2^31; a device may allow less, `max_msg_sz`).
+pub const MAX_WR_BYTES: usize = 1 << 31;
+
+/// A work request's length as the verbs take it (a `u32`): refused past [`MAX_WR_BYTES`]
+/// rather than cut to its low 32 bits (2^32 + k bytes went out as a k-byte write, and
+/// completed successfully).
+fn wr_length(len: usize) -> Result<u32> {
+    if len > MAX_WR_BYTES {
+        return Err(Error::InvalidConfig(format!(
+            "a work request of {len} bytes: at most {MAX_WR_BYTES} per request"
+        )));
+    }
+    Ok(len as u32)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_work_request_longer_than_the_message_limit_is_refused() {
+        assert_eq!(super::wr_length(0).unwrap(), 0);
+        assert_eq!(super::wr_length(super::MAX_WR_BYTES).unwrap(), 1 << 31);
+        assert!(super::wr_length(super::MAX_WR_BYTES + 1).is_err());
+        assert!(
+            super::wr_length((1 << 32) + 8).is_err(),
+            "not cut to 8 bytes"
+        );
+    }
+
     use super::*;
 
     fn run(policy: SignalPolicy, depth: u32, n: u64) -> (Vec<bool>, u64) {

@@ -1,10 +1,13 @@
 //! A pre-registered pool of fixed-size receive buffers.
 //!
 //! Slot `i` is `[i * slot_size, (i + 1) * slot_size)` of one memory region and is posted
-//! with `wr_id = i`. `posted[i]` says whether the device owns slot `i`; the CPU reads a slot
+//! with `wr_id = base + i`, `base` the pool's own (no two pools of the process share a
+//! `wr_id`: a completion of an earlier queue pair's pool, reported under a queue pair number a
+//! device reused, is not taken for one of this pool's, [`RecvPool::owns`]). `posted[i]` says whether the device owns slot `i`; the CPU reads a slot
 //! only after its completion was polled and it was marked not posted, and re-posts it after.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cq::{Completion, WcStatus};
 use crate::error::{Error, Result};
@@ -15,10 +18,18 @@ use crate::qp::QueuePair;
 #[derive(Debug)]
 pub struct RecvPool {
     mr: MemoryRegion<AnonMemory>,
+    /// The `wr_id` of slot 0.
+    base: u64,
     slot_size: usize,
     posted: Vec<bool>,
     posted_total: u64,
 }
+
+/// `wr_id`s each pool has to itself.
+const POOL_SPAN: u64 = 1 << 32;
+
+/// The `wr_id` base of the next pool.
+static NEXT_POOL_BASE: AtomicU64 = AtomicU64::new(0);
 
 impl RecvPool {
     /// Registers `slots` buffers of `slot_size` bytes each in `pd`.
@@ -30,8 +41,14 @@ impl RecvPool {
         }
         let mem = AnonMemory::new(slots * slot_size)?;
         let mr = MemoryRegion::register(pd, mem, AccessFlags::LOCAL_WRITE)?;
+        if slots as u64 > POOL_SPAN {
+            return Err(Error::InvalidConfig(format!(
+                "a receive pool of {slots} slots: at most {POOL_SPAN}"
+            )));
+        }
         Ok(RecvPool {
             mr,
+            base: NEXT_POOL_BASE.fetch_add(POOL_SPAN, Ordering::Relaxed),
             slot_size,
             posted: vec![false; slots],
             posted_total: 0,
@@ -58,7 +75,14 @@ impl RecvPool {
         // SAFETY: slot `slot` is not posted (checked by callers through `posted`), so no other
         // receive covers it and the CPU does not touch it until its completion is polled and
         // `with_received` marks it free again; the MR lives as long as the pool.
-        unsafe { qp.post_recv(&self.mr, slot * self.slot_size, self.slot_size, slot as u64)? };
+        unsafe {
+            qp.post_recv(
+                &self.mr,
+                slot * self.slot_size,
+                self.slot_size,
+                self.base + slot as u64,
+            )?
+        };
         self.posted[slot] = true;
         self.posted_total += 1;
         Ok(())
@@ -74,6 +98,14 @@ impl RecvPool {
         Ok(())
     }
 
+    /// Whether `wc` is a completion of one of this pool's receives (not of another pool's,
+    /// reported under the same queue pair number).
+    pub fn owns(&self, wc: &Completion) -> bool {
+        wc.wr_id
+            .checked_sub(self.base)
+            .is_some_and(|slot| slot < self.posted.len() as u64)
+    }
+
     /// Hands the bytes of a successful receive completion to `f`, then re-posts the slot.
     /// For an error completion the slot is released (not re-posted) and the status returned.
     pub fn with_received<R>(
@@ -82,8 +114,8 @@ impl RecvPool {
         wc: &Completion,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<std::result::Result<R, WcStatus>> {
-        let slot = wc.wr_id as usize;
-        if slot >= self.posted.len() || !self.posted[slot] {
+        let slot = wc.wr_id.wrapping_sub(self.base) as usize;
+        if !self.owns(wc) || !self.posted[slot] {
             return Err(Error::InvalidConfig(format!(
                 "completion wr_id {} is not a posted receive slot",
                 wc.wr_id
