@@ -302,9 +302,29 @@ impl Pending {
     /// used sessions, which may be `id`, before an entry proposed now is applied. Replays a
     /// copy of the table only when the opens can expire any session at all.
     pub fn survives(&self, table: &Sessions, id: u64) -> bool {
-        if table.len() + self.opened.len() <= SESSION_CAPACITY {
-            return table.get(id).is_some() || self.opened.contains(&id);
+        let known = table.get(id).is_some() || self.opened.contains(&id);
+        if !known {
+            return false;
         }
+        if table.len() + self.opened.len() <= SESSION_CAPACITY {
+            return true;
+        }
+        // Each open expires at most one session, the least recently used. A session the
+        // pending entries do not use that is older than `id` stays older than it, so while
+        // one is left `id` is not the one expired: as many of them as there are opens, and
+        // `id` survives them all. (A pending open is younger than every applied session.)
+        let last_used = table.get(id).map_or(u64::MAX, |s| s.last_used);
+        let need = self.opened.len();
+        let older_untouched = table
+            .by_use
+            .range(..(last_used, id))
+            .filter(|(_, other)| !self.entries.contains_key(other))
+            .take(need)
+            .count();
+        if older_untouched >= need {
+            return true;
+        }
+        // Otherwise replay the pending entries onto a copy of the table.
         let mut log: Vec<(u64, Option<(u64, u64)>)> = self
             .opened
             .iter()
@@ -366,6 +386,12 @@ mod tests {
         // After the open it comes too late: session 1 expired at the open.
         p.entries.insert(1, [(1, 5_001, 1)].into());
         assert!(!p.survives(&t, 1));
+        // Two opens expire the two oldest; the third oldest outlives them (counted without a
+        // copy of the table), and so does a session opened by one of them.
+        let mut p = Pending::default();
+        p.opened.extend([5_000, 5_001]);
+        assert!(!p.survives(&t, 1) && !p.survives(&t, 2));
+        assert!(p.survives(&t, 3) && p.survives(&t, 5_001));
     }
 
     #[test]

@@ -215,8 +215,10 @@ impl Refuser {
                 while !s.load(Ordering::Acquire) {
                     let mut refused = false;
                     for l in std::iter::once(&client).chain(metrics.as_ref()) {
-                        // Closed unread: the peer sees its connection reset or ended.
-                        while let Ok((c, _)) = l.accept() {
+                        // Closed unread: the peer sees its connection reset or ended. A
+                        // bounded batch, so that a flood does not hold up `stop`.
+                        for _ in 0..64 {
+                            let Ok((c, _)) = l.accept() else { break };
                             drop(c);
                             refused = true;
                         }

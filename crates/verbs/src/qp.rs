@@ -237,7 +237,9 @@ impl SqAccounting {
     }
 }
 
-/// WR sequence numbers each QP has to itself: 2^40 WRs per QP, for 2^24 QPs.
+/// WR sequence numbers each QP has to itself: 2^40 WRs per QP, for 2^22 QPs in turn (then the
+/// bases come round again; a QP's numbers past its span overlap the next base's, which
+/// matters only if that QP's number is given again while this one's completions still come).
 const SEQ_SPAN: u64 = 1 << 40;
 
 /// The first WR sequence number of the next QP created ([`QueuePair`]'s numbering).
@@ -315,7 +317,10 @@ impl QueuePair {
         // completions can still come (Soft-RoCE keeps them in the CQ), and a caller matching
         // completions by QP number would otherwise credit an old WR's completion (a flush, or
         // a success) to the new QP's WR of the same sequence.
-        let base = NEXT_SEQ_BASE.fetch_add(SEQ_SPAN, Ordering::Relaxed);
+        // Taken modulo 2^62: the counter may wrap (a QP is made for every connect request,
+        // before admission), and a QP's numbers then still have 2^62 to go before they could
+        // overflow.
+        let base = NEXT_SEQ_BASE.fetch_add(SEQ_SPAN, Ordering::Relaxed) % (1 << 62);
         Ok(QueuePair {
             qp,
             qp_num,

@@ -362,11 +362,14 @@ impl<F: Fabric> Replica<F> {
         // dies; the follower wins the next term).
         let committed = log.committed;
         if t.index <= committed {
-            return Some(match log.term(t.index) {
-                Ok(term) if term == t.term => Ok(t.index),
-                Ok(_) => Err(ReplicaError::Superseded { index: t.index }),
-                Err(_) => Err(ReplicaError::OutcomeUnknown { index: t.index }),
-            });
+            return match log.term(t.index) {
+                Ok(term) if term == t.term => Some(Ok(t.index)),
+                // raft-rs says 0 below a snapshot it holds and this node has not installed
+                // yet: the install's prefix decides, in the compacted branch above.
+                Ok(0) => None,
+                Ok(_) => Some(Err(ReplicaError::Superseded { index: t.index })),
+                Err(_) => Some(Err(ReplicaError::OutcomeUnknown { index: t.index })),
+            };
         }
         // Past the commit index: the committed entry there is in every later leader's log,
         // and terms never fall along a log, so if it is of a later term than the ticket's,
