@@ -25,6 +25,8 @@ pub struct Held {
     pub outgoing: bool,
     /// How long ago it was adopted.
     pub age: Duration,
+    /// Whether its peer proved the cluster secret (always, without a secret).
+    pub admitted: bool,
 }
 
 /// Which connection to keep.
@@ -52,6 +54,16 @@ pub fn keep(me: NodeId, peer: NodeId, held: Option<Held>, new_outgoing: bool) ->
     }
 }
 
+/// Whether a new connection that [`keep`] adopts must prove the cluster secret before it
+/// replaces `held`, rather than at once. A connection's node id is only claimed until its
+/// proof: replaced at once, an admitted connection would be cut by anyone who can reach the
+/// port and claims the peer's id, with no secret. With no secret configured there is nothing
+/// to prove and nothing to wait for; an unadmitted held connection is worth no more than the
+/// new one.
+pub fn must_prove_first(held: Option<Held>, secret: bool) -> bool {
+    secret && held.is_some_and(|h| h.admitted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,7 +72,11 @@ mod tests {
     const OLD: Duration = Duration::from_secs(60);
 
     fn held(outgoing: bool, age: Duration) -> Option<Held> {
-        Some(Held { outgoing, age })
+        Some(Held {
+            outgoing,
+            age,
+            admitted: true,
+        })
     }
 
     #[test]
@@ -98,5 +114,20 @@ mod tests {
         let (lo, hi) = (NodeId(1), NodeId(2));
         assert_eq!(keep(lo, hi, held(true, OLD), false), Keep::New);
         assert_eq!(keep(hi, lo, held(false, OLD), true), Keep::New);
+    }
+
+    /// With a secret, a new connection waits for its proof before it replaces an admitted
+    /// one; it replaces at once an unadmitted one, and anything without a secret.
+    #[test]
+    fn only_an_admitted_connection_waits_for_the_new_ones_proof() {
+        let unadmitted = Some(Held {
+            outgoing: false,
+            age: OLD,
+            admitted: false,
+        });
+        assert!(must_prove_first(held(false, OLD), true));
+        assert!(!must_prove_first(held(false, OLD), false));
+        assert!(!must_prove_first(unadmitted, true));
+        assert!(!must_prove_first(None, true));
     }
 }

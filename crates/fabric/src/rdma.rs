@@ -41,7 +41,7 @@ use verbs::{
 use crate::admission::{Admission, ControlOutcome};
 pub use crate::admission::{MIN_SECRET_BYTES, NONCE_BYTES, admission_proof, load_secret};
 use crate::dial;
-use crate::shared::{self, Events, Grant, Inbox, WordMemory};
+use crate::shared::{self, Conns, Events, Grant, Inbox, Key, WordMemory};
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
     MAX_MESSAGE_BYTES, Memory, NodeId, RemoteRegion, Waiter, WcOp, WcStatus, WriteRequest,
@@ -58,11 +58,12 @@ const ACCEPT_POLL: Duration = Duration::from_millis(50);
 const EARLY_WC_LIMIT: usize = 1024;
 
 /// Queue pairs one peer may hold at once, each with its full share of both CQs reserved: the
-/// adopted connection (still held while broken, until a new one replaces it), an outgoing dial
-/// and an incoming one being set up in the same moment (a simultaneous reconnect). With room
-/// for one per peer, a reconnect after a break was refused in the lab with "completion queue of
-/// capacity 511 cannot take 128 more entries (384 already reserved by other QPs)".
-const QPS_PER_PEER: u32 = 3;
+/// adopted connection, a second one held beside it until it proves the cluster secret
+/// (`dial::must_prove_first`), an outgoing dial and an incoming one being set up in the same
+/// moment (a simultaneous reconnect). With room for one per peer, a reconnect after a break
+/// was refused in the lab with "completion queue of capacity 511 cannot take 128 more entries
+/// (384 already reserved by other QPs)".
+const QPS_PER_PEER: u32 = 4;
 
 /// Completions taken per CQ poll (the array is allocated once).
 const WC_BATCH: usize = 64;
@@ -208,7 +209,7 @@ impl Drop for CmThread {
 /// then the registered regions peers write into, then the CQs, the PD and the context.
 #[derive(Debug)]
 pub struct RdmaEndpoint {
-    conns: BTreeMap<NodeId, Conn>,
+    conns: Conns<Conn>,
     cm: CmThread,
     regions: Vec<WordRegion>,
     send_cq: Arc<CompletionQueue>,
@@ -221,7 +222,7 @@ pub struct RdmaEndpoint {
     last_errors: BTreeMap<NodeId, String>,
     refusals: u64,
     early_wc: Vec<verbs::Completion>,
-    qpn: BTreeMap<u32, NodeId>,
+    qpn: BTreeMap<u32, Key>,
     /// Received frames the owner has not reposted yet, one buffer per receive slot, made at
     /// connect with room for a whole frame; a received frame costs one copy out of the
     /// registered receive pool and no allocation.
@@ -231,9 +232,9 @@ pub struct RdmaEndpoint {
     frame: Vec<u8>,
     events: Events,
     wc: Vec<verbs::Completion>,
-    /// The peers a poll walks (overdue admissions, credit updates), kept between polls so
-    /// that a poll allocates nothing.
-    peer_scratch: Vec<NodeId>,
+    /// The connections a poll walks (overdue admissions, credit updates), kept between polls
+    /// so that a poll allocates nothing.
+    key_scratch: Vec<Key>,
     slot_bytes: usize,
     /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
     /// owner's other threads, through [`Fabric::waiter`]).
@@ -389,7 +390,7 @@ impl RdmaEndpoint {
                 reason: format!("cannot start the connection thread: {e}"),
             })?;
         Ok(RdmaEndpoint {
-            conns: BTreeMap::new(),
+            conns: Conns::default(),
             cm: CmThread {
                 tx: req_tx,
                 rx: res_rx,
@@ -412,7 +413,7 @@ impl RdmaEndpoint {
             frame: Vec::with_capacity(slot_bytes),
             events: Events::default(),
             wc: vec![verbs::Completion::EMPTY; WC_BATCH],
-            peer_scratch: Vec::new(),
+            key_scratch: Vec::new(),
             slot_bytes,
             wait,
         })
@@ -447,12 +448,22 @@ impl RdmaEndpoint {
         self.ctx.name()
     }
 
-    /// Breaks the connection to `peer` (first error or local close): reports the first
-    /// failure, flushes everything else outstanding, and forgets the QP.
-    fn break_conn(&mut self, peer: NodeId, first: Option<WcStatus>, reason: DisconnectReason) {
-        let Some(mut c) = self.conns.remove(&peer) else {
+    /// Breaks the connection `key` (first error or local close). A current one reports its
+    /// first failure, flushes everything else outstanding and is reported disconnected; a
+    /// challenger was never reported, so it goes silently. Either way the QP is forgotten.
+    /// A challenger left alone then becomes the peer's current connection, still to prove
+    /// itself: it is the peer's newest dial.
+    fn break_conn(&mut self, key: Key, first: Option<WcStatus>, reason: DisconnectReason) {
+        let Some(mut c) = self.conns.remove(key) else {
             return;
         };
+        let peer = key.peer;
+        self.qpn.remove(&c.conn.qp().qp_num());
+        c.broken = true;
+        if !key.is_current() {
+            tracing::debug!(%peer, "dropped a second connection before its proof");
+            return;
+        }
         let mut status = first;
         for f in c.inflight.drain(..) {
             let s = status.take().unwrap_or(WcStatus::Flushed);
@@ -464,17 +475,20 @@ impl RdmaEndpoint {
                 byte_len: 0,
             }));
         }
-        c.broken = true;
         // Receive events not yet taken by the owner name slots of this connection's inbox;
         // they must not be read as slots of the next one.
         self.events.forget_receives(peer);
-        self.qpn.retain(|_, p| *p != peer);
         if let Some(inbox) = self.inboxes.get_mut(&peer) {
             inbox.clear();
         }
         self.events.push(Event::Disconnected { peer, reason });
         // Dropping the connection destroys the QP (and with it any WR still in the device).
         drop(c);
+        if self.conns.promote(peer)
+            && let Some(qp_num) = self.conns.get(peer).map(|c| c.conn.qp().qp_num())
+        {
+            self.qpn.insert(qp_num, Key::current(peer));
+        }
     }
 
     fn adopt(&mut self, peer: NodeId, conn: Connection, recv: RecvPool, outgoing: bool) {
@@ -483,11 +497,12 @@ impl RdmaEndpoint {
         }
         let held = self
             .conns
-            .get(&peer)
+            .get(peer)
             .filter(|c| !c.broken)
             .map(|c| dial::Held {
                 outgoing: c.outgoing,
                 age: c.admission.since().elapsed(),
+                admitted: c.admission.admitted(),
             });
         if dial::keep(self.cfg.node, peer, held, outgoing) == dial::Keep::Held {
             tracing::debug!(%peer, "dropping a duplicate connection");
@@ -496,9 +511,17 @@ impl RdmaEndpoint {
             drop(recv);
             return;
         }
-        if self.conns.contains_key(&peer) {
-            self.break_conn(peer, None, DisconnectReason::PeerReset);
-        }
+        let key = if dial::must_prove_first(held, self.cfg.secret.is_some()) {
+            // Held beside the admitted one until it proves the secret; a challenger before it
+            // is dropped (the newest dial is the one a restarted peer waits on).
+            self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
+            Key::challenger(peer)
+        } else {
+            // The challenger first: it would take the current one's place.
+            self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
+            self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+            Key::current(peer)
+        };
         let slots = self.cfg.recv_slots;
         let send = WordBuffer::new(slots * self.slot_bytes).and_then(|b| {
             WordRegion::register(&self.pd, b.clone(), AccessFlags::LOCAL_WRITE).map(|m| (m, b))
@@ -509,10 +532,12 @@ impl RdmaEndpoint {
                 tracing::warn!(%peer, error = %e, "cannot register a send buffer; dropping the connection");
                 drop(conn);
                 drop(recv);
-                self.events.push(Event::Disconnected {
-                    peer,
-                    reason: DisconnectReason::Unreachable,
-                });
+                if key.is_current() {
+                    self.events.push(Event::Disconnected {
+                        peer,
+                        reason: DisconnectReason::Unreachable,
+                    });
+                }
                 return;
             }
         };
@@ -523,7 +548,8 @@ impl RdmaEndpoint {
             len_bytes: remote.region.len,
         });
         let credits = SendCredits::new(u64::from(remote.recv_credits));
-        self.qpn.insert(conn.qp().qp_num(), peer);
+        let qp_num = conn.qp().qp_num();
+        self.qpn.insert(qp_num, key);
         let c = Conn {
             told: Grant::new(recv.posted_total()),
             conn,
@@ -539,10 +565,11 @@ impl RdmaEndpoint {
             admission: Admission::new(self.cfg.secret.as_deref().map(Vec::as_slice)),
             region,
         };
-        self.conns.insert(peer, c);
-        let slot_bytes = self.slot_bytes;
-        self.inboxes.insert(peer, Inbox::new(slots, slot_bytes));
-        let qp_num = self.conns[&peer].conn.qp().qp_num();
+        self.conns.insert(key, c);
+        if key.is_current() {
+            let slot_bytes = self.slot_bytes;
+            self.inboxes.insert(peer, Inbox::new(slots, slot_bytes));
+        }
         let early: Vec<verbs::Completion> = self
             .early_wc
             .iter()
@@ -552,14 +579,14 @@ impl RdmaEndpoint {
         self.early_wc.retain(|w| w.qp_num != qp_num);
         if self.cfg.secret.is_none() {
             for wc in early {
-                self.handle_recv(peer, wc);
+                self.handle_recv(key, wc);
             }
             self.announce(peer, region);
             return;
         }
         let challenge = self
             .conns
-            .get_mut(&peer)
+            .at_mut(key)
             .expect("inserted above")
             .admission
             .challenge();
@@ -567,39 +594,47 @@ impl RdmaEndpoint {
             Ok(m) => m,
             Err(e) => {
                 tracing::error!(%peer, error = %e, "dropping the connection");
-                self.break_conn(peer, None, DisconnectReason::Refused);
+                self.break_conn(key, None, DisconnectReason::Refused);
                 return;
             }
         };
-        if let Err(e) = self.send_control(peer, &msg) {
-            self.lost_before_admission(peer, &format!("our admission challenge: {e}"));
+        if let Err(e) = self.send_control(key, &msg) {
+            self.lost_before_admission(key, &format!("our admission challenge: {e}"));
             return;
         }
         for wc in early {
-            self.handle_recv(peer, wc);
+            self.handle_recv(key, wc);
         }
     }
 
-    fn send_control(&mut self, peer: NodeId, msg: &[u8]) -> Result<(), FabricError> {
-        self.send_frame_flags(peer, u64::MAX, msg, true, CONTROL_BIT)
+    fn send_control(&mut self, key: Key, msg: &[u8]) -> Result<(), FabricError> {
+        self.send_frame_flags(key, u64::MAX, msg, true, CONTROL_BIT)
     }
 
-    /// Refuses a peer that failed admission, saying why on this side (the peer sees its
-    /// connection drop and logs that it was refused).
     /// Queues the [`Event::Connected`] of a new, admitted connection to `peer`.
     fn announce(&mut self, peer: NodeId, remote: Option<RemoteRegion>) {
         self.events.announce(peer, remote);
     }
 
-    fn refuse(&mut self, peer: NodeId, why: &str) {
+    /// Refuses a connection that failed admission, saying why on this side (the peer sees its
+    /// connection drop and logs that it was refused). A refused challenger leaves the peer's
+    /// current connection as it was.
+    fn refuse(&mut self, key: Key, why: &str) {
+        let peer = key.peer;
+        let why = if key.is_current() {
+            format!("refused: {why}")
+        } else {
+            format!("refused a second connection that claimed this peer's id: {why}")
+        };
         tracing::warn!(%peer, why, "refused a peer");
-        self.last_errors.insert(peer, format!("refused: {why}"));
+        self.last_errors.insert(peer, why);
         self.refusals += 1;
-        self.break_conn(peer, None, DisconnectReason::Refused);
+        self.break_conn(key, None, DisconnectReason::Refused);
     }
 
-    fn handle_control(&mut self, peer: NodeId, msg: &[u8]) {
-        let Some(c) = self.conns.get_mut(&peer) else {
+    fn handle_control(&mut self, key: Key, msg: &[u8]) {
+        let peer = key.peer;
+        let Some(c) = self.conns.at_mut(key) else {
             return;
         };
         let secret = self.cfg.secret.as_deref().map(Vec::as_slice);
@@ -608,16 +643,22 @@ impl RdmaEndpoint {
             .on_control(secret, self.cfg.cluster_id, self.cfg.node, peer, msg)
         {
             ControlOutcome::Reply(out) => {
-                if let Err(e) = self.send_control(peer, &out) {
-                    self.lost_before_admission(peer, &format!("our admission proof: {e}"));
+                if let Err(e) = self.send_control(key, &out) {
+                    self.lost_before_admission(key, &format!("our admission proof: {e}"));
                 }
             }
             ControlOutcome::Admitted => {
                 let remote = c.region;
+                if !key.is_current() {
+                    // The peer proved it: its newest connection replaces the one in use,
+                    // which the owner sees end before this one is reported.
+                    tracing::info!(%peer, "a second connection proved the secret; it replaces the first");
+                    self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+                }
                 self.announce(peer, remote);
             }
             ControlOutcome::Nothing => {}
-            ControlOutcome::Refuse(why) => self.refuse(peer, why),
+            ControlOutcome::Refuse(why) => self.refuse(key, why),
         }
     }
 
@@ -629,28 +670,26 @@ impl RdmaEndpoint {
         msg: &[u8],
         credit_only: bool,
     ) -> Result<(), FabricError> {
-        let admitted = self
-            .conns
-            .get(&peer)
-            .is_some_and(|c| c.admission.admitted())
+        let admitted = self.conns.get(peer).is_some_and(|c| c.admission.admitted())
             && !self.events.unannounced(peer);
         if !credit_only && !admitted {
             return Err(FabricError::NotConnected { peer });
         }
-        self.send_frame_flags(peer, wr_id, msg, credit_only, 0)
+        self.send_frame_flags(Key::current(peer), wr_id, msg, credit_only, 0)
     }
 
     fn send_frame_flags(
         &mut self,
-        peer: NodeId,
+        key: Key,
         wr_id: u64,
         msg: &[u8],
         credit_only: bool,
         flags: u64,
     ) -> Result<(), FabricError> {
+        let peer = key.peer;
         let c = self
             .conns
-            .get_mut(&peer)
+            .at_mut(key)
             .filter(|c| !c.broken)
             .ok_or(FabricError::NotConnected { peer })?;
         let reserve = if credit_only { 0 } else { 1 };
@@ -699,12 +738,12 @@ impl RdmaEndpoint {
         }
     }
 
-    fn maybe_send_credit(&mut self, peer: NodeId) {
-        let Some(c) = self.conns.get(&peer) else {
+    fn maybe_send_credit(&mut self, key: Key) {
+        let Some(c) = self.conns.at(key) else {
             return;
         };
         if c.told.update_due(c.advertised(), self.cfg.recv_slots) {
-            let _ = self.send_frame(peer, u64::MAX, &[], true);
+            let _ = self.send_frame_flags(key, u64::MAX, &[], true, 0);
         }
     }
 
@@ -716,7 +755,7 @@ impl RdmaEndpoint {
                     tracing::info!(%peer, why, "connect failed");
                     self.connecting.remove(&peer);
                     self.last_errors.insert(peer, why);
-                    if self.conns.get(&peer).is_some_and(|c| !c.broken) {
+                    if self.conns.get(peer).is_some_and(|c| !c.broken) {
                         // The peer's own connection to us is up: our failed dial changes nothing.
                         continue;
                     }
@@ -740,10 +779,11 @@ impl RdmaEndpoint {
         };
         for i in 0..n {
             let wc = self.wc[i];
-            let Some(&peer) = self.qpn.get(&wc.qp_num) else {
+            let Some(&key) = self.qpn.get(&wc.qp_num) else {
                 continue;
             };
-            let Some(c) = self.conns.get_mut(&peer) else {
+            let peer = key.peer;
+            let Some(c) = self.conns.at_mut(key) else {
                 continue;
             };
             // RC completes in order: everything before this sequence is done too (only
@@ -769,7 +809,12 @@ impl RdmaEndpoint {
             }
             let Some(f) = done else { continue };
             let status = map_status(wc.status);
-            if status == WcStatus::Success {
+            if !key.is_current() {
+                // A challenger posts only unsignaled control and credit frames.
+                if status != WcStatus::Success {
+                    self.failed(key, status);
+                }
+            } else if status == WcStatus::Success {
                 if f.signaled {
                     self.events.push(Event::Completion(Completion {
                         peer,
@@ -789,7 +834,7 @@ impl RdmaEndpoint {
                         byte_len: 0,
                     }));
                 }
-                self.failed(peer, status);
+                self.failed(key, status);
             }
         }
         n
@@ -800,22 +845,24 @@ impl RdmaEndpoint {
     /// queue pair in error, as does a peer that crashed or dropped a duplicate connection):
     /// not counted as a refusal, but recorded, so the last reason is this one and not an
     /// earlier refusal's.
-    fn failed(&mut self, peer: NodeId, status: WcStatus) {
-        if self
-            .conns
-            .get(&peer)
-            .is_some_and(|c| !c.admission.admitted())
-        {
-            self.record_lost_before_admission(peer, &format!("{status:?}"));
+    fn failed(&mut self, key: Key, status: WcStatus) {
+        if self.conns.at(key).is_some_and(|c| !c.admission.admitted()) {
+            self.record_lost_before_admission(key, &format!("{status:?}"));
         }
-        self.break_conn(peer, None, DisconnectReason::Failed(status));
+        self.break_conn(key, None, DisconnectReason::Failed(status));
     }
 
     /// Records why `peer`'s connection ended before its admission, when the cause cannot be
     /// told (see [`RdmaEndpoint::failed`]): the last reason, not a refusal.
-    fn record_lost_before_admission(&mut self, peer: NodeId, what: &str) {
+    fn record_lost_before_admission(&mut self, key: Key, what: &str) {
+        let peer = key.peer;
+        let which = if key.is_current() {
+            "the connection"
+        } else {
+            "a second connection that claimed this peer's id"
+        };
         let why = format!(
-            "the connection failed ({what}) before the peer proved it knows the cluster \
+            "{which} failed ({what}) before the peer proved it knows the cluster \
              secret (a write before the proof does that; so do a crash and a dropped \
              duplicate connection)"
         );
@@ -825,9 +872,9 @@ impl RdmaEndpoint {
 
     /// A send of the admission exchange failed (the queue pair in error, no credit): the
     /// connection ends, recorded but not counted as a refusal, as in [`RdmaEndpoint::failed`].
-    fn lost_before_admission(&mut self, peer: NodeId, what: &str) {
-        self.record_lost_before_admission(peer, what);
-        self.break_conn(peer, None, DisconnectReason::Refused);
+    fn lost_before_admission(&mut self, key: Key, what: &str) {
+        self.record_lost_before_admission(key, what);
+        self.break_conn(key, None, DisconnectReason::Refused);
     }
 
     /// Takes one batch of receive completions; how many there were.
@@ -842,7 +889,7 @@ impl RdmaEndpoint {
         for i in 0..n {
             let wc = self.wc[i];
             match self.qpn.get(&wc.qp_num) {
-                Some(&peer) => self.handle_recv(peer, wc),
+                Some(&key) => self.handle_recv(key, wc),
                 None => {
                     // A connection the CM thread has brought up but not yet handed over: its
                     // peer may already be sending (the accepting side's QP is live before
@@ -861,9 +908,10 @@ impl RdmaEndpoint {
         n
     }
 
-    fn handle_recv(&mut self, peer: NodeId, wc: verbs::Completion) {
+    fn handle_recv(&mut self, key: Key, wc: verbs::Completion) {
+        let peer = key.peer;
         {
-            let Some(c) = self.conns.get_mut(&peer) else {
+            let Some(c) = self.conns.at_mut(key) else {
                 return;
             };
             if !c.recv.owns(&wc) {
@@ -884,36 +932,32 @@ impl RdmaEndpoint {
             match got {
                 Ok(Ok(())) => {}
                 Ok(Err(status)) => {
-                    self.failed(peer, map_status(status));
+                    self.failed(key, map_status(status));
                     return;
                 }
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "receive bookkeeping failed; dropping the connection");
-                    self.break_conn(
-                        peer,
-                        None,
-                        DisconnectReason::Failed(WcStatus::RetryExceeded),
-                    );
+                    self.break_conn(key, None, DisconnectReason::Failed(WcStatus::RetryExceeded));
                     return;
                 }
             }
             let Some(adv) = header else {
                 if !c.admission.admitted() {
                     self.refuse(
-                        peer,
+                        key,
                         "it sent a frame shorter than its header before proving it knows the \
                          cluster secret",
                     );
                     return;
                 }
                 tracing::warn!(%peer, "a frame shorter than its header; dropping the connection");
-                self.break_conn(peer, None, DisconnectReason::Failed(WcStatus::RemoteAccess));
+                self.break_conn(key, None, DisconnectReason::Failed(WcStatus::RemoteAccess));
                 return;
             };
             c.credits.update(adv & !CONTROL_BIT);
             if adv & CONTROL_BIT != 0 {
                 let msg = std::mem::take(&mut self.frame);
-                self.handle_control(peer, &msg);
+                self.handle_control(key, &msg);
                 self.frame = msg;
                 return;
             }
@@ -922,7 +966,7 @@ impl RdmaEndpoint {
             }
             if !c.admission.admitted() {
                 self.refuse(
-                    peer,
+                    key,
                     "it sent data before proving it knows the cluster secret",
                 );
                 return;
@@ -933,7 +977,7 @@ impl RdmaEndpoint {
                 // The peer sent beyond the credits we granted: a protocol violation.
                 tracing::warn!(%peer, "a frame beyond the granted credits; dropping the connection");
                 self.break_conn(
-                    peer,
+                    key,
                     None,
                     DisconnectReason::Failed(WcStatus::RnrRetryExceeded),
                 );
@@ -1011,7 +1055,7 @@ impl Fabric for RdmaEndpoint {
     }
 
     fn connect(&mut self, peer: NodeId) -> Result<(), FabricError> {
-        if self.conns.get(&peer).is_some_and(|c| !c.broken) || self.connecting.contains_key(&peer) {
+        if self.conns.get(peer).is_some_and(|c| !c.broken) || self.connecting.contains_key(&peer) {
             return Ok(());
         }
         let addr = *self
@@ -1029,11 +1073,14 @@ impl Fabric for RdmaEndpoint {
     }
 
     fn disconnect(&mut self, peer: NodeId) {
-        self.break_conn(peer, None, DisconnectReason::Closed);
+        // Every connection to the peer: a challenger left alone would take the place of the
+        // current one.
+        self.break_conn(Key::challenger(peer), None, DisconnectReason::Closed);
+        self.break_conn(Key::current(peer), None, DisconnectReason::Closed);
     }
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
-        match self.conns.get(&peer).filter(|c| !c.broken) {
+        match self.conns.get(peer).filter(|c| !c.broken) {
             Some(c) if c.admission.admitted() && !self.events.unannounced(peer) => {
                 return ConnState::Up;
             }
@@ -1063,7 +1110,7 @@ impl Fabric for RdmaEndpoint {
         }
         let c = self
             .conns
-            .get_mut(&peer)
+            .get_mut(peer)
             .filter(|c| !c.broken && c.admission.admitted())
             .ok_or(FabricError::NotConnected { peer })?;
         let remote = verbs::RemoteRegion {
@@ -1115,7 +1162,7 @@ impl Fabric for RdmaEndpoint {
 
     fn send_credits(&self, peer: NodeId) -> u32 {
         self.conns
-            .get(&peer)
+            .get(peer)
             .filter(|c| !c.broken && c.admission.admitted() && !c.free_send.is_empty())
             .map_or(0, |c| c.credits.available().saturating_sub(1) as u32)
     }
@@ -1131,17 +1178,17 @@ impl Fabric for RdmaEndpoint {
         if !self.inboxes.get_mut(&peer).is_some_and(|i| i.release(slot)) {
             return Err(FabricError::BadSlot { peer, slot });
         }
-        if let Some(c) = self.conns.get_mut(&peer) {
+        if let Some(c) = self.conns.get_mut(peer) {
             c.held = c.held.saturating_sub(1);
         }
-        self.maybe_send_credit(peer);
+        self.maybe_send_credit(Key::current(peer));
         Ok(())
     }
 
     fn set_remote_write(&mut self, peer: NodeId, allowed: bool) -> Result<(), FabricError> {
         match self
             .conns
-            .get(&peer)
+            .get(peer)
             .filter(|c| !c.broken && c.admission.admitted())
         {
             Some(c) => {
@@ -1167,16 +1214,16 @@ impl Fabric for RdmaEndpoint {
     fn poll(&mut self, out: &mut [Event]) -> usize {
         self.poll_cm();
         let limit = self.cfg.admission_timeout;
-        let mut peers = std::mem::take(&mut self.peer_scratch);
-        peers.clear();
-        peers.extend(
+        let mut keys = std::mem::take(&mut self.key_scratch);
+        keys.clear();
+        keys.extend(
             self.conns
                 .iter()
                 .filter(|(_, c)| !c.broken && c.admission.overdue(limit))
-                .map(|(p, _)| *p),
+                .map(|(k, _)| k),
         );
-        for &peer in &peers {
-            self.refuse(peer, "it did not prove it knows the cluster secret in time");
+        for &key in &keys {
+            self.refuse(key, "it did not prove it knows the cluster secret in time");
         }
         // Until a batch comes back short: a full batch may leave completions in the CQ, which
         // arming it would not report (only new ones raise an event), so a driver that found
@@ -1184,12 +1231,12 @@ impl Fabric for RdmaEndpoint {
         while self.poll_send_cq() == self.wc.len() {}
         while self.poll_recv_cq() == self.wc.len() {}
         // A credit update that found no free send slot is retried here.
-        peers.clear();
-        peers.extend(self.conns.keys().copied());
-        for &peer in &peers {
-            self.maybe_send_credit(peer);
+        keys.clear();
+        keys.extend(self.conns.iter().map(|(k, _)| k));
+        for &key in &keys {
+            self.maybe_send_credit(key);
         }
-        self.peer_scratch = peers;
+        self.key_scratch = keys;
         self.events.drain_into(out)
     }
 }

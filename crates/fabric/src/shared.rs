@@ -94,6 +94,103 @@ impl Events {
     }
 }
 
+/// Which of a peer's connections: the one in use (reported to the owner), or a newer one held
+/// beside it until it proves the cluster secret ([`crate::dial::must_prove_first`]), which then
+/// replaces it. A challenger is never reported, posted on or delivered from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Role {
+    Current,
+    Challenger,
+}
+
+/// One connection of a back-end: its peer and its [`Role`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Key {
+    pub(crate) peer: NodeId,
+    pub(crate) role: Role,
+}
+
+impl Key {
+    pub(crate) fn current(peer: NodeId) -> Key {
+        Key {
+            peer,
+            role: Role::Current,
+        }
+    }
+
+    pub(crate) fn challenger(peer: NodeId) -> Key {
+        Key {
+            peer,
+            role: Role::Challenger,
+        }
+    }
+
+    pub(crate) fn is_current(self) -> bool {
+        self.role == Role::Current
+    }
+}
+
+/// A back-end's connections, at most one of each [`Role`] per peer.
+#[derive(Debug)]
+pub(crate) struct Conns<C> {
+    map: BTreeMap<Key, C>,
+}
+
+impl<C> Default for Conns<C> {
+    fn default() -> Self {
+        Conns {
+            map: BTreeMap::new(),
+        }
+    }
+}
+
+impl<C> Conns<C> {
+    /// `peer`'s current connection.
+    pub(crate) fn get(&self, peer: NodeId) -> Option<&C> {
+        self.map.get(&Key::current(peer))
+    }
+
+    /// `peer`'s current connection.
+    pub(crate) fn get_mut(&mut self, peer: NodeId) -> Option<&mut C> {
+        self.map.get_mut(&Key::current(peer))
+    }
+
+    pub(crate) fn at(&self, key: Key) -> Option<&C> {
+        self.map.get(&key)
+    }
+
+    pub(crate) fn at_mut(&mut self, key: Key) -> Option<&mut C> {
+        self.map.get_mut(&key)
+    }
+
+    pub(crate) fn insert(&mut self, key: Key, c: C) {
+        self.map.insert(key, c);
+    }
+
+    pub(crate) fn remove(&mut self, key: Key) -> Option<C> {
+        self.map.remove(&key)
+    }
+
+    /// Makes `peer`'s challenger its current connection, if it has one and no current one.
+    pub(crate) fn promote(&mut self, peer: NodeId) -> bool {
+        if self.map.contains_key(&Key::current(peer)) {
+            return false;
+        }
+        match self.map.remove(&Key::challenger(peer)) {
+            Some(c) => {
+                self.map.insert(Key::current(peer), c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Every connection, in key order (a peer's current one before its challenger).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Key, &C)> {
+        self.map.iter().map(|(k, c)| (*k, c))
+    }
+}
+
 /// Received messages the owner has not reposted, one buffer per receive slot. Buffers are
 /// only swapped, never freed or grown here, so a received message costs no allocation.
 #[derive(Debug, Default)]

@@ -53,7 +53,7 @@ use verbs::SendCredits;
 
 use crate::admission::{Admission, ControlOutcome};
 use crate::dial;
-use crate::shared::{self, Events, Grant, Inbox, WordMemory};
+use crate::shared::{self, Conns, Events, Grant, Inbox, Key, WordMemory};
 use crate::tls::PeerTls;
 use crate::{
     Completion, ConnState, DisconnectReason, Event, Fabric, FabricError, LocalRegion,
@@ -617,9 +617,9 @@ impl Drop for IoThread {
 #[derive(Debug)]
 pub struct TcpEndpoint {
     cfg: TcpConfig,
-    conns: BTreeMap<NodeId, Conn>,
-    /// Link id to peer, for the links adopted.
-    links: HashMap<u64, NodeId>,
+    conns: Conns<Conn>,
+    /// Link id to connection, for the links adopted.
+    links: HashMap<u64, Key>,
     inboxes: BTreeMap<NodeId, Inbox>,
     connecting: BTreeMap<NodeId, ()>,
     last_errors: BTreeMap<NodeId, String>,
@@ -691,7 +691,7 @@ impl TcpEndpoint {
             .map_err(|e| setup_err(format!("cannot start the I/O thread: {e}")))?;
         Ok(TcpEndpoint {
             cfg,
-            conns: BTreeMap::new(),
+            conns: Conns::default(),
             links: HashMap::new(),
             inboxes: BTreeMap::new(),
             connecting: BTreeMap::new(),
@@ -726,12 +726,21 @@ impl TcpEndpoint {
         self.refusals
     }
 
-    fn break_conn(&mut self, peer: NodeId, first: Option<WcStatus>, reason: DisconnectReason) {
-        let Some(mut c) = self.conns.remove(&peer) else {
+    /// Breaks the connection `key`. A current one reports its first failure, flushes
+    /// everything else outstanding and is reported disconnected; a challenger was never
+    /// reported, so it goes silently. A challenger left alone then becomes the peer's current
+    /// connection, still to prove itself: it is the peer's newest dial.
+    fn break_conn(&mut self, key: Key, first: Option<WcStatus>, reason: DisconnectReason) {
+        let Some(mut c) = self.conns.remove(key) else {
             return;
         };
+        let peer = key.peer;
         c.link.close();
         self.links.remove(&c.link.id);
+        if !key.is_current() {
+            tracing::debug!(%peer, "dropped a second connection before its proof");
+            return;
+        }
         let mut status = first;
         for f in c.inflight.drain(..) {
             let s = status.take().unwrap_or(WcStatus::Flushed);
@@ -748,13 +757,26 @@ impl TcpEndpoint {
             inbox.clear();
         }
         self.events.push(Event::Disconnected { peer, reason });
+        if self.conns.promote(peer)
+            && let Some(id) = self.conns.get(peer).map(|c| c.link.id)
+        {
+            self.links.insert(id, Key::current(peer));
+        }
     }
 
-    fn refuse(&mut self, peer: NodeId, why: &str) {
+    /// Refuses a connection that failed admission. A refused challenger leaves the peer's
+    /// current connection as it was.
+    fn refuse(&mut self, key: Key, why: &str) {
+        let peer = key.peer;
+        let why = if key.is_current() {
+            format!("refused: {why}")
+        } else {
+            format!("refused a second connection that claimed this peer's id: {why}")
+        };
         tracing::warn!(%peer, why, "refused a peer");
-        self.last_errors.insert(peer, format!("refused: {why}"));
+        self.last_errors.insert(peer, why);
         self.refusals += 1;
-        self.break_conn(peer, None, DisconnectReason::Refused);
+        self.break_conn(key, None, DisconnectReason::Refused);
     }
 
     /// The connection to `peer`, if an operation may be posted on it now: announced, admitted
@@ -764,7 +786,7 @@ impl TcpEndpoint {
             return Err(FabricError::NotConnected { peer });
         }
         let depth = self.cfg.queue_depth;
-        let c = self.conns.get_mut(&peer).expect("usable");
+        let c = self.conns.get_mut(peer).expect("usable");
         if c.inflight.len() >= depth {
             return Err(FabricError::QueueFull { peer, depth });
         }
@@ -772,9 +794,7 @@ impl TcpEndpoint {
     }
 
     fn usable(&self, peer: NodeId) -> bool {
-        self.conns
-            .get(&peer)
-            .is_some_and(|c| c.admission.admitted())
+        self.conns.get(peer).is_some_and(|c| c.admission.admitted())
             && !self.events.unannounced(peer)
     }
 
@@ -783,18 +803,27 @@ impl TcpEndpoint {
         if outgoing {
             self.connecting.remove(&peer);
         }
-        let held = self.conns.get(&peer).map(|c| dial::Held {
+        let held = self.conns.get(peer).map(|c| dial::Held {
             outgoing: c.outgoing,
             age: c.admission.since().elapsed(),
+            admitted: c.admission.admitted(),
         });
         if dial::keep(self.cfg.node, peer, held, outgoing) == dial::Keep::Held {
             tracing::debug!(%peer, "dropping a duplicate connection");
             link.close();
             return;
         }
-        if self.conns.contains_key(&peer) {
-            self.break_conn(peer, None, DisconnectReason::PeerReset);
-        }
+        let key = if dial::must_prove_first(held, self.cfg.secret.is_some()) {
+            // Held beside the admitted one until it proves the secret; a challenger before it
+            // is dropped (the newest dial is the one a restarted peer waits on).
+            self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
+            Key::challenger(peer)
+        } else {
+            // The challenger first: it would take the current one's place.
+            self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
+            self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+            Key::current(peer)
+        };
         link.peer_grant
             .store(u64::from(hello.recv_credits), Ordering::Release);
         let slots = self.cfg.recv_slots as u64;
@@ -816,23 +845,27 @@ impl TcpEndpoint {
                 Err(e) => {
                     tracing::error!(%peer, error = %e, "dropping the connection");
                     link.close();
-                    self.events.push(Event::Disconnected {
-                        peer,
-                        reason: DisconnectReason::Refused,
-                    });
+                    if key.is_current() {
+                        self.events.push(Event::Disconnected {
+                            peer,
+                            reason: DisconnectReason::Refused,
+                        });
+                    }
                     return;
                 }
             }
         } else {
             None
         };
-        self.links.insert(link.id, peer);
-        self.conns.insert(peer, c);
-        let inbox = self
-            .inboxes
-            .entry(peer)
-            .or_insert_with(|| Inbox::new(slots as usize, 0));
-        inbox.clear();
+        self.links.insert(link.id, key);
+        self.conns.insert(key, c);
+        if key.is_current() {
+            let inbox = self
+                .inboxes
+                .entry(peer)
+                .or_insert_with(|| Inbox::new(slots as usize, 0));
+            inbox.clear();
+        }
         match challenge {
             None => self.events.announce(peer, hello.region),
             Some(msg) => {
@@ -840,17 +873,14 @@ impl TcpEndpoint {
                 // that wrote right after its hello), and its `Down`, with the reason, follows
                 // this `Up`; or the socket failed, which the I/O thread sees too. Either way
                 // the connection ends through `Down`, or at the admission deadline.
-                let _ = self.send_frame(peer, K_CONTROL, &msg);
+                let _ = self.send_frame(key, K_CONTROL, &msg);
             }
         }
     }
 
     /// Sends a frame of `kind` (send, control or credit) carrying `msg`, with our grant.
-    fn send_frame(&mut self, peer: NodeId, kind: u8, msg: &[u8]) -> io::Result<()> {
-        let c = self
-            .conns
-            .get_mut(&peer)
-            .ok_or(io::ErrorKind::NotConnected)?;
+    fn send_frame(&mut self, key: Key, kind: u8, msg: &[u8]) -> io::Result<()> {
+        let c = self.conns.at_mut(key).ok_or(io::ErrorKind::NotConnected)?;
         let mut f = self.shared.pool.take();
         match kind {
             K_SEND | K_CREDIT => {
@@ -865,16 +895,17 @@ impl TcpEndpoint {
     }
 
     fn maybe_send_credit(&mut self, peer: NodeId) {
-        let Some(c) = self.conns.get(&peer) else {
+        let Some(c) = self.conns.get(peer) else {
             return;
         };
         if c.told.update_due(c.granted, self.cfg.recv_slots) {
-            let _ = self.send_frame(peer, K_CREDIT, &[]);
+            let _ = self.send_frame(Key::current(peer), K_CREDIT, &[]);
         }
     }
 
-    fn handle_control(&mut self, peer: NodeId, msg: &[u8]) {
-        let Some(c) = self.conns.get_mut(&peer) else {
+    fn handle_control(&mut self, key: Key, msg: &[u8]) {
+        let peer = key.peer;
+        let Some(c) = self.conns.at_mut(key) else {
             return;
         };
         let secret = self.cfg.secret.as_deref().map(Vec::as_slice);
@@ -885,19 +916,26 @@ impl TcpEndpoint {
             ControlOutcome::Reply(out) => {
                 // A failed send means a closed link: its `Down` (with the reason) follows,
                 // as in `adopt`.
-                let _ = self.send_frame(peer, K_CONTROL, &out);
+                let _ = self.send_frame(key, K_CONTROL, &out);
             }
             ControlOutcome::Admitted => {
                 let remote = c.region;
+                if !key.is_current() {
+                    // The peer proved it: its newest connection replaces the one in use,
+                    // which the owner sees end before this one is reported.
+                    tracing::info!(%peer, "a second connection proved the secret; it replaces the first");
+                    self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+                }
                 self.events.announce(peer, remote);
             }
             ControlOutcome::Nothing => {}
-            ControlOutcome::Refuse(why) => self.refuse(peer, why),
+            ControlOutcome::Refuse(why) => self.refuse(key, why),
         }
     }
 
-    fn on_acked(&mut self, peer: NodeId, upto: u64) {
-        let Some(c) = self.conns.get_mut(&peer) else {
+    fn on_acked(&mut self, key: Key, upto: u64) {
+        let peer = key.peer;
+        let Some(c) = self.conns.at_mut(key) else {
             return;
         };
         while c.inflight.front().is_some_and(|f| f.seq <= upto) {
@@ -926,7 +964,7 @@ impl TcpEndpoint {
                 tracing::info!(%peer, why, "connect failed");
                 self.connecting.remove(&peer);
                 self.last_errors.insert(peer, why);
-                if !self.conns.contains_key(&peer) {
+                if self.conns.get(peer).is_none() {
                     self.events.push(Event::Disconnected {
                         peer,
                         reason: DisconnectReason::Unreachable,
@@ -934,14 +972,15 @@ impl TcpEndpoint {
                 }
             }
             IoEvent::Recv { link, bytes } => {
-                let Some(peer) = peer_of(self, link) else {
+                let Some(key) = peer_of(self, link) else {
                     self.shared.pool.give(bytes);
                     return;
                 };
-                if !self.conns[&peer].admission.admitted() {
+                let peer = key.peer;
+                if !self.conns.at(key).is_some_and(|c| c.admission.admitted()) {
                     self.shared.pool.give(bytes);
                     self.refuse(
-                        peer,
+                        key,
                         "it sent data before proving it knows the cluster secret",
                     );
                     return;
@@ -953,7 +992,7 @@ impl TcpEndpoint {
                     self.shared.pool.give(bytes);
                     tracing::warn!(%peer, "a message beyond the granted credits; dropping the connection");
                     self.break_conn(
-                        peer,
+                        key,
                         None,
                         DisconnectReason::Failed(WcStatus::RnrRetryExceeded),
                     );
@@ -970,57 +1009,60 @@ impl TcpEndpoint {
                 }));
             }
             IoEvent::Control { link, bytes } => {
-                if let Some(peer) = peer_of(self, link) {
-                    self.handle_control(peer, &bytes);
+                if let Some(key) = peer_of(self, link) {
+                    self.handle_control(key, &bytes);
                 }
                 self.shared.pool.give(bytes);
             }
             IoEvent::Acked { link, upto } => {
-                if let Some(peer) = peer_of(self, link) {
-                    self.on_acked(peer, upto);
+                if let Some(key) = peer_of(self, link) {
+                    self.on_acked(key, upto);
                 }
             }
             IoEvent::Nak { link, seq, status } => {
-                let Some(peer) = peer_of(self, link) else {
+                let Some(key) = peer_of(self, link) else {
                     return;
                 };
-                if !self.conns[&peer].admission.admitted() {
+                if !self.conns.at(key).is_some_and(|c| c.admission.admitted()) {
                     // Nothing is written to a peer before admission: a protocol violation.
                     self.refuse(
-                        peer,
+                        key,
                         "it refused a write before proving it knows the cluster secret",
                     );
                     return;
                 }
                 // Frames before the refused one were placed (the peer handles them in order).
-                self.on_acked(peer, seq - 1);
-                self.break_conn(peer, Some(status), DisconnectReason::Failed(status));
+                self.on_acked(key, seq - 1);
+                self.break_conn(key, Some(status), DisconnectReason::Failed(status));
             }
             IoEvent::Down { link, why, reason } => {
-                let Some(peer) = peer_of(self, link) else {
+                let Some(key) = peer_of(self, link) else {
                     return;
                 };
-                if !self.conns[&peer].admission.admitted()
+                let peer = key.peer;
+                let Some(c) = self.conns.at(key) else {
+                    return;
+                };
+                if !c.admission.admitted()
                     && reason == DisconnectReason::Failed(WcStatus::RemoteAccess)
                 {
                     // The I/O thread refused what an unproven peer sent: a write (it has no
                     // grant before admission) or a malformed frame.
                     self.refuse(
-                        peer,
+                        key,
                         &format!("{why}, before proving it knows the cluster secret"),
                     );
                     return;
                 }
                 tracing::info!(%peer, why, "connection lost");
-                let first =
-                    (!self.conns[&peer].inflight.is_empty()).then_some(WcStatus::RetryExceeded);
-                self.break_conn(peer, first, reason);
+                let first = (!c.inflight.is_empty()).then_some(WcStatus::RetryExceeded);
+                self.break_conn(key, first, reason);
             }
         }
     }
 
     fn post(&mut self, peer: NodeId, op: Inflight) {
-        if let Some(c) = self.conns.get_mut(&peer) {
+        if let Some(c) = self.conns.get_mut(peer) {
             c.inflight.push_back(op);
         }
     }
@@ -1081,7 +1123,7 @@ impl Fabric for TcpEndpoint {
     }
 
     fn connect(&mut self, peer: NodeId) -> Result<(), FabricError> {
-        if self.conns.contains_key(&peer) || self.connecting.contains_key(&peer) {
+        if self.conns.get(peer).is_some() || self.connecting.contains_key(&peer) {
             return Ok(());
         }
         let addr = *self
@@ -1101,13 +1143,16 @@ impl Fabric for TcpEndpoint {
     }
 
     fn disconnect(&mut self, peer: NodeId) {
-        self.break_conn(peer, None, DisconnectReason::Closed);
+        // Every connection to the peer: a challenger left alone would take the place of the
+        // current one.
+        self.break_conn(Key::challenger(peer), None, DisconnectReason::Closed);
+        self.break_conn(Key::current(peer), None, DisconnectReason::Closed);
     }
 
     fn conn_state(&self, peer: NodeId) -> ConnState {
         if self.usable(peer) {
             ConnState::Up
-        } else if self.conns.contains_key(&peer) || self.connecting.contains_key(&peer) {
+        } else if self.conns.get(peer).is_some() || self.connecting.contains_key(&peer) {
             ConnState::Connecting
         } else {
             ConnState::Down
@@ -1178,7 +1223,7 @@ impl Fabric for TcpEndpoint {
         }
         c.next_seq += 1;
         let seq = c.next_seq;
-        let _ = self.send_frame(peer, K_SEND, msg);
+        let _ = self.send_frame(Key::current(peer), K_SEND, msg);
         self.post(
             peer,
             Inflight {
@@ -1196,7 +1241,7 @@ impl Fabric for TcpEndpoint {
         if !self.usable(peer) {
             return 0;
         }
-        let c = &self.conns[&peer];
+        let c = self.conns.get(peer).expect("usable");
         if c.inflight.len() >= self.cfg.queue_depth {
             return 0;
         }
@@ -1216,7 +1261,7 @@ impl Fabric for TcpEndpoint {
         if !self.inboxes.get_mut(&peer).is_some_and(|i| i.release(slot)) {
             return Err(FabricError::BadSlot { peer, slot });
         }
-        if let Some(c) = self.conns.get_mut(&peer) {
+        if let Some(c) = self.conns.get_mut(peer) {
             c.granted += 1;
         }
         self.maybe_send_credit(peer);
@@ -1224,7 +1269,7 @@ impl Fabric for TcpEndpoint {
     }
 
     fn set_remote_write(&mut self, peer: NodeId, allowed: bool) -> Result<(), FabricError> {
-        match self.conns.get(&peer).filter(|c| c.admission.admitted()) {
+        match self.conns.get(peer).filter(|c| c.admission.admitted()) {
             Some(c) => {
                 // Waits for a write being placed; none is placed after a revoke returns.
                 *lock(&c.link.grant) = allowed;
@@ -1246,7 +1291,8 @@ impl Fabric for TcpEndpoint {
         marks.clear();
         marks.extend(
             self.conns
-                .values()
+                .iter()
+                .map(|(_, c)| c)
                 .filter(|c| !c.inflight.is_empty())
                 .map(|c| (c.link.id, c.link.read_through.load(Ordering::Acquire))),
         );
@@ -1257,24 +1303,25 @@ impl Fabric for TcpEndpoint {
         let dead = self.cfg.dead_peer_timeout;
         let mut late = Vec::new();
         let mut silent = Vec::new();
-        for (p, c) in &self.conns {
+        for (key, c) in self.conns.iter() {
             if c.admission.overdue(admission) {
-                late.push(*p);
+                late.push(key);
             } else if let Some(f) = c.inflight.front()
                 && let Some(&(_, mark)) = marks.iter().find(|(link, _)| *link == c.link.id)
                 && f.posted + dead < self.shared.at(mark)
             {
-                silent.push(*p);
+                silent.push(key);
             }
         }
         self.marks = marks;
-        for peer in late {
-            self.refuse(peer, "it did not prove it knows the cluster secret in time");
+        for key in late {
+            self.refuse(key, "it did not prove it knows the cluster secret in time");
         }
-        for peer in silent {
+        for key in silent {
+            let peer = key.peer;
             tracing::info!(%peer, timeout_ms = dead.as_millis() as u64, "an operation was not acknowledged in time: the peer counts as dead");
             self.break_conn(
-                peer,
+                key,
                 Some(WcStatus::RetryExceeded),
                 DisconnectReason::Failed(WcStatus::RetryExceeded),
             );
@@ -1285,7 +1332,7 @@ impl Fabric for TcpEndpoint {
 
 impl Drop for TcpEndpoint {
     fn drop(&mut self) {
-        for c in self.conns.values() {
+        for (_, c) in self.conns.iter() {
             c.link.close();
         }
     }

@@ -626,3 +626,131 @@ fn the_data_path_allocates_nothing_per_frame() {
          a send, {many} in 250"
     );
 }
+
+/// Over RDMA as over TCP (`tcp_fabric.rs`, the test of the same name): a connection that
+/// claims an admitted peer's id and proves nothing leaves the admitted connection as it was,
+/// whether it sends a message before its proof (refused, saying it was a second connection) or
+/// writes the advertised ring (its write fails in the NIC, and only its own queue pair goes
+/// to error); node 1 still talks to node 2 after each. A second connection that proves the
+/// secret replaces the first, which node 1's owner sees end before the new one comes up.
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
+    let at = |n: u64| -> SocketAddr { format!("192.0.2.1{n}:{}", 7530 + n).parse().unwrap() };
+    // Node 2 again, listening on another port.
+    let at2 = |n: u64| -> SocketAddr {
+        let port = if n == 2 { 7560 } else { 7530 + n };
+        format!("192.0.2.1{n}:{port}").parse().unwrap()
+    };
+    let good: &[u8] = b"correct horse battery staple";
+    let mut a = node_with(A, B, at, Some(good));
+    let mut b = node_with(B, A, at, Some(good));
+    // Node 2 dials, so a later connection from "node 2" is not half of a simultaneous dial
+    // (which the duplicate-dial rule drops while the first is young).
+    b.ep.connect(A).unwrap();
+    until(&mut [&mut a, &mut b], "admission", |n| {
+        n[0].ep.conn_state(B) == ConnState::Up && n[1].ep.conn_state(A) == ConnState::Up
+    });
+    a.events.clear();
+    b.events.clear();
+    let delivered = |n: &Node| {
+        n.events
+            .iter()
+            .filter(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+            .count()
+    };
+    let still_up = |a: &mut Node, b: &mut Node, round: u64| {
+        assert_eq!(a.ep.conn_state(B), ConnState::Up, "round {round}");
+        assert!(
+            !a.events
+                .iter()
+                .any(|e| matches!(e, Event::Disconnected { .. } | Event::Connected { .. })),
+            "round {round}: the admitted connection changed: {:?}",
+            a.events
+        );
+        let before = delivered(b);
+        a.ep.post_send(B, round, b"still here").unwrap();
+        until(&mut [a, b], "a message on the admitted connection", |n| {
+            delivered(n[1]) > before
+                && n[0].events.iter().any(|e| {
+                    matches!(e, Event::Completion(c) if c.wr_id == round && c.status == WcStatus::Success)
+                })
+        });
+    };
+
+    // A message before the proof.
+    let p = raw_peer(at(B.0), at(A.0));
+    until_challenged(&mut a, &p);
+    let mut frame = 8u64.to_le_bytes().to_vec();
+    frame.extend_from_slice(b"let me in");
+    p.conn.qp().post_send_inline(&frame, None, true).unwrap();
+    assert_eq!(raw_completion(&p).status, verbs::WcStatus::Success);
+    until(&mut [&mut a, &mut b], "the impostor's refusal", |n| {
+        n[0].ep.refusals() >= 1
+    });
+    let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
+    assert!(
+        why.contains("second connection") && why.contains("before proving"),
+        "{why}"
+    );
+    drop(p);
+    still_up(&mut a, &mut b, 1);
+
+    // A write into the advertised ring.
+    let p = raw_peer(at(B.0), at(A.0));
+    until_challenged(&mut a, &p);
+    let ring = p.conn.remote().region;
+    p.conn
+        .qp()
+        .post_write_inline(&[0xEE; 64], &ring, 0, None, true)
+        .unwrap();
+    assert_ne!(raw_completion(&p).status, verbs::WcStatus::Success);
+    until(
+        &mut [&mut a, &mut b],
+        "the impostor's queue pair failing",
+        |n| {
+            n[0].ep
+                .last_connect_error(B)
+                .is_some_and(|w| w.contains("second connection") && w.contains("failed"))
+        },
+    );
+    drop(p);
+    still_up(&mut a, &mut b, 2);
+
+    // The real node 2 again, from another port, with the secret.
+    let mut b2 = node_with(B, A, at2, Some(good));
+    b2.ep.connect(A).unwrap();
+    until(
+        &mut [&mut a, &mut b, &mut b2],
+        "the proven second connection",
+        |n| {
+            n[2].ep.conn_state(A) == ConnState::Up
+                && n[0]
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::Connected { peer, .. } if *peer == B))
+        },
+    );
+    let order: Vec<_> = a
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Disconnected { reason, .. } => Some(format!("down {reason:?}")),
+            Event::Connected { .. } => Some("up".to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["down PeerReset", "up"], "{:?}", a.events);
+    assert_eq!(a.ep.refusals(), 1, "only the message is a refusal");
+    a.ep.post_send(B, 3, b"to the new one").unwrap();
+    until(
+        &mut [&mut a, &mut b2],
+        "a message on the new connection",
+        |n| delivered(n[1]) >= 1,
+    );
+    println!(
+        "node 1 kept its admitted connection through two impostors and took node 2's proven \
+         second connection; the old one at node 2: {:?}",
+        b.ep.conn_state(A)
+    );
+}

@@ -1055,3 +1055,117 @@ fn a_peer_that_never_proves_is_dropped() {
         t.elapsed()
     );
 }
+
+/// A connection that claims an admitted peer's id and proves nothing leaves the admitted
+/// connection as it was (it used to replace it at once: anyone who could reach the port cut a
+/// replication link with one hello, no secret needed); it is refused on its own, saying so.
+/// A second connection that does prove the secret replaces the first (a restarted peer whose
+/// old connection this side has not seen end yet).
+#[test]
+fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
+    let port = 28600;
+    let secret = Arc::new(b"correct horse battery staple".to_vec());
+    let with = |id, peers: &[NodeId], listen: SocketAddr| {
+        let peers = peers.iter().map(|p| (*p, addr(port, *p))).collect();
+        let mut cfg = TcpConfig::new(id, 0xC1, listen, peers);
+        cfg.secret = Some(secret.clone());
+        cfg.admission_timeout = Duration::from_millis(700);
+        open(cfg, true)
+    };
+    let mut a = with(A, &[B], addr(port, A));
+    let mut b = with(B, &[A], addr(port, B));
+    // Node 2 dials, so a later connection from "node 2" is not half of a simultaneous dial
+    // (which the duplicate-dial rule drops while the first is young).
+    connect(&mut b, &mut a);
+    let delivered = |n: &Node| {
+        n.events
+            .iter()
+            .filter(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
+            .count()
+    };
+    let still_up = |a: &mut Node, b: &mut Node, round: u64| {
+        assert_eq!(a.ep.conn_state(B), ConnState::Up, "round {round}");
+        assert!(
+            !a.events
+                .iter()
+                .any(|e| matches!(e, Event::Disconnected { .. } | Event::Connected { .. })),
+            "round {round}: the admitted connection changed: {:?}",
+            a.events
+        );
+        let before = delivered(b);
+        a.ep.post_send(B, round, b"still here").unwrap();
+        until(&mut [a, b], "a message on the admitted connection", |n| {
+            delivered(n[1]) > before && status_of(n[0], round) == Some(WcStatus::Success)
+        });
+    };
+
+    // Data before the proof.
+    let (mut s, _, _) = hello_to_a(port);
+    let mut body = 0u64.to_le_bytes().to_vec();
+    body.extend_from_slice(b"let me in");
+    s.write_all(&frame(4, &body)).unwrap();
+    until(&mut [&mut a, &mut b], "the impostor's refusal", |n| {
+        n[0].ep.refusals() >= 1
+    });
+    let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
+    assert!(
+        why.contains("second connection") && why.contains("before proving"),
+        "{why}"
+    );
+    drop(s);
+    still_up(&mut a, &mut b, 1);
+
+    // Silence until the admission deadline.
+    let (s, _, _) = hello_to_a(port);
+    until(
+        &mut [&mut a, &mut b],
+        "the silent impostor's refusal",
+        |n| n[0].ep.refusals() >= 2,
+    );
+    let why = a.ep.last_connect_error(B).unwrap_or_default().to_string();
+    assert!(
+        why.contains("second connection") && why.contains("in time"),
+        "{why}"
+    );
+    drop(s);
+    still_up(&mut a, &mut b, 2);
+
+    // Node 2 again, from another address, with the secret: it replaces the first connection,
+    // which node 1's owner sees end before the new one comes up.
+    a.events.clear();
+    let mut b2 = with(B, &[A], addr(port + 50, B));
+    b2.ep.connect(A).unwrap();
+    until(
+        &mut [&mut a, &mut b, &mut b2],
+        "the proven second connection",
+        |n| {
+            n[2].ep.conn_state(A) == ConnState::Up
+                && n[0]
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::Connected { peer, .. } if *peer == B))
+        },
+    );
+    let order: Vec<_> = a
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Disconnected { reason, .. } => Some(format!("down {reason:?}")),
+            Event::Connected { .. } => Some("up".to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["down PeerReset", "up"], "{:?}", a.events);
+    assert_eq!(a.ep.refusals(), 2);
+    until(
+        &mut [&mut a, &mut b],
+        "the first node 2 seeing its connection end",
+        |n| n[1].ep.conn_state(A) != ConnState::Up,
+    );
+    a.ep.post_send(B, 3, b"to the new one").unwrap();
+    until(
+        &mut [&mut a, &mut b2],
+        "a message on the new connection",
+        |n| delivered(n[1]) >= 1,
+    );
+}
