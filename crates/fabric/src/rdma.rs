@@ -484,6 +484,11 @@ impl RdmaEndpoint {
         self.events.push(Event::Disconnected { peer, reason });
         // Dropping the connection destroys the QP (and with it any WR still in the device).
         drop(c);
+        self.promote(peer);
+    }
+
+    /// Makes `peer`'s challenger, if it has one and no current connection, the current one.
+    fn promote(&mut self, peer: NodeId) {
         if self.conns.promote(peer)
             && let Some(qp_num) = self.conns.get(peer).map(|c| c.conn.qp().qp_num())
         {
@@ -654,6 +659,7 @@ impl RdmaEndpoint {
                     // which the owner sees end before this one is reported.
                     tracing::info!(%peer, "a second connection proved the secret; it replaces the first");
                     self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+                    self.promote(peer);
                 }
                 self.announce(peer, remote);
             }

@@ -757,6 +757,11 @@ impl TcpEndpoint {
             inbox.clear();
         }
         self.events.push(Event::Disconnected { peer, reason });
+        self.promote(peer);
+    }
+
+    /// Makes `peer`'s challenger, if it has one and no current connection, the current one.
+    fn promote(&mut self, peer: NodeId) {
         if self.conns.promote(peer)
             && let Some(id) = self.conns.get(peer).map(|c| c.link.id)
         {
@@ -925,6 +930,7 @@ impl TcpEndpoint {
                     // which the owner sees end before this one is reported.
                     tracing::info!(%peer, "a second connection proved the secret; it replaces the first");
                     self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+                    self.promote(peer);
                 }
                 self.events.announce(peer, remote);
             }
