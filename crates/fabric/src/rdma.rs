@@ -451,8 +451,7 @@ impl RdmaEndpoint {
     /// Breaks the connection `key` (first error or local close). A current one reports its
     /// first failure, flushes everything else outstanding and is reported disconnected; a
     /// challenger was never reported, so it goes silently. Either way the QP is forgotten.
-    /// A challenger left alone then becomes the peer's current connection, still to prove
-    /// itself: it is the peer's newest dial.
+    /// A current one takes the peer's challenger with it.
     fn break_conn(&mut self, key: Key, first: Option<WcStatus>, reason: DisconnectReason) {
         let Some(mut c) = self.conns.remove(key) else {
             return;
@@ -484,16 +483,21 @@ impl RdmaEndpoint {
         self.events.push(Event::Disconnected { peer, reason });
         // Dropping the connection destroys the QP (and with it any WR still in the device).
         drop(c);
-        self.promote(peer);
+        // A challenger goes with it: promoted unproven, one that never proves would hold the
+        // peer in `Connecting`, and each new hello would reset its deadline, while the owner
+        // never dials. Both sides dial again instead.
+        self.break_conn(Key::challenger(peer), None, reason);
     }
 
-    /// Makes `peer`'s challenger, if it has one and no current connection, the current one.
+    /// `peer`'s challenger, which proved the secret, replaces its current connection (the
+    /// owner sees the current one end).
     fn promote(&mut self, peer: NodeId) {
-        if self.conns.promote(peer)
-            && let Some(qp_num) = self.conns.get(peer).map(|c| c.conn.qp().qp_num())
-        {
-            self.qpn.insert(qp_num, Key::current(peer));
-        }
+        let Some(c) = self.conns.remove(Key::challenger(peer)) else {
+            return;
+        };
+        self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+        self.qpn.insert(c.conn.qp().qp_num(), Key::current(peer));
+        self.conns.insert(Key::current(peer), c);
     }
 
     fn adopt(&mut self, peer: NodeId, conn: Connection, recv: RecvPool, outgoing: bool) {
@@ -522,8 +526,7 @@ impl RdmaEndpoint {
             self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
             Key::challenger(peer)
         } else {
-            // The challenger first: it would take the current one's place.
-            self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
+            // The current one's break drops a challenger too.
             self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
             Key::current(peer)
         };
@@ -658,7 +661,6 @@ impl RdmaEndpoint {
                     // The peer proved it: its newest connection replaces the one in use,
                     // which the owner sees end before this one is reported.
                     tracing::info!(%peer, "a second connection proved the secret; it replaces the first");
-                    self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
                     self.promote(peer);
                 }
                 self.announce(peer, remote);
@@ -1079,9 +1081,7 @@ impl Fabric for RdmaEndpoint {
     }
 
     fn disconnect(&mut self, peer: NodeId) {
-        // Every connection to the peer: a challenger left alone would take the place of the
-        // current one.
-        self.break_conn(Key::challenger(peer), None, DisconnectReason::Closed);
+        // Every connection to the peer (the current one's break drops a challenger too).
         self.break_conn(Key::current(peer), None, DisconnectReason::Closed);
     }
 

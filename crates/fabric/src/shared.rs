@@ -95,8 +95,9 @@ impl Events {
 }
 
 /// Which of a peer's connections: the one in use (reported to the owner), or a newer one held
-/// beside it until it proves the cluster secret ([`crate::dial::must_prove_first`]), which then
-/// replaces it. A challenger is never reported, posted on or delivered from.
+/// beside an admitted one until it proves the cluster secret ([`crate::dial::must_prove_first`]),
+/// which then replaces it. A challenger is never reported, posted on or delivered from, and
+/// goes when the current one goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Role {
     Current,
@@ -169,20 +170,6 @@ impl<C> Conns<C> {
 
     pub(crate) fn remove(&mut self, key: Key) -> Option<C> {
         self.map.remove(&key)
-    }
-
-    /// Makes `peer`'s challenger its current connection, if it has one and no current one.
-    pub(crate) fn promote(&mut self, peer: NodeId) -> bool {
-        if self.map.contains_key(&Key::current(peer)) {
-            return false;
-        }
-        match self.map.remove(&Key::challenger(peer)) {
-            Some(c) => {
-                self.map.insert(Key::current(peer), c);
-                true
-            }
-            None => false,
-        }
     }
 
     /// Every connection, in key order (a peer's current one before its challenger).

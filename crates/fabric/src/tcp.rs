@@ -454,8 +454,12 @@ impl Link {
         got
     }
 
-    /// Closes both directions: the I/O thread sees the end and forgets the socket.
+    /// Closes both directions: the I/O thread sees the end and forgets the socket. The
+    /// grant goes first, under the lock a placement holds: frames the
+    /// peer sent before the close may still be read from the socket, and none of their
+    /// writes may land once the owner is told the connection is gone.
     fn close(&self) {
+        *lock(&self.grant) = false;
         lock(&self.out).closed = true;
         if let Some(tls) = &self.tls {
             let mut tls = lock(tls);
@@ -728,8 +732,7 @@ impl TcpEndpoint {
 
     /// Breaks the connection `key`. A current one reports its first failure, flushes
     /// everything else outstanding and is reported disconnected; a challenger was never
-    /// reported, so it goes silently. A challenger left alone then becomes the peer's current
-    /// connection, still to prove itself: it is the peer's newest dial.
+    /// reported, so it goes silently. A current one takes the peer's challenger with it.
     fn break_conn(&mut self, key: Key, first: Option<WcStatus>, reason: DisconnectReason) {
         let Some(mut c) = self.conns.remove(key) else {
             return;
@@ -757,16 +760,21 @@ impl TcpEndpoint {
             inbox.clear();
         }
         self.events.push(Event::Disconnected { peer, reason });
-        self.promote(peer);
+        // A challenger goes with it: promoted unproven, one that never proves would hold the
+        // peer in `Connecting`, and each new hello would reset its deadline, while the owner
+        // never dials. Both sides dial again instead.
+        self.break_conn(Key::challenger(peer), None, reason);
     }
 
-    /// Makes `peer`'s challenger, if it has one and no current connection, the current one.
+    /// `peer`'s challenger, which proved the secret, replaces its current connection (the
+    /// owner sees the current one end).
     fn promote(&mut self, peer: NodeId) {
-        if self.conns.promote(peer)
-            && let Some(id) = self.conns.get(peer).map(|c| c.link.id)
-        {
-            self.links.insert(id, Key::current(peer));
-        }
+        let Some(c) = self.conns.remove(Key::challenger(peer)) else {
+            return;
+        };
+        self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
+        self.links.insert(c.link.id, Key::current(peer));
+        self.conns.insert(Key::current(peer), c);
     }
 
     /// Refuses a connection that failed admission. A refused challenger leaves the peer's
@@ -824,8 +832,7 @@ impl TcpEndpoint {
             self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
             Key::challenger(peer)
         } else {
-            // The challenger first: it would take the current one's place.
-            self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
+            // The current one's break drops a challenger too.
             self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
             Key::current(peer)
         };
@@ -929,7 +936,6 @@ impl TcpEndpoint {
                     // The peer proved it: its newest connection replaces the one in use,
                     // which the owner sees end before this one is reported.
                     tracing::info!(%peer, "a second connection proved the secret; it replaces the first");
-                    self.break_conn(Key::current(peer), None, DisconnectReason::PeerReset);
                     self.promote(peer);
                 }
                 self.events.announce(peer, remote);
@@ -1149,9 +1155,7 @@ impl Fabric for TcpEndpoint {
     }
 
     fn disconnect(&mut self, peer: NodeId) {
-        // Every connection to the peer: a challenger left alone would take the place of the
-        // current one.
-        self.break_conn(Key::challenger(peer), None, DisconnectReason::Closed);
+        // Every connection to the peer (the current one's break drops a challenger too).
         self.break_conn(Key::current(peer), None, DisconnectReason::Closed);
     }
 

@@ -753,4 +753,24 @@ fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
          second connection; the old one at node 2: {:?}",
         b.ep.conn_state(A)
     );
+
+    // An unproven connection is not left in the place of one that breaks: it goes too, and
+    // node 2 is down for node 1 (whose owner then dials), not held `Connecting`. Node 1 sees
+    // the break on its next send (a destroyed QP answers nothing).
+    let p = raw_peer(at(B.0), at(A.0));
+    until_challenged(&mut a, &p);
+    a.events.clear();
+    drop(b2);
+    a.ep.post_send(B, 4, b"into the void").unwrap();
+    until(
+        &mut [&mut a],
+        "the break of node 2's second connection",
+        |n| {
+            n[0].events
+                .iter()
+                .any(|e| matches!(e, Event::Disconnected { .. }))
+        },
+    );
+    assert_eq!(a.ep.conn_state(B), ConnState::Down);
+    drop(p);
 }

@@ -1168,4 +1168,72 @@ fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
         "a message on the new connection",
         |n| delivered(n[1]) >= 1,
     );
+
+    // An unproven connection is not left in the place of one that breaks: it goes too, and
+    // the peer is down (so the owner dials), not held `Connecting` by the impostor.
+    let (mut s, _, _) = hello_to_a(port);
+    pump(&mut [&mut a]);
+    a.events.clear();
+    drop(b2);
+    until(
+        &mut [&mut a],
+        "the break of node 2's second connection",
+        |n| {
+            n[0].events
+                .iter()
+                .any(|e| matches!(e, Event::Disconnected { .. }))
+        },
+    );
+    assert_eq!(a.ep.conn_state(B), ConnState::Down);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = [0u8; 4096];
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) => break, // closed by node 1
+            Ok(_) => {}     // its challenge
+            Err(e) => {
+                assert!(
+                    !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ),
+                    "node 1 left the unproven connection open"
+                );
+                break; // reset by node 1
+            }
+        }
+    }
+    assert_eq!(a.ep.conn_state(B), ConnState::Down);
+}
+
+/// A write that reached this host before its connection was broken here is not placed after:
+/// once the owner has seen `Disconnected` (here by its own `disconnect`; a proven second
+/// connection replacing the first ends it the same way) the ring is no longer the old
+/// connection's to write, and the replica lets a new leader's writes in. Set up with the write
+/// unread in the socket: the I/O thread stalled.
+#[test]
+fn a_write_buffered_when_its_connection_breaks_is_not_placed() {
+    let port = 28700;
+    let mut a = node(A, B, port);
+    let mut b = node(B, A, port);
+    connect(&mut a, &mut b);
+    b.ep.set_remote_write(A, true).unwrap();
+    b.ep.stall_io_for_test(Duration::from_millis(1500));
+    // Let a pass under way finish, so the next one is stalled.
+    std::thread::sleep(Duration::from_millis(100));
+    write_bytes(a.mem.as_ref(), 0, &[7u8; 64]);
+    a.ep.post_write(B, write_req(&a, 1, 0, 64)).unwrap();
+    pump(&mut [&mut a]);
+    std::thread::sleep(Duration::from_millis(100));
+    b.ep.disconnect(A);
+    std::thread::sleep(Duration::from_millis(1700));
+    until(&mut [&mut a, &mut b], "the writer seeing the break", |n| {
+        n[0].ep.conn_state(B) != ConnState::Up
+    });
+    let mut got = [0u8; 64];
+    read_bytes(b.mem.as_ref(), 0, &mut got);
+    assert_eq!(
+        got, [0u8; 64],
+        "a write was placed after its connection broke here"
+    );
 }
