@@ -105,8 +105,9 @@ struct Args {
     /// may stay unacknowledged).
     #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     qp_timeout: u8,
-    /// QP transport retries before a peer is declared dead (0-7).
-    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    /// QP transport retries before a peer is declared dead (0-6; Soft-RoCE retries forever
+    /// at 7).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u8).range(0..=6))]
     qp_retry: u8,
 }
 

@@ -74,6 +74,11 @@ fn a_wrong_peer_is_refused_on_both_sides() {
 }
 
 #[test]
+fn a_killed_follower_is_seen_down_within_the_dead_peer_bound() {
+    run(s::a_killed_follower_is_seen_down_within_the_dead_peer_bound);
+}
+
+#[test]
 fn netns_deposed_leader_wakes_up_and_cannot_commit() {
     run_on(
         s::deposed_leader_wakes_up_and_is_fenced,

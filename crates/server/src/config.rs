@@ -154,7 +154,7 @@ pub struct RdmaSection {
     /// QP local ACK timeout exponent (4.096 us x 2^N), 1..=31 (default 14).
     #[serde(default)]
     pub qp_timeout: Option<u8>,
-    /// QP retries, 0..=7 (default 7).
+    /// QP retries, 0..=6 (default 6; Soft-RoCE retries forever at 7).
     #[serde(default)]
     pub qp_retry: Option<u8>,
 }
@@ -438,8 +438,14 @@ impl ServerConfig {
             }
         }
         if let Some(r) = file.rdma.qp_retry {
-            if r > 7 {
-                return Err(bad("rdma.qp_retry", format!("expected 0..=7, not {r}")));
+            if r > 6 {
+                return Err(bad(
+                    "rdma.qp_retry",
+                    format!(
+                        "expected 0..=6, not {r} (Soft-RoCE retries forever at 7, so a dead \
+                         peer would never be detected)"
+                    ),
+                ));
             }
         }
         let mut ids = vec![file.node_id];
@@ -730,10 +736,10 @@ impl ServerConfig {
         peers.map(|p| (fabric::NodeId(p.id), p.rdma)).collect()
     }
 
-    /// `rdma.qp_timeout` and `rdma.qp_retry`, defaults applied (14 and 7).
+    /// `rdma.qp_timeout` and `rdma.qp_retry`, defaults applied (14 and 6).
     pub fn qp_bounds(&self) -> (u8, u8) {
         let r = &self.file.rdma;
-        (r.qp_timeout.unwrap_or(14), r.qp_retry.unwrap_or(7))
+        (r.qp_timeout.unwrap_or(14), r.qp_retry.unwrap_or(6))
     }
 
     /// The RDMA endpoint's settings.
@@ -953,14 +959,14 @@ plaintext = true
             }
         );
         assert_eq!(o.pin_core, None);
-        assert_eq!(c.qp_bounds(), (14, 7));
+        assert_eq!(c.qp_bounds(), (14, 6));
         let rc = c.rdma_config();
-        assert_eq!((rc.qp.timeout, rc.qp.retry_cnt), (14, 7));
+        assert_eq!((rc.qp.timeout, rc.qp.retry_cnt), (14, 6));
         assert!(rc.secret.is_none());
         let tc = c.tcp_config();
         assert_eq!(
             tc.dead_peer_timeout,
-            fabric::tcp::TcpConfig::dead_peer_from_qp(14, 7)
+            fabric::tcp::TcpConfig::dead_peer_from_qp(14, 6)
         );
         let so = c.server_options();
         assert_eq!(so.max_connections, 1024);
@@ -1195,6 +1201,11 @@ plaintext = true
                 GOOD.replace("node_id = 1", "node_id = 1\ntransport = \"tcp\"")
                     .replace("[rdma]", "[rdma]\nqp_timeout = 1\nqp_retry = 0"),
                 "`rdma.qp_timeout`: with qp_retry, an operation unanswered for 8.192µs",
+            ),
+            // Soft-RoCE retries forever at 7: a dead peer would never be detected.
+            (
+                GOOD.replace("[rdma]", "[rdma]\nqp_retry = 7"),
+                "`rdma.qp_retry`: expected 0..=6, not 7 (Soft-RoCE retries forever",
             ),
         ];
         for (text, want) in cases {

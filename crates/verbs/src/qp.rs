@@ -121,7 +121,10 @@ pub struct QpConfig {
     pub path_mtu: Mtu,
     /// Local ACK timeout exponent: 4.096 µs × 2^timeout per try.
     pub timeout: u8,
-    /// Transport retries before `RetryExceeded` (0..=7).
+    /// Transport retries before `RetryExceeded` (0..=6). The verbs specification allows 7
+    /// retries, but Soft-RoCE (`rdma_rxe`) takes 7 as "retry forever" (it counts down only
+    /// from values below 7), so a QP whose peer died never failed in the lab: refused, as
+    /// `rnr_retry`'s 7 is.
     pub retry_cnt: u8,
     /// RNR retries (0..=6; 7 would mean infinite and is refused).
     pub rnr_retry: u8,
@@ -146,7 +149,7 @@ impl Default for QpConfig {
             max_inline: 64,
             path_mtu: Mtu::M1024,
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             rnr_retry: 6,
             min_rnr_timer: 12,
             max_rd_atomic: 1,
@@ -163,9 +166,10 @@ impl QpConfig {
         if self.sq_depth == 0 || self.rq_depth == 0 {
             return Err(Error::InvalidConfig("queue depths must be > 0".into()));
         }
-        if self.retry_cnt > 7 {
+        if self.retry_cnt > 6 {
             return Err(Error::InvalidConfig(format!(
-                "retry_cnt {} > 7",
+                "retry_cnt {} must be at most 6: Soft-RoCE retries forever at 7, so a dead \
+                 peer would never be detected",
                 self.retry_cnt
             )));
         }
@@ -956,6 +960,22 @@ mod tests {
             ..QpConfig::default()
         };
         assert!(c.validate().is_err(), "infinite RNR retry is refused");
+        let c = QpConfig {
+            retry_cnt: 7,
+            ..QpConfig::default()
+        };
+        assert!(
+            c.validate().is_err(),
+            "a transport retry count Soft-RoCE takes as infinite is refused"
+        );
+        assert!(
+            QpConfig {
+                retry_cnt: 6,
+                ..QpConfig::default()
+            }
+            .validate()
+            .is_ok()
+        );
         let c = QpConfig {
             signal: SignalPolicy::Every(0),
             ..QpConfig::default()
