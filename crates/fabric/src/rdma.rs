@@ -524,6 +524,11 @@ impl RdmaEndpoint {
             // Held beside the admitted one until it proves the secret; a challenger before it
             // is dropped (the newest dial is the one a restarted peer waits on).
             self.break_conn(Key::challenger(peer), None, DisconnectReason::PeerReset);
+            // A dial claiming the peer says it may have restarted, and a QP whose peer died
+            // fails only when something is posted on it: an idle one stayed up for good
+            // beside a refused impostor (lab_cluster, a restart with the wrong secret). An
+            // empty credit frame finds out within the retry bound.
+            let _ = self.send_frame_flags(Key::current(peer), u64::MAX, &[], true, 0);
             Key::challenger(peer)
         } else {
             // The current one's break drops a challenger too.
