@@ -1224,6 +1224,12 @@ impl Fabric for RdmaEndpoint {
 
     fn poll(&mut self, out: &mut [Event]) -> usize {
         self.poll_cm();
+        // Until a batch comes back short: a full batch may leave completions in the CQ, which
+        // arming it would not report (only new ones raise an event), so a driver that found
+        // no event in a full batch of credit-only or stale completions slept past them.
+        while self.poll_send_cq() == self.wc.len() {}
+        while self.poll_recv_cq() == self.wc.len() {}
+        // Deadlines after the receives: a proof already in the CQ counts.
         let limit = self.cfg.admission_timeout;
         let mut keys = std::mem::take(&mut self.key_scratch);
         keys.clear();
@@ -1236,11 +1242,6 @@ impl Fabric for RdmaEndpoint {
         for &key in &keys {
             self.refuse(key, "it did not prove it knows the cluster secret in time");
         }
-        // Until a batch comes back short: a full batch may leave completions in the CQ, which
-        // arming it would not report (only new ones raise an event), so a driver that found
-        // no event in a full batch of credit-only or stale completions slept past them.
-        while self.poll_send_cq() == self.wc.len() {}
-        while self.poll_recv_cq() == self.wc.len() {}
         // A credit update that found no free send slot is retried here.
         keys.clear();
         keys.extend(self.conns.iter().map(|(k, _)| k));
