@@ -528,7 +528,12 @@ impl RdmaEndpoint {
             // fails only when something is posted on it: an idle one stayed up for good
             // beside a refused impostor (lab_cluster, a restart with the wrong secret). An
             // empty credit frame finds out within the retry bound.
-            let _ = self.send_frame_flags(Key::current(peer), u64::MAX, &[], true, 0);
+            // Refused with no credit or send slot left: the frames that took them either are
+            // still outstanding (they fail if the peer is dead) or were all taken by the
+            // peer's NIC before it died, and then only the owner's next write finds out.
+            if let Err(e) = self.send_frame_flags(Key::current(peer), u64::MAX, &[], true, 0) {
+                tracing::debug!(%peer, error = %e, "no probe of the held connection");
+            }
             Key::challenger(peer)
         } else {
             // The current one's break drops a challenger too.

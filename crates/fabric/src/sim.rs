@@ -45,7 +45,7 @@ pub struct SimConfig {
     /// Uniform random jitter added per packet, 0..jitter_ns.
     pub jitter_ns: u64,
     /// How long an unacked operation waits before `RetryExceeded`: the dead-peer bound,
-    /// (retry_cnt + 1) × 4.096 µs × 2^timeout on hardware, ~0.5 s at timeout 14, retry 7.
+    /// (retry_cnt + 1) × 4.096 µs × 2^timeout on hardware, ~0.5 s at timeout 14, retry 6.
     pub retry_timeout_ns: u64,
     /// Receive buffers posted per connection (the initial credits).
     pub recv_slots: u32,

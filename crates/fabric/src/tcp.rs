@@ -459,8 +459,10 @@ impl Link {
     /// peer sent before the close may still be read from the socket, and none of their
     /// writes may land once the owner is told the connection is gone.
     fn close(&self) {
-        *lock(&self.grant) = false;
+        // `closed` first: a placement the revoke stops then sends no negative
+        // acknowledgement (the writer sees `Flushed`, not a fencing's `RemoteAccess`).
         lock(&self.out).closed = true;
+        *lock(&self.grant) = false;
         if let Some(tls) = &self.tls {
             let mut tls = lock(tls);
             tls.send_close_notify();

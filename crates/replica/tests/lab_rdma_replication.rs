@@ -41,7 +41,7 @@ fn open(id: u64, dir: &std::path::Path) -> Log<RdmaEndpoint> {
         .collect();
     let mut rc = RdmaConfig::new(NodeId(id), 0x1ab, addr(id), peers);
     rc.qp.timeout = 14;
-    rc.qp.retry_cnt = 7;
+    rc.qp.retry_cnt = 6;
     rc.secret = Some(Arc::new(b"lab cluster secret, 32 bytes long".to_vec()));
     let ep = RdmaEndpoint::open(rc).expect("rdma endpoint");
     let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 0x1ab, dir.join(format!("node{id}")));

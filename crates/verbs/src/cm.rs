@@ -1222,9 +1222,10 @@ mod tests {
 
     #[test]
     fn dead_peer_bound_arithmetic() {
-        // timeout 14, retry 7: 8 × 4.096 µs × 16384 = 536.870912 ms (the notes' "about 0.5 s").
-        let b = dead_peer_bound(14, 7);
-        assert_eq!(b.nominal, Duration::from_nanos(536_870_912));
+        // timeout 14, retry 6 (the default; 7 is refused, Soft-RoCE retries forever at 7):
+        // 7 × 4.096 µs × 16384 = 469.762048 ms.
+        let b = dead_peer_bound(14, 6);
+        assert_eq!(b.nominal, Duration::from_nanos(469_762_048));
         assert_eq!(b.upper, b.nominal * 4);
         assert_eq!(dead_peer_bound(0, 0).nominal, Duration::from_nanos(4096));
         assert_eq!(

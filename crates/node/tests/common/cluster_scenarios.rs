@@ -1147,7 +1147,7 @@ pub fn a_killed_follower_is_seen_down_within_the_dead_peer_bound(setup: &Setup) 
     let t = Instant::now();
     for k in 0.. {
         acks.push(append_ack(&c, 6_000_000 + k));
-        let s = c.status(l).unwrap();
+        let s = c.status_within(l, Duration::from_secs(30)).unwrap();
         if !s.conns.contains(&format!("{f}:up")) {
             break;
         }
