@@ -639,11 +639,7 @@ impl RdmaEndpoint {
     /// current connection as it was.
     fn refuse(&mut self, key: Key, why: &str) {
         let peer = key.peer;
-        let why = if key.is_current() {
-            format!("refused: {why}")
-        } else {
-            format!("refused a second connection that claimed this peer's id: {why}")
-        };
+        let why = key.refusal(why);
         tracing::warn!(%peer, why, "refused a peer");
         self.last_errors.insert(peer, why);
         self.refusals += 1;

@@ -129,6 +129,16 @@ impl Key {
     pub(crate) fn is_current(self) -> bool {
         self.role == Role::Current
     }
+
+    /// What a refusal of this connection records as the peer's last error: a challenger's
+    /// says it was a second connection, so its peer's admitted link is not taken for refused.
+    pub(crate) fn refusal(self, why: &str) -> String {
+        if self.is_current() {
+            format!("refused: {why}")
+        } else {
+            format!("refused a second connection that claimed this peer's id: {why}")
+        }
+    }
 }
 
 /// A back-end's connections, at most one of each [`Role`] per peer.
