@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric::rdma::{RdmaConfig, RdmaEndpoint};
+#[path = "integration/common/links.rs"]
+mod links;
 use fabric::{
     ConnState, Event, Fabric, LocalRegion, Memory, NodeId, RemoteRegion, WcOp, WcStatus,
     WriteRequest, read_bytes, write_bytes,
@@ -653,12 +655,7 @@ fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
     });
     a.events.clear();
     b.events.clear();
-    let delivered = |n: &Node| {
-        n.events
-            .iter()
-            .filter(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
-            .count()
-    };
+    let delivered = |n: &Node| links::delivered(&n.events);
     let still_up = |a: &mut Node, b: &mut Node, round: u64| {
         assert_eq!(a.ep.conn_state(B), ConnState::Up, "round {round}");
         assert!(
@@ -731,16 +728,12 @@ fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
                     .any(|e| matches!(e, Event::Connected { peer, .. } if *peer == B))
         },
     );
-    let order: Vec<_> = a
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Disconnected { reason, .. } => Some(format!("down {reason:?}")),
-            Event::Connected { .. } => Some("up".to_string()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(order, ["down PeerReset", "up"], "{:?}", a.events);
+    assert_eq!(
+        links::ups_and_downs(&a.events),
+        ["down PeerReset", "up"],
+        "{:?}",
+        a.events
+    );
     assert_eq!(a.ep.refusals(), 1, "only the message is a refusal");
     a.ep.post_send(B, 3, b"to the new one").unwrap();
     until(

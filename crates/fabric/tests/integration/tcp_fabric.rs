@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::links;
 use fabric::tcp::{TcpConfig, TcpEndpoint, WRITE_CHUNK_BYTES};
 use fabric::tls::PeerTls;
 use fabric::{
@@ -1077,12 +1078,7 @@ fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
     // Node 2 dials, so a later connection from "node 2" is not half of a simultaneous dial
     // (which the duplicate-dial rule drops while the first is young).
     connect(&mut b, &mut a);
-    let delivered = |n: &Node| {
-        n.events
-            .iter()
-            .filter(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv))
-            .count()
-    };
+    let delivered = |n: &Node| links::delivered(&n.events);
     let still_up = |a: &mut Node, b: &mut Node, round: u64| {
         assert_eq!(a.ep.conn_state(B), ConnState::Up, "round {round}");
         assert!(
@@ -1146,16 +1142,12 @@ fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
                     .any(|e| matches!(e, Event::Connected { peer, .. } if *peer == B))
         },
     );
-    let order: Vec<_> = a
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Disconnected { reason, .. } => Some(format!("down {reason:?}")),
-            Event::Connected { .. } => Some("up".to_string()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(order, ["down PeerReset", "up"], "{:?}", a.events);
+    assert_eq!(
+        links::ups_and_downs(&a.events),
+        ["down PeerReset", "up"],
+        "{:?}",
+        a.events
+    );
     assert_eq!(a.ep.refusals(), 2);
     until(
         &mut [&mut a, &mut b],

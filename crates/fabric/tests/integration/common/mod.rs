@@ -1,6 +1,8 @@
 //! Helpers shared by the simulator's scenario tests.
 #![allow(dead_code)] // reason: each scenario file uses a different subset
 
+pub mod links;
+
 use std::sync::Arc;
 
 use fabric::sim::{SimConfig, SimEndpoint, SimNet};
