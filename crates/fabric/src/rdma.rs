@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use verbs::{
     AccessFlags, CompletionQueue, ConnectConfig, Connection, Context, Hello, Listener,
@@ -101,6 +101,12 @@ pub struct RdmaConfig {
     pub secret: Option<Arc<Vec<u8>>>,
     /// How long a connected peer has to prove itself before it is dropped.
     pub admission_timeout: Duration,
+    /// The keepalive period. A queue pair fails only when something is posted on it, so an
+    /// admitted connection on which nothing was posted for a whole period gets an empty
+    /// credit frame: a peer whose machine died, or whose cable was cut, is found on an idle
+    /// link within two periods plus the retry bound of `qp` (a follower's link to another
+    /// follower carries nothing for as long as they both follow).
+    pub keepalive: Duration,
 }
 
 /// Bit 63 of a frame header marks a control frame (admission); credit totals never reach it.
@@ -129,6 +135,7 @@ impl RdmaConfig {
             accept_only_after_advertise: true,
             secret: None,
             admission_timeout: Duration::from_secs(10),
+            keepalive: Duration::from_secs(1),
         }
     }
 }
@@ -168,6 +175,9 @@ struct Conn {
     admission: Admission,
     /// The region the peer advertised, reported once it is admitted.
     region: Option<RemoteRegion>,
+    /// Work requests posted on it, and how many there were at the last keepalive round.
+    posts: u64,
+    posts_seen: u64,
 }
 
 impl Conn {
@@ -235,6 +245,8 @@ pub struct RdmaEndpoint {
     /// The connections a poll walks (overdue admissions, credit updates), kept between polls
     /// so that a poll allocates nothing.
     key_scratch: Vec<Key>,
+    /// When the next keepalive round is due (see [`RdmaConfig::keepalive`]).
+    keepalive_due: Instant,
     slot_bytes: usize,
     /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
     /// owner's other threads, through [`Fabric::waiter`]).
@@ -312,6 +324,12 @@ impl RdmaEndpoint {
     /// Opens the device, starts listening and the connection-manager thread.
     pub fn open(cfg: RdmaConfig) -> Result<RdmaEndpoint, FabricError> {
         cfg.qp.validate().map_err(verr)?;
+        if cfg.keepalive.is_zero() {
+            return Err(FabricError::Setup {
+                reason: "the keepalive period must be above zero".into(),
+            });
+        }
+        let cfg_keepalive = cfg.keepalive;
         if cfg.qp.access.without(LOCAL_ACCESS) != AccessFlags::NONE {
             // A queue pair with remote rights from its creation would let a peer write the
             // ring before it proved the cluster secret, and after a revoke's reconnect.
@@ -414,6 +432,7 @@ impl RdmaEndpoint {
             events: Events::default(),
             wc: vec![verbs::Completion::EMPTY; WC_BATCH],
             key_scratch: Vec::new(),
+            keepalive_due: Instant::now() + cfg_keepalive,
             slot_bytes,
             wait,
         })
@@ -582,6 +601,8 @@ impl RdmaEndpoint {
             outgoing,
             admission: Admission::new(self.cfg.secret.as_deref().map(Vec::as_slice)),
             region,
+            posts: 0,
+            posts_seen: 0,
         };
         self.conns.insert(key, c);
         if key.is_current() {
@@ -732,6 +753,7 @@ impl RdmaEndpoint {
             Ok(seq) => {
                 c.credits.take().expect("checked above");
                 c.told.told(adv);
+                c.posts += 1;
                 c.inflight.push_back(Inflight {
                     seq,
                     wr_id,
@@ -758,6 +780,41 @@ impl RdmaEndpoint {
         };
         if c.told.update_due(c.advertised(), self.cfg.recv_slots) {
             let _ = self.send_frame_flags(key, u64::MAX, &[], true, 0);
+        }
+    }
+
+    /// Once a keepalive period: an empty credit frame on every admitted connection on which
+    /// nothing was posted since the last round, so that a dead peer fails it within the retry
+    /// bound (see [`RdmaConfig::keepalive`]). A connection with no credit or send slot left
+    /// has frames outstanding, which fail as well if the peer is dead.
+    fn keepalive(&mut self) {
+        let now = Instant::now();
+        if now < self.keepalive_due {
+            return;
+        }
+        self.keepalive_due = now + self.cfg.keepalive;
+        let mut keys = std::mem::take(&mut self.key_scratch);
+        keys.clear();
+        keys.extend(
+            self.conns
+                .iter()
+                .filter(|(k, c)| {
+                    k.is_current()
+                        && !c.broken
+                        && c.admission.admitted()
+                        && c.posts == c.posts_seen
+                        && c.inflight.is_empty()
+                })
+                .map(|(k, _)| k),
+        );
+        for &key in &keys {
+            if let Err(e) = self.send_frame_flags(key, u64::MAX, &[], true, 0) {
+                tracing::debug!(peer = %key.peer, error = %e, "no keepalive frame");
+            }
+        }
+        self.key_scratch = keys;
+        for (_, c) in self.conns.iter_mut() {
+            c.posts_seen = c.posts;
         }
     }
 
@@ -1145,6 +1202,7 @@ impl Fabric for RdmaEndpoint {
                 peer,
                 depth: self.cfg.qp.sq_depth as usize,
             })?;
+        c.posts += 1;
         c.inflight.push_back(Inflight {
             seq,
             wr_id: wr.wr_id,
@@ -1250,6 +1308,7 @@ impl Fabric for RdmaEndpoint {
             self.maybe_send_credit(key);
         }
         self.key_scratch = keys;
+        self.keepalive();
         self.events.drain_into(out)
     }
 }

@@ -186,6 +186,11 @@ impl<C> Conns<C> {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Key, &C)> {
         self.map.iter().map(|(k, c)| (*k, c))
     }
+
+    /// Every connection, in key order, to change.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (Key, &mut C)> {
+        self.map.iter_mut().map(|(k, c)| (*k, c))
+    }
 }
 
 /// Received messages the owner has not reposted, one buffer per receive slot. Buffers are

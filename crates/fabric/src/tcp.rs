@@ -30,8 +30,10 @@
 //!   `RetryExceeded`, and everything behind it `Flushed`; so does everything outstanding when
 //!   the socket reports an error or the peer closes it. The ack counts as missing only once
 //!   the I/O thread has read every socket to empty after the deadline, so a stall of this
-//!   process cannot make a live peer look dead. A broken connection must be
-//!   re-established with [`Fabric::connect`].
+//!   process cannot make a live peer look dead. A link with nothing outstanding is watched
+//!   by the kernel's keepalive ([`TcpConfig::keepalive`]), so a peer whose machine died is
+//!   found on an idle link too. A broken connection must be re-established with
+//!   [`Fabric::connect`].
 //!
 //! Writes over TCP cost the peer's CPU (its I/O thread copies them from the socket into the
 //! ring), which RDMA does not: that difference is what the transport comparison measures.
@@ -127,6 +129,12 @@ pub struct TcpConfig {
     /// How long an operation may stay unacknowledged before the peer counts as dead
     /// (`RetryExceeded`). Also the socket's `TCP_USER_TIMEOUT`.
     pub dead_peer_timeout: Duration,
+    /// The keepalive period (whole seconds, at least 1: the kernel's unit). A link that
+    /// received nothing for a period is probed by the kernel (`SO_KEEPALIVE`), and one whose
+    /// probes go unanswered for `dead_peer_timeout` fails: a peer whose machine died, or
+    /// whose cable was cut, is found on an idle link too, where no operation is outstanding
+    /// for `dead_peer_timeout` to judge.
+    pub keepalive: Duration,
     /// TLS on every peer link (see [`crate::tls`] for what it protects); `None`: plain TCP.
     /// Both ends of a link must agree: a plain peer is refused by a TLS one and the other way
     /// round, with an error that says so.
@@ -160,6 +168,7 @@ impl TcpConfig {
             admission_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
             dead_peer_timeout: Duration::from_secs(1),
+            keepalive: Duration::from_secs(1),
             tls: None,
         }
     }
@@ -169,6 +178,17 @@ impl TcpConfig {
 /// [`Fabric::alloc_persistent`]). Any [`Memory`] can be registered here, since the I/O thread
 /// places writes through the words.
 pub type TcpMemory = WordMemory;
+
+/// The kernel's keepalive for a period: the first probe after `period` without receiving
+/// anything, then one a period; `TCP_USER_TIMEOUT` (the dead-peer timeout), when set, decides
+/// when unanswered probes fail the socket, else the count. Whole seconds, at least one.
+fn keepalive(period: Duration) -> socket2::TcpKeepalive {
+    let secs = Duration::from_secs(period.as_secs_f64().ceil().max(1.0) as u64);
+    socket2::TcpKeepalive::new()
+        .with_time(secs)
+        .with_interval(secs)
+        .with_retries(3)
+}
 
 fn setup_err(reason: String) -> FabricError {
     FabricError::Setup { reason }
@@ -1479,6 +1499,7 @@ impl Io {
         let _ = stream.set_nodelay(true);
         let sock = socket2::SockRef::from(&stream);
         let _ = sock.set_tcp_user_timeout(Some(self.cfg.dead_peer_timeout));
+        let _ = sock.set_tcp_keepalive(&keepalive(self.cfg.keepalive));
         if let Err(e) = self.poll.registry().register(
             &mut stream,
             Token(id as usize),

@@ -106,6 +106,12 @@ fn a_killed_follower_is_seen_down_within_the_dead_peer_bound() {
 
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn a_crashed_machine_is_seen_down_over_idle_links() {
+    s::a_crashed_machine_is_seen_down_over_idle_links(&Setup::LAB_RDMA);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn after_a_chaos_schedule_is_lifted_the_cluster_elects_serves_and_reconnects() {
     s::after_a_chaos_schedule_is_lifted_the_cluster_elects_serves_and_reconnects(&Setup::LAB_RDMA);
 }
@@ -194,4 +200,10 @@ fn tcp_a_wrong_peer_is_refused_on_both_sides() {
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn tcp_a_killed_follower_is_seen_down_within_the_dead_peer_bound() {
     s::a_killed_follower_is_seen_down_within_the_dead_peer_bound(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_a_crashed_machine_is_seen_down_over_idle_links() {
+    s::a_crashed_machine_is_seen_down_over_idle_links(&Setup::LAB_TCP);
 }

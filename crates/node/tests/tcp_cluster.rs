@@ -79,6 +79,14 @@ fn a_killed_follower_is_seen_down_within_the_dead_peer_bound() {
 }
 
 #[test]
+fn netns_a_crashed_machine_is_seen_down_over_idle_links() {
+    run_on(
+        s::a_crashed_machine_is_seen_down_over_idle_links,
+        &Setup::HOST_NETNS_TCP,
+    );
+}
+
+#[test]
 fn netns_deposed_leader_wakes_up_and_cannot_commit() {
     run_on(
         s::deposed_leader_wakes_up_and_is_fenced,

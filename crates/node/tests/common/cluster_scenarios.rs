@@ -1168,3 +1168,76 @@ pub fn a_killed_follower_is_seen_down_within_the_dead_peer_bound(setup: &Setup) 
     let v = c.verify(&acks).unwrap();
     println!("verified: {v}");
 }
+
+/// "A peer whose machine died is found dead on every link, idle ones included, within two
+/// keepalive periods plus the dead-peer bound" (ARCHITECTURE.md, `crates/fabric`). A
+/// follower's cable is cut and its process killed, so no FIN, RST or disconnect reaches
+/// anyone, as in a machine crash. The other follower's link to it carries nothing (followers
+/// do not talk to each other while they follow): over RDMA a queue pair fails only when
+/// something is posted on it, over TCP a socket with nothing outstanding never times out, so
+/// without keepalives that link stayed up for good. Both the leader and the other follower
+/// must count the node down; then the cable comes back and the node restarts and catches up.
+pub fn a_crashed_machine_is_seen_down_over_idle_links(setup: &Setup) {
+    let (_t, mut c) = cluster(setup, "crashed-machine", 8900);
+    c.leader(Duration::from_secs(60)).unwrap();
+    let w = Workload::new(20, Sizes::Fixed(256));
+    let mut acks = run_workload(&mut c, &w, |_, _| {}).unwrap().acks;
+    let l = c.leader(Duration::from_secs(10)).unwrap();
+    let f = (1..=3).find(|i| *i != l).unwrap();
+    let g = (1..=3).find(|i| *i != l && *i != f).unwrap();
+    // The idle link is up before the fault (else the test would prove nothing).
+    let t = Instant::now();
+    while !c
+        .status_within(g, Duration::from_secs(30))
+        .unwrap()
+        .conns
+        .contains(&format!("{f}:up"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "follower {g} never connected to follower {f}: {:?}",
+            c.status(g)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Two keepalive periods (1 s each, the default), the dead-peer bound of the lab's QP
+    // settings (timeout 14, retry 6) four times over for Soft-RoCE's timer, and 3 s for the
+    // status round trips under TCG.
+    let per_try = Duration::from_nanos(4096 << 14);
+    let bound = Duration::from_secs(2) + per_try * 7 * 4 + Duration::from_secs(3);
+    let cut = Fault::cut_cable(f).unwrap();
+    c.kill(f);
+    println!("injected: cable cut on follower {f}, then kill -9 of it (a machine crash)");
+    let t = Instant::now();
+    let mut seen = std::collections::BTreeMap::new();
+    while seen.len() < 2 {
+        for i in [l, g] {
+            if seen.contains_key(&i) {
+                continue;
+            }
+            let s = c.status_within(i, Duration::from_secs(30)).unwrap();
+            if !s.conns.contains(&format!("{f}:up")) {
+                seen.insert(i, t.elapsed());
+            } else {
+                assert!(
+                    t.elapsed() < bound,
+                    "node {i} still counts the crashed node {f} up after {:?} (bound {bound:?}): {s:?}",
+                    t.elapsed()
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "the crashed node {f} was seen down by leader {l} after {:.2} s and by follower {g} (idle link) after {:.2} s (bound {bound:?})",
+        seen[&l].as_secs_f64(),
+        seen[&g].as_secs_f64()
+    );
+    cut.lift().unwrap();
+    acks.push(append_ack(&c, 7_000_000));
+    c.start_node(f).unwrap();
+    let last = acks.last().unwrap().index;
+    c.wait_commit(f, last, Duration::from_secs(120)).unwrap();
+    let v = c.verify(&acks).unwrap();
+    println!("verified: {v}");
+}
