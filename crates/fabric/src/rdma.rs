@@ -485,6 +485,11 @@ impl RdmaEndpoint {
         let mut status = first;
         for f in c.inflight.drain(..) {
             let s = status.take().unwrap_or(WcStatus::Flushed);
+            if f.op == WcOp::Send && !f.signaled {
+                // A credit, keepalive or admission frame of this endpoint's own: the owner
+                // never posted it and must not see it complete.
+                continue;
+            }
             self.events.push(Event::Completion(Completion {
                 peer,
                 wr_id: f.wr_id,
