@@ -552,12 +552,14 @@ impl RdmaEndpoint {
             // fails only when something is posted on it: an idle one stayed up for good
             // beside a refused impostor (lab_cluster, a restart with the wrong secret). An
             // empty credit frame finds out within the retry bound.
-            // Refused with no credit or send slot left: the frames that took them either are
-            // still outstanding (they fail if the peer is dead) or were all taken by the
-            // peer's NIC before it died, and then only the owner's next write finds out.
-            if let Err(e) = self.send_frame_flags(Key::current(peer), u64::MAX, &[], true, 0) {
-                tracing::debug!(%peer, error = %e, "no probe of the held connection");
-            }
+            // Not sent with no credit to spare or no send slot left: the frames that took
+            // them either are still outstanding (they fail if the peer is dead) or were all
+            // taken by the peer's NIC before it died, and then only the owner's next write
+            // finds out (the keepalive needs a spare credit too).
+            self.probe(
+                Key::current(peer),
+                "the held connection, for a dial claiming its peer",
+            );
             Key::challenger(peer)
         } else {
             // The current one's break drops a challenger too.
@@ -788,6 +790,25 @@ impl RdmaEndpoint {
         }
     }
 
+    /// Sends an empty credit frame on `key`'s connection, which fails within the retry bound
+    /// if the peer is dead. Only with a credit to spare: the last one stays for a credit
+    /// update, as for the owner's frames (taken by a probe, the peer could wait for our update
+    /// while we wait for its).
+    fn probe(&mut self, key: Key, why: &str) {
+        let spare = self
+            .conns
+            .at(key)
+            .is_some_and(|c| c.credits.available() > 1);
+        let sent = if spare {
+            self.send_frame_flags(key, u64::MAX, &[], true, 0)
+        } else {
+            Err(FabricError::NoCredit { peer: key.peer })
+        };
+        if let Err(e) = sent {
+            tracing::debug!(peer = %key.peer, why, error = %e, "no probe frame");
+        }
+    }
+
     /// Once a keepalive period: an empty credit frame on every admitted connection on which
     /// nothing was posted since the last round, so that a dead peer fails it within the retry
     /// bound (see [`RdmaConfig::keepalive`]). A connection with no credit or send slot left
@@ -813,9 +834,7 @@ impl RdmaEndpoint {
                 .map(|(k, _)| k),
         );
         for &key in &keys {
-            if let Err(e) = self.send_frame_flags(key, u64::MAX, &[], true, 0) {
-                tracing::debug!(peer = %key.peer, error = %e, "no keepalive frame");
-            }
+            self.probe(key, "keepalive");
         }
         self.key_scratch = keys;
         for (_, c) in self.conns.iter_mut() {
