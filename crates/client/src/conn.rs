@@ -33,7 +33,9 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Stream::Plain(s) => s.read(buf),
-            Stream::Tls(s) => s.read(buf),
+            // One socket read a call: `StreamOwned::read` loops until a whole record came,
+            // so a server trickling one held the call past its deadline.
+            Stream::Tls(s) => proto::tls::read_some(&mut s.conn, &mut s.sock, buf),
         }
     }
 }

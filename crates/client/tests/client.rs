@@ -450,6 +450,70 @@ fn tls_with_a_ca_and_a_client_certificate() {
     );
 }
 
+/// "A call takes at most its deadline" under TLS too: a server that answers the hello with
+/// one TLS record trickled a byte every 50 ms (each socket read beats its timeout) held the
+/// client inside rustls's read, which loops until a whole record has come, for as long as
+/// the record took (a 16 KiB record: 14 minutes). Now each read takes the socket once and the
+/// attempt's deadline is looked at between them.
+#[test]
+fn a_server_trickling_a_tls_record_does_not_hold_a_call_past_its_deadline() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("rdmalog test CA");
+    let ca = dir.path().join("ca.pem");
+    pki.write_ca(&ca);
+    let (cert, key) = pki.issue(&["localhost", "127.0.0.1"], dir.path());
+    let server_cfg = server::tls::server_config(&cert, &key, None).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let server = std::thread::spawn(move || {
+        let (tcp, _) = listener.accept().unwrap();
+        let mut conn = rustls::ServerConnection::new(server_cfg).unwrap();
+        let mut sock = tcp;
+        let by = Instant::now() + Duration::from_secs(10);
+        proto::tls::handshake(&mut conn, &mut sock, by).unwrap();
+        // The client's hello (any plaintext), then a record header announcing 16 KiB and
+        // its bytes one at a time.
+        let mut buf = [0u8; 4096];
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        while !matches!(proto::tls::read_some(&mut conn, &mut sock, &mut buf), Ok(n) if n > 0) {
+            assert!(Instant::now() < by, "no hello from the client");
+        }
+        sock.write_all(&[0x17, 0x03, 0x03, 0x40, 0x00]).unwrap();
+        let t = Instant::now();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed)
+            && t.elapsed() < Duration::from_secs(60)
+            && sock.write_all(&[0]).is_ok()
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let mut cfg = ClientConfig::new(vec![addr], CLUSTER);
+    cfg.tls = Some(TlsConfig {
+        ca,
+        client_cert: None,
+        server_name: Some("localhost".into()),
+    });
+    cfg.connect_timeout = Duration::from_secs(1);
+    cfg.request_timeout = Duration::from_secs(1);
+    cfg.deadline = Duration::from_secs(2);
+    let t = Instant::now();
+    let r = Client::connect(cfg);
+    let took = t.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    server.join().unwrap();
+    assert!(r.is_err(), "a hello answered with nothing connected");
+    assert!(
+        took < Duration::from_secs(6),
+        "the call took {took:?} with a 2 s deadline: {:?}",
+        r.err()
+    );
+    println!("the call gave up after {took:?}: {:?}", r.err());
+}
+
 /// `read_with`: a linearizable read from a client connected to a follower follows the
 /// redirect to the leader and holds what was appended; an `AtLeast` read on a follower holds
 /// the index it waited for.

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use fabric::Fabric;
+use proto::tls::FramedSocket;
 use proto::{
     Entry, ErrorCode, FrameError, MIN_PROTOCOL_VERSION, NodeStatus, PROTOCOL_VERSION,
     ReadConsistency, Request, Response, Role,
@@ -47,17 +48,44 @@ fn entry_cost(data: &[u8]) -> usize {
 /// A byte stream with its TCP socket underneath (plain or TLS).
 trait Stream: Read + Write {
     fn tcp(&self) -> &TcpStream;
+
+    /// Reads what is there, taking the socket at most once (so within its read timeout);
+    /// `WouldBlock` or `TimedOut` when nothing readable came.
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Whether bytes of a frame are on their way below this stream: a TLS record begun and
+    /// not ended, which decrypts to nothing until its last byte.
+    fn mid_record(&self) -> bool;
 }
 
 impl Stream for TcpStream {
     fn tcp(&self) -> &TcpStream {
         self
     }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read(buf)
+    }
+
+    fn mid_record(&self) -> bool {
+        false
+    }
 }
 
-impl Stream for rustls::StreamOwned<rustls::ServerConnection, TcpStream> {
+/// TLS, read record by record: `StreamOwned::read` loops inside until a whole record has
+/// come, each socket read under the timeout, so a client trickling a record held the
+/// connection past every deadline ([`proto::tls::read_some`]).
+impl Stream for rustls::StreamOwned<rustls::ServerConnection, FramedSocket> {
     fn tcp(&self) -> &TcpStream {
-        &self.sock
+        &self.sock.sock
+    }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        proto::tls::read_some(&mut self.conn, &mut self.sock, buf)
+    }
+
+    fn mid_record(&self) -> bool {
+        self.sock.mid_record()
     }
 }
 
@@ -91,7 +119,7 @@ pub(crate) fn serve<F: Fabric + Send + 'static>(
                     return;
                 }
             };
-            let mut s = rustls::StreamOwned::new(conn, tcp);
+            let mut s = rustls::StreamOwned::new(conn, FramedSocket::new(tcp));
             // The whole handshake within `frame_timeout`, as the hello after it: a client
             // that trickles its handshake a byte at a time never lets one read time out, and
             // would hold a connection slot for as long as it likes.
@@ -106,8 +134,8 @@ pub(crate) fn serve<F: Fabric + Send + 'static>(
                 tracing::warn!(%peer, error = %e, "TLS handshake failed; connection refused");
                 return;
             }
-            let _ = s.sock.set_read_timeout(Some(frame_timeout));
-            let _ = s.sock.set_write_timeout(Some(frame_timeout));
+            let _ = s.sock.sock.set_read_timeout(Some(frame_timeout));
+            let _ = s.sock.sock.set_write_timeout(Some(frame_timeout));
             run(shared, s, peer, over_limit);
         }
     }
@@ -304,7 +332,8 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 if self.buf.len() >= end {
                     let r = proto::decode_body(&self.buf[4..end], max);
                     self.buf.drain(..end);
-                    self.frame_started = (!self.buf.is_empty()).then(Instant::now);
+                    self.frame_started =
+                        (!self.buf.is_empty() || self.s.mid_record()).then(Instant::now);
                     self.last_active = Instant::now();
                     return match r {
                         Ok(req) => Ok(Some(Incoming::Request(req))),
@@ -330,7 +359,7 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                 }
             }
             let mut tmp = [0u8; 16 << 10];
-            match self.s.read(&mut tmp) {
+            match self.s.read_some(&mut tmp) {
                 Ok(0) => return Err(End::Gone),
                 Ok(n) => {
                     self.frame_started.get_or_insert_with(Instant::now);
@@ -342,6 +371,15 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                     ) =>
                 {
+                    // A frame is on its way from its first byte on the wire: a record that
+                    // decrypts to nothing yet counts (a client trickling one is cut at
+                    // `frame_timeout` like one trickling a plain frame); a record that
+                    // carried no data and ended leaves nothing pending.
+                    if self.buf.is_empty() && !self.s.mid_record() {
+                        self.frame_started = None;
+                    } else {
+                        self.frame_started.get_or_insert_with(Instant::now);
+                    }
                     return Ok(None);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -851,6 +851,75 @@ fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
     assert!(m.contains("rdmalog_rejected_connections_total 2"), "{m}");
 }
 
+/// "A frame must arrive whole within `frame_timeout`" and "the hello within `frame_timeout`
+/// of the handshake" (docs/PROTOCOL.md) under TLS too: a client that sends a TLS record's
+/// header announcing 16 KiB and then one byte every 50 ms, before its hello or after it, is
+/// cut at about `frame_timeout`. rustls's `StreamOwned::read` looped inside until the record
+/// was whole, each socket read beating the timeout, so such a client held its connection slot
+/// for 14 minutes a record, and then the next.
+#[test]
+fn a_client_trickling_a_tls_record_is_cut_at_frame_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new("rdmalog test CA");
+    let ca = dir.path().join("ca.pem");
+    pki.write_ca(&ca);
+    let (cert, key) = pki.issue("localhost", dir.path());
+    let frame_timeout = Duration::from_millis(500);
+    let c = cluster(|o| {
+        o.tls = Some(server::tls::server_config(&cert, &key, None).unwrap());
+        o.frame_timeout = frame_timeout;
+    });
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+    for hello_first in [false, true] {
+        let s = tls_connect(addr, &ca, None).unwrap();
+        let mut s = if hello_first {
+            let (client, r) = Client::hello(s, None);
+            assert!(matches!(r, Response::Welcome { .. }), "{r:?}");
+            client.s
+        } else {
+            s
+        };
+        let start = Instant::now();
+        s.sock.write_all(&[0x17, 0x03, 0x03, 0x40, 0x00]).unwrap();
+        s.sock
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let cut = loop {
+            if s.sock.write_all(&[0x01]).is_err() {
+                break start.elapsed();
+            }
+            match s.sock.read(&mut [0u8; 256]) {
+                Ok(0) => break start.elapsed(),
+                Ok(_) => {} // the server's alert before it closes
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break start.elapsed(),
+            }
+            assert!(
+                start.elapsed() < frame_timeout * 10,
+                "a client trickling a TLS record (hello first: {hello_first}) still connected after {:?}",
+                start.elapsed()
+            );
+        };
+        assert!(
+            cut >= frame_timeout,
+            "cut after {cut:?} (hello first: {hello_first})"
+        );
+        println!(
+            "a client trickling a TLS record (hello first: {hello_first}) was cut after {cut:?}"
+        );
+    }
+    // The server still serves.
+    let s = tls_connect(addr, &ca, None).unwrap();
+    let (_, r) = Client::hello(s, None);
+    assert!(matches!(r, Response::Welcome { .. }), "{r:?}");
+}
+
 fn entries_of(r: Response) -> Vec<proto::Entry> {
     match r {
         Response::Entries { entries, .. } => entries,
