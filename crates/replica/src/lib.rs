@@ -324,6 +324,11 @@ pub enum Mutation {
     /// A leader that applies its own removal from the voters goes on leading (raft-rs's
     /// untested branch), instead of stepping down.
     RemovedLeaderLeads,
+    /// Under `Durability::Replicated`, a clean close (`Replica::close`, SIGTERM's path)
+    /// neither fences the ring nor takes what the leader placed past its end, and removes the
+    /// ring's files although the ring is still open to remote writes: records the leader
+    /// counted as this node's acknowledgements go with them.
+    CloseWithoutFence,
     /// A tick steps the proposals that wait and the write completions' responses outside the
     /// wrapper that turns raft-rs's panic on a failed read into a fail-stop: an injected read
     /// error panics the process instead of failing the replica stop.

@@ -793,6 +793,21 @@ impl<F: Fabric> Replica<F> {
                 r.process_ready_only_inner()
             })?;
         }
+        // Under Replicated, records our leader placed in the ring past its end are ours
+        // already: the leader counted them when its writes completed. The ring is fenced
+        // (nothing more lands), they are taken as before a vote, and the wal persists them
+        // before it closes. A ring still open to writes (a poisoned replica) keeps its files
+        // and `ring_in_use`, so the next open takes them, as after a kill.
+        if self.cfg.durability.commits_on_nic_ack()
+            && self.poisoned.is_none()
+            && self.cfg.mutation != crate::Mutation::CloseWithoutFence
+        {
+            self.fail_stop_on_read_error(|r| {
+                r.settle_readies()?;
+                r.fence_ring();
+                r.settle_readies()
+            })?;
+        }
         self.wal.close()?;
         let closed = self.close_ring_files();
         // Closed for writing: another open of the data dir may go on, even while handles of
@@ -807,7 +822,17 @@ impl<F: Fabric> Replica<F> {
         if let Some((ring, tail)) = self.ring_files.take() {
             let ring_end = self.producer.position().lsn;
             let durable = self.wal.durable_lsn();
-            if ring_end > durable {
+            if self.producer.open_to_remote()
+                && self.cfg.mutation != crate::Mutation::CloseWithoutFence
+            {
+                // Records placed past the published end may be acknowledged: the next open
+                // takes them (a replica that failed stop before it could fence).
+                tracing::warn!(
+                    node = self.cfg.id,
+                    ring = %ring.display(),
+                    "the ring is still open to remote writes; keeping its files"
+                );
+            } else if ring_end > durable {
                 // Not expected after a successful close; keep what recovery would need.
                 tracing::warn!(
                     node = self.cfg.id,
@@ -852,6 +877,18 @@ impl<F: Fabric> Replica<F> {
     /// it to model a deposed leader that keeps writing.
     pub fn process_ready_only(&mut self) -> Result<(), ReplicaError> {
         self.fail_stop_on_read_error(|r| r.process_ready_only_inner())
+    }
+
+    /// Handles `Ready`s until raft has none (a bounded number: each persists what the one
+    /// before left), without polling the fabric.
+    fn settle_readies(&mut self) -> Result<(), ReplicaError> {
+        for _ in 0..8 {
+            if !self.raw.has_ready() {
+                break;
+            }
+            self.process_ready_only_inner()?;
+        }
+        Ok(())
     }
 
     fn process_ready_only_inner(&mut self) -> Result<(), ReplicaError> {

@@ -13,6 +13,10 @@
 //!   then the re-elected leader is cut off from everyone but it. A leader must not count a
 //!   write on a grant given for an earlier term (mutation `nic-ack-before-grant`).
 //!
+//! With [`crate::Options::clean_stops`] an episode ends with its stalled followers stopped
+//! cleanly and restarted instead of woken: the close must keep what their NICs acknowledged
+//! (mutation `close-without-fence`).
+//!
 //! While an episode runs no other fault is drawn, so it plays out as designed.
 
 use fabric::NodeId;
@@ -222,7 +226,12 @@ impl Run {
         }
         self.heal_links();
         for &f in stalled {
-            if self.c.paused.contains(&f) {
+            if self.options.clean_stops && self.live().contains(&f) {
+                // Stopped cleanly while its NIC held what the leader counted: the close
+                // must take it (mutation `close-without-fence`).
+                self.stop(f);
+                self.restart(f)?;
+            } else if self.c.paused.contains(&f) {
                 self.resume(f)?;
             }
         }

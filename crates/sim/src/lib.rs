@@ -97,6 +97,12 @@ pub struct Options {
     /// `reads`). The seed family of `tests/reads.rs`; off by default, so the CI seeds' runs
     /// stay as they were.
     pub reads: bool,
+    /// Half the process kills are clean stops instead (`Replica::close`, what SIGTERM does:
+    /// [`Fault::Stop`]), and `Replicated` episodes end with their stalled followers stopped
+    /// and restarted rather than woken, so a close must keep what the leader placed in their
+    /// rings. The seed family of `tests/clean_stops.rs`; off by default, so the CI seeds'
+    /// runs stay as they were.
+    pub clean_stops: bool,
 }
 
 /// Clients with a session each, when [`Options::sessions`] is on.
@@ -116,6 +122,7 @@ impl Default for Options {
             kill_mid_op: true,
             callers_drive: false,
             reads: false,
+            clean_stops: false,
         }
     }
 }
@@ -128,6 +135,9 @@ pub enum Fault {
     Crash,
     /// A node's process was killed (kill -9): shared memory and the page cache survive.
     ProcessKill,
+    /// A node's process was stopped cleanly (`Replica::close`, SIGTERM's path), then counts
+    /// as killed: it restarts from what the close left.
+    Stop,
     /// A node restarted after a kill, from the disk and shared memory its process left.
     RestartKilled,
     /// Every node lost power at once.
@@ -338,6 +348,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("dedup-committed-only", Mutation::DedupCommittedOnly),
     ("read-without-quorum", Mutation::ReadWithoutQuorum),
     ("read-before-nic-acks", Mutation::ReadBeforeNicAcks),
+    ("close-without-fence", Mutation::CloseWithoutFence),
 ];
 
 /// The flags of `rdmalog-sim` that select `options` (beside the seed), so that a failure's
@@ -366,6 +377,7 @@ fn replay_flags(o: &Options) -> String {
         (o.sessions, " --sessions"),
         (o.callers_drive, " --callers-drive"),
         (o.reads, " --reads"),
+        (o.clean_stops, " --clean-stops"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
     ] {
         if on {
@@ -581,11 +593,22 @@ impl Run {
 
     /// Kills node `id`'s process; its machine (page cache, shared memory) stays up.
     fn kill(&mut self, id: u64) {
+        self.end_process(id, false);
+    }
+
+    /// Stops node `id`'s process cleanly (`Replica::close`); from then on it is a killed
+    /// node, restarting from what the close left on its disk and in its shared memory. A
+    /// close that fails (a disk error) leaves what a kill would.
+    fn stop(&mut self, id: u64) {
+        self.end_process(id, true);
+    }
+
+    fn end_process(&mut self, id: u64, clean: bool) {
         // A replica that failed stop, or whose process already died at a disk operation
         // (it may not have noticed), may have applied a change or a checkpoint it could not
         // store: only a working one's are known durable.
         let dead_on_disk = self.c.disks[&id].is_down();
-        match self
+        let working = match self
             .c
             .nodes
             .get(&id)
@@ -594,17 +617,35 @@ impl Run {
         {
             Some(s) if s.failure.is_none() && !dead_on_disk => {
                 self.conf_at_kill.insert(id, s.conf_index);
+                true
             }
             _ => {
                 self.conf_at_kill.remove(&id);
+                false
             }
-        }
-        self.c.kill(id);
+        };
+        // A replica that failed stop, or whose process died at a disk operation, has
+        // nothing left to close: it goes as a killed one.
+        let closed = if clean && working {
+            Some(self.c.stop(id))
+        } else {
+            self.c.kill(id);
+            None
+        };
         self.checker.node_restarted(id);
         self.down.insert(id);
         self.killed.insert(id);
         *self.incarnations.entry(id).or_default() += 1;
-        self.fault(Fault::ProcessKill, format!("node {id}'s process is killed"));
+        match closed {
+            None => self.fault(Fault::ProcessKill, format!("node {id}'s process is killed")),
+            Some(r) => {
+                let how = r.map_or_else(|e| format!("its close failed: {e}"), |()| "closed".into());
+                self.fault(
+                    Fault::Stop,
+                    format!("node {id}'s process is stopped cleanly ({how})"),
+                );
+            }
+        }
     }
 
     /// Nodes that lost entries they may have acknowledged and have not caught up yet: like
@@ -762,7 +803,11 @@ impl Run {
         };
         if self.chance(r.kill_ppm) && (self.down.len() as u64) < max_down {
             if let Some(id) = self.pick(&live) {
-                self.kill(id);
+                if self.options.clean_stops && self.rng.below(2) == 0 {
+                    self.stop(id);
+                } else {
+                    self.kill(id);
+                }
             }
         }
         if self.chance(r.crash_ppm) && unavailable < max_unavailable {

@@ -65,6 +65,10 @@ struct Args {
     /// and acknowledged before it began (the seed family of tests/reads.rs).
     #[arg(long)]
     reads: bool,
+    /// Half the process kills are clean stops, and Replicated episodes end with their
+    /// stalled followers stopped cleanly (the seed family of tests/clean_stops.rs).
+    #[arg(long)]
+    clean_stops: bool,
     /// Never kill a process in the middle of a disk operation (the schedule seeds had before
     /// that fault existed).
     #[arg(long)]
@@ -101,6 +105,7 @@ fn main() -> anyhow::Result<()> {
         sessions: args.sessions,
         callers_drive: args.callers_drive,
         reads: args.reads,
+        clean_stops: args.clean_stops,
         kill_mid_op: !args.no_kill_mid_op,
         ..sim::Options::default()
     };

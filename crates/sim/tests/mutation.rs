@@ -49,6 +49,9 @@ use replica::{Durability, Mutation};
 /// `replica/tests/integration/stale_suffix.rs`,
 /// `a_ticket_is_not_superseded_by_an_entry_that_never_commits`, not by a seed: it takes five
 /// voters and two partitions in a row, and 6,000 seeds of three families miss it.
+/// `close-without-fence` (a clean close that removes a `Replicated` follower's ring with the
+/// records its leader counted) is caught by the `--clean-stops` family (`tests/clean_stops.rs`,
+/// at seed 4 with every seed `Replicated`): the default families never stop a node cleanly.
 /// `tick-outside-fail-stop` likewise only by the regression
 /// seed that found it (9,800,079 of `--callers-drive --conditional`, a panic;
 /// `ticking_outside_the_fail_stop_wrapper_is_caught`).

@@ -11,7 +11,9 @@
 //!   before they vote, and elect a leader that has them; with the test-only
 //!   `Mutation::NoPlacedTake` the same run loses them, so the test can tell;
 //! - followers leave unsent the answers the leader already counted, yet report their ring
-//!   head often enough that the leader's flow control never falls back to the slow path.
+//!   head often enough that the leader's flow control never falls back to the slow path;
+//! - a clean close of a follower (`Replica::close`, what SIGTERM does) keeps them too: it
+//!   fences the ring and takes what was placed before the log closes.
 
 use std::collections::BTreeMap;
 
@@ -278,5 +280,51 @@ fn followers_leave_unsent_the_answers_the_leader_already_counted() {
         "the leader fell back to the slow path: it did not learn of the room its followers \
          freed"
     );
+    verify(&mut c, &acked);
+}
+
+/// "An acknowledged append survives a process crash of any number of nodes" counts a clean
+/// stop as well: followers stopped with `close` (SIGTERM's path) while their rings are granted
+/// and hold records the leader counted on the NIC's completion must keep them. `close`
+/// removed the ring files and cleared `ring_in_use` without taking them: after the leader's
+/// machine went down for good, the followers came back without the entries, not recovering,
+/// and elected a leader that lacked them (found by a review helper; the kill of the same
+/// schedule kept them, as the last test shows).
+#[test]
+fn a_clean_close_of_granted_followers_keeps_the_placed_entries() {
+    stop_followers_then_lose_the_leader(true);
+}
+
+/// The same schedule with kill -9 in place of the clean close: open takes the placed records
+/// from the ring left open.
+#[test]
+fn a_kill_of_granted_followers_keeps_the_placed_entries() {
+    stop_followers_then_lose_the_leader(false);
+}
+
+fn stop_followers_then_lose_the_leader(clean: bool) {
+    let mut c = cluster(22, Durability::Replicated, Mutation::None);
+    let (leader, mut acked) = warm_up(&mut c);
+    let stalled = append_with_followers_stalled(&mut c, leader, 24);
+    assert_eq!(stalled.len(), 24);
+    acked.extend(stalled);
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    for &id in &followers {
+        if clean {
+            c.stop(id).unwrap();
+        } else {
+            c.kill(id);
+        }
+    }
+    // The leader's machine goes down for good.
+    c.crash(leader);
+    for &id in &followers {
+        c.restart_killed(id).unwrap();
+    }
+    c.paused.clear();
+    c.elect().unwrap();
+    for i in 0..40 {
+        c.append(&payload(1000 + i)).unwrap();
+    }
     verify(&mut c, &acked);
 }

@@ -1,0 +1,66 @@
+//! The seed family of clean stops: seeds 1..=N where half the process kills are clean stops
+//! (`Replica::close`, what `rdmalog-server` does on SIGTERM) and `Replicated` episodes end
+//! with their stalled followers stopped cleanly and restarted instead of woken. A clean stop
+//! must keep everything a kill keeps: under `Replicated`, the records the leader placed in a
+//! follower's ring and counted on the NIC's completion. With the close's fence taken away
+//! (`Mutation::CloseWithoutFence`) a seed of the family fails; the default families only
+//! kill, so none of their seeds could.
+//!
+//! `SIM_SEEDS=N` changes the number of seeds.
+
+use replica::{Durability, Mutation};
+
+fn seeds() -> u64 {
+    std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+}
+
+fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
+    sim::Options {
+        clean_stops: true,
+        mutation,
+        durability,
+        ..sim::Options::default()
+    }
+}
+
+#[test]
+fn every_seed_holds_with_clean_stops() {
+    let started = std::time::Instant::now();
+    let (mut acked, mut stops) = (0, 0);
+    for seed in 1..=seeds() {
+        match sim::run(seed, options(Mutation::None, None), false) {
+            Ok(s) => {
+                acked += s.acked;
+                stops += s.faults.get(&sim::Fault::Stop).copied().unwrap_or(0);
+            }
+            Err(f) => panic!("\n{f}\n"),
+        }
+    }
+    eprintln!(
+        "{} seeds with clean stops passed in {:.1} s: {acked} acknowledged, {stops} clean stops",
+        seeds(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(stops > 0, "no clean stop: the family tests nothing");
+}
+
+#[test]
+fn a_close_that_does_not_fence_the_ring_is_caught() {
+    let caught = sim::first_catch(
+        options(Mutation::CloseWithoutFence, Some(Durability::Replicated)),
+        1..=seeds(),
+    )
+    .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
+    .map(|c| (c.seed, c.failure.to_string()));
+    let Some((seed, failure)) = caught else {
+        panic!(
+            "close-without-fence: no seed of 1..={} caught it (every seed Replicated)",
+            seeds()
+        );
+    };
+    eprintln!("close-without-fence caught at seed {seed}:\n{failure}");
+}
+
