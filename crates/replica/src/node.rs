@@ -842,19 +842,20 @@ impl<F: Fabric> Replica<F> {
                     "the ring holds entries past the durable end of the log; keeping its files"
                 );
             } else {
-                let mut removed = true;
+                // The segment files hold everything: the next start has nothing to lose. The
+                // mark goes first: a kill between the two steps then leaves ring files the
+                // next open reads as usual. The other order left the mark over a removed ring,
+                // and the next start came back recovering from a loss that never happened (a
+                // majority stopped so, say by a shutdown timeout's SIGKILL, stalled the
+                // cluster for good: the `--clean-stops` seed family, seed 30001609).
+                self.store_guard(Guard {
+                    ring_in_use: false,
+                    ..self.state_file.guard()
+                })?;
                 for path in [&tail, &ring] {
                     if let Err(e) = self.fabric.free_persistent(path) {
-                        removed = false;
                         tracing::warn!(node = self.cfg.id, error = %e, "cannot remove a shared-memory ring file");
                     }
-                }
-                // The segment files hold everything: the next start has nothing to lose.
-                if removed {
-                    self.store_guard(Guard {
-                        ring_in_use: false,
-                        ..self.state_file.guard()
-                    })?;
                 }
             }
         }

@@ -64,3 +64,20 @@ fn a_close_that_does_not_fence_the_ring_is_caught() {
     eprintln!("close-without-fence caught at seed {seed}:\n{failure}");
 }
 
+/// Seeds of the family that found a defect, replayed: a kill during a clean close (here the
+/// close's own disk operation reaching a kill armed before the stop, as a shutdown timeout's
+/// SIGKILL would) removed the ring's files before it cleared the `ring_in_use` mark, so the
+/// node came back recovering from a loss that never happened; with two such nodes no quorum
+/// could form and the cluster stalled for good (liveness). The mark is cleared first now.
+#[test]
+fn regression_seeds_of_the_family_pass() {
+    for (seed, durability) in [
+        (30_001_269, None),
+        (30_001_269, Some(Durability::Replicated)),
+        (30_001_609, Some(Durability::Memory)),
+    ] {
+        if let Err(f) = sim::run(seed, options(Mutation::None, durability), false) {
+            panic!("\n{f}\n");
+        }
+    }
+}
