@@ -920,6 +920,60 @@ fn a_client_trickling_a_tls_record_is_cut_at_frame_timeout() {
     assert!(matches!(r, Response::Welcome { .. }), "{r:?}");
 }
 
+/// The resident memory of this process, in bytes.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// A connection does not keep the room of the largest frame it ever sent: four connections
+/// that each send one frame of 40 MiB (refused by name, the connection goes on) and stay open
+/// leave the server's memory about where it was (24 MiB more; it grew by 184 MiB when each
+/// kept its read buffer's room until it closed: found by a review helper, at the defaults
+/// `max_connections` such connections would hold about 28 GiB).
+#[test]
+fn a_large_frame_leaves_no_memory_behind_on_its_connection() {
+    // Read-only clients: the appends are read whole, then refused (nothing enters the log).
+    // Frames of 40 MiB: above glibc's largest mmap threshold (32 MiB), so the frame's other
+    // buffers go back to the system when freed, and only what a connection keeps stays.
+    let c = cluster(|o| {
+        o.anonymous_role = Some(Role::ReadOnly);
+        o.max_frame_bytes = 64 << 20;
+    });
+    let l = c.leader();
+    let addr = c.server(l).client_addr();
+    let big = vec![0x5A; 40 << 20];
+    // One round first, so that allocator pools grown by any large frame are counted before.
+    let mut warm = connect(addr, None);
+    let _ = append(&mut warm, &big);
+    drop(warm);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = rss_bytes();
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let mut conn = connect(addr, None);
+        let r = append(&mut conn, &big);
+        assert!(
+            matches!(r, Response::Error { .. } | Response::Appended { .. }),
+            "{r:?}"
+        );
+        open.push(conn);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let grown = rss_bytes().saturating_sub(before);
+    println!(
+        "four connections that each sent a 40 MiB frame grew the process by {} MiB",
+        grown >> 20
+    );
+    assert!(
+        grown < 96 << 20,
+        "four open connections hold {} MiB after their 40 MiB frames",
+        grown >> 20
+    );
+    drop(open);
+}
+
 fn entries_of(r: Response) -> Vec<proto::Entry> {
     match r {
         Response::Entries { entries, .. } => entries,
