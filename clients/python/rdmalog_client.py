@@ -871,10 +871,19 @@ class _Conn:
         self.frames_read = 0
         self.welcome: Optional[dict] = None
         self.last_used = time.monotonic()
+        # When the frame being read must have arrived (None: wait for ever, a tail's wait).
+        self.deadline: Optional[float] = None
 
-    # read(n): up to n bytes, b"" at EOF (the interface read_frame expects)
+    # read(n): up to n bytes, b"" at EOF (the interface read_frame expects). Each socket read
+    # gets what is left until the frame's deadline, not the whole timeout again: a server
+    # trickling a frame a byte at a time held a call for as long as the frame took.
     def read(self, n: int) -> bytes:
         if not self.buf:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout("timed out")
+                self.sock.settimeout(left)
             chunk = self.sock.recv(min(max(n, 65536), 1 << 20))
             if not chunk:
                 return b""
@@ -890,8 +899,12 @@ class _Conn:
 
     def recv(self, timeout: Optional[float]) -> dict:
         self.sock.settimeout(None if timeout is None else max(timeout, 0.001))
-        body = read_frame(self, self.max_frame_bytes,
-                          sniff_tls=(not self.tls and self.frames_read == 0))
+        self.deadline = None if timeout is None else time.monotonic() + max(timeout, 0.001)
+        try:
+            body = read_frame(self, self.max_frame_bytes,
+                              sniff_tls=(not self.tls and self.frames_read == 0))
+        finally:
+            self.deadline = None
         self.frames_read += 1
         self.last_used = time.monotonic()
         return decode_response(body)

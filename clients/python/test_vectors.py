@@ -546,6 +546,52 @@ class ClientReadTests(unittest.TestCase):
                                          "token": None})
         self.assertEqual([r["variant"] for r in n.requests[1:]], ["Read", "Read"])
 
+    def test_a_server_trickling_an_answer_does_not_hold_a_call_past_its_deadline(self):
+        # PROTOCOL.md 7: the deadline is the call's. Each socket read used to get the whole
+        # request timeout again, so an answer sent a byte every 0.2 s took the call as long
+        # as the frame took (a 49-byte frame at 0.3 s a byte: 14.7 s with a 1.5 s deadline).
+        srv = socket.create_server(("127.0.0.1", 0))
+        addr = "127.0.0.1:%d" % srv.getsockname()[1]
+        stop = threading.Event()
+
+        def serve():
+            while not stop.is_set():
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                stream = conn.makefile("rb")
+                try:
+                    rc.read_frame(stream)  # the hello
+                    conn.sendall(rc.encode_frame(
+                        {"variant": "Welcome", "node_id": 1,
+                         "leader": {"id": 1, "client_addr": addr}, "role": "ReadOnly"},
+                        "response"))
+                    req = rc.decode_request(rc.read_frame(stream))
+                    for b in rc.encode_frame(entries_for(req), "response"):
+                        if stop.is_set():
+                            break
+                        conn.sendall(bytes([b]))
+                        time.sleep(0.2)
+                except (rc.RdmalogError, OSError):
+                    pass
+                finally:
+                    stream.close()
+                    conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        try:
+            with rc.Client([addr], 7, timeout=1.5, request_timeout=0.5,
+                           connect_timeout=0.5) as c:
+                t = time.monotonic()
+                with self.assertRaises(rc.RdmalogError):
+                    c.read(1)
+                took = time.monotonic() - t
+            self.assertLess(took, 3.0, "the call took %.1f s with a 1.5 s deadline" % took)
+        finally:
+            stop.set()
+            srv.close()
+
     def test_an_idle_close_crossing_a_request_is_retried_once(self):
         # PROTOCOL.md 3, Malformed: a request answered by the idle close on a connection that
         # answered before and then sat unused for a second or more is resent once, on a new
