@@ -65,8 +65,14 @@ pub(crate) enum Failure {
     NoLeader,
     /// The connection broke (or no answer came in time) during a request.
     Broken { addr: String, err: io::Error },
-    /// The server is busy or shutting down.
-    Busy { addr: String, message: String },
+    /// The server is busy or shutting down. `maybe_acted`: the request may have been acted on
+    /// (`ShuttingDown` for a pending append: it may or may not have committed); `Busy` and
+    /// `NotCommitted` say it certainly was not.
+    Busy {
+        addr: String,
+        message: String,
+        maybe_acted: bool,
+    },
 }
 
 /// What the retry loop does after an attempt.
@@ -320,6 +326,7 @@ impl Conn {
                 return Err(Step::Retry(Failure::Busy {
                     addr: addr.to_string(),
                     message,
+                    maybe_acted: false,
                 }));
             }
             Ok(Some(Response::Error { code, message, .. })) => {
@@ -505,6 +512,7 @@ impl Conn {
                 Step::Retry(Failure::Busy {
                     addr: self.addr.clone(),
                     message,
+                    maybe_acted: code == ErrorCode::ShuttingDown,
                 })
             } else if code == ErrorCode::Malformed && idle_race {
                 // The idle close crossed our request. The new connection has answered
@@ -520,6 +528,7 @@ impl Conn {
                 c if retryable(c) => Step::Retry(Failure::Busy {
                     addr: self.addr.clone(),
                     message,
+                    maybe_acted: c == ErrorCode::ShuttingDown,
                 }),
                 ErrorCode::Timeout => Step::TimedOut(format!("{}: {message}", self.addr)),
                 _ => Step::Fatal {
@@ -557,7 +566,7 @@ pub(crate) fn give_up(failure: Failure, waited: Duration, tried: &[String]) -> C
                 ClientError::Io(io::Error::new(err.kind(), format!("{addr}: {err}")))
             }
         }
-        Failure::Busy { addr, message } => ClientError::Timeout {
+        Failure::Busy { addr, message, .. } => ClientError::Timeout {
             waited,
             last: format!("{addr}: {message}"),
         },

@@ -570,6 +570,7 @@ impl Client {
                         return Err(Step::Retry(Failure::Busy {
                             addr: conn.addr.clone(),
                             message: last,
+                            maybe_acted: true,
                         }));
                     }
                     r => r?,
@@ -671,7 +672,15 @@ impl Client {
         self.run(|conn, id, deadline| {
             set_id(&mut req, id);
             let answer = conn.call(&req, id, deadline);
-            if let Err(Step::Retry(Failure::Broken { .. } | Failure::Busy { .. })) = &answer {
+            // `NotCommitted` (and `Busy`) say the entries are certainly not in the log
+            // (docs/PROTOCOL.md 6.1): the resend's condition is judged on a log without them.
+            if let Err(Step::Retry(
+                Failure::Broken { .. }
+                | Failure::Busy {
+                    maybe_acted: true, ..
+                },
+            )) = &answer
+            {
                 unanswered = true;
             }
             match answer? {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use client::{Client, ClientConfig, ClientError};
 use proto::{
-    Entry, NodeInfo, NodeStatus, PROTOCOL_VERSION, Request, Response, Role, read_frame, write_frame,
+    Entry, ErrorCode, NodeInfo, NodeStatus, PROTOCOL_VERSION, Request, Response, Role, read_frame,
+    write_frame,
 };
 
 /// The request id of `r`.
@@ -293,6 +294,44 @@ fn a_condition_failed_after_an_unanswered_send_may_have_committed() {
                 "{m}"
             );
         }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A conditional append whose first send was answered `NotCommitted` (its entries are
+/// certainly not in the log) and whose resend fails its condition: nothing was appended, and
+/// the error says so (docs/PROTOCOL.md 6.1). It said "may have committed", as after a send
+/// that went unanswered, sending the caller on a needless read (found by a review helper).
+#[test]
+fn a_condition_failed_after_not_committed_is_certain() {
+    let sends = std::sync::atomic::AtomicUsize::new(0);
+    let addr = scripted(move |r, id| match r {
+        Request::AppendIf { expected_last, .. } => {
+            if sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                Response::Error {
+                    id: Some(id),
+                    code: ErrorCode::NotCommitted,
+                    message: "a new leader's entries took its place".into(),
+                }
+            } else {
+                Response::ConditionFailed {
+                    id,
+                    last: expected_last + 1,
+                }
+            }
+        }
+        _ => Response::Error {
+            id: Some(id),
+            code: ErrorCode::Internal,
+            message: "unexpected".into(),
+        },
+    });
+    match client(addr, false).append_if(&[b"x"], 7) {
+        Err(ClientError::ConditionFailed {
+            expected: 7,
+            last: 8,
+            maybe_committed: false,
+        }) => {}
         other => panic!("{other:?}"),
     }
 }
