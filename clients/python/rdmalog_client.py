@@ -859,6 +859,20 @@ class _Backoff:
         self.step = min(self.step * 2, 1.0)
 
 
+# TCP keepalive as the Rust client and the server set it (proto::KEEPALIVE): probes after
+# 10 s of silence, every 5 s, 3 unanswered. The kernel's defaults (2 hours of silence) left a
+# tail on a member whose machine died waiting for hours.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 10, 5, 3
+
+
+def _set_keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+        if hasattr(socket, name):  # Linux; elsewhere the system's defaults stay
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 class _Conn:
     """One connection: a socket (maybe TLS) and a read buffer."""
 
@@ -1080,7 +1094,7 @@ class Client:
             try:
                 sock = socket.create_connection((host, port), timeout=left())
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                _set_keepalive(sock)
                 if self._ssl_ctx is not None:
                     sock.settimeout(left())
                     # server_hostname drives both verification and SNI; Python

@@ -546,6 +546,20 @@ class ClientReadTests(unittest.TestCase):
                                          "token": None})
         self.assertEqual([r["variant"] for r in n.requests[1:]], ["Read", "Read"])
 
+    @unittest.skipUnless(hasattr(socket, "TCP_KEEPIDLE"), "Linux keepalive options")
+    def test_the_connection_runs_keepalive_at_the_protocols_timing(self):
+        # PROTOCOL.md 7: probes after 10 s of silence, every 5 s, 3 unanswered, as the Rust
+        # client and the server; the kernel's default (2 hours) left a tail on a member whose
+        # machine died waiting for hours.
+        n = self.node(1, lambda req, node: entries_for(req))
+        with rc.Client([n.addr], 7, timeout=5) as c:
+            c.read(4)
+            sock = c._conn.sock
+            self.assertEqual(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), 1)
+            self.assertEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE), 10)
+            self.assertEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL), 5)
+            self.assertEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT), 3)
+
     def test_a_server_trickling_an_answer_does_not_hold_a_call_past_its_deadline(self):
         # PROTOCOL.md 7: the deadline is the call's. Each socket read used to get the whole
         # request timeout again, so an answer sent a byte every 0.2 s took the call as long

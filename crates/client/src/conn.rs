@@ -244,6 +244,9 @@ impl Conn {
         })?;
         let setup = |e: io::Error| connect_failed(e.to_string());
         tcp.set_nodelay(true).map_err(setup)?;
+        // A tail waits with no deadline: without keepalive, one on a member whose machine
+        // died (no FIN, no RST) waited for good instead of moving to another member.
+        proto::set_keepalive(&tcp).map_err(setup)?;
         tcp.set_read_timeout(Some(rest())).map_err(setup)?;
         tcp.set_write_timeout(Some(rest())).map_err(setup)?;
         let tls_failed = |e: &io::Error| {

@@ -514,6 +514,63 @@ fn a_server_trickling_a_tls_record_does_not_hold_a_call_past_its_deadline() {
     println!("the call gave up after {took:?}: {:?}", r.err());
 }
 
+/// Sockets of this machine's TCP table (`/proc/net/tcp`) on `port` at their local end (`true`)
+/// or remote end (`false`): their timer kind (2: keepalive) and when it fires, in clock ticks.
+fn tcp_timers(port: u16, local: bool) -> Vec<(u32, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let end = if local { f[1] } else { f[2] };
+            let p = u16::from_str_radix(end.split(':').nth(1)?, 16).ok()?;
+            // Established connections only (state 01).
+            if p != port || f[3] != "01" {
+                return None;
+            }
+            let (kind, when) = f[5].split_once(':')?;
+            Some((
+                u32::from_str_radix(kind, 16).ok()?,
+                u64::from_str_radix(when, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// "A tail on a member whose machine died moves to another within about 25 s; a server drops
+/// a dead client's connection likewise" (docs/PROTOCOL.md, section 7): both ends of a client
+/// connection run TCP keepalive at `proto::KEEPALIVE` (10 s of silence). A tail waits with no
+/// deadline and never idles out, so without it a silent peer (no FIN, no RST) held both for
+/// good: the kernel's default is two hours, and neither end asked for keepalive at all.
+#[test]
+fn both_ends_of_a_client_connection_run_keepalive() {
+    let c = cluster(|_| {});
+    let l = c.leader();
+    let mut client = Client::connect(c.config(&[l])).unwrap();
+    client.status().unwrap();
+    // Past the acknowledgement of the last answer (the retransmit timer, kind 1, runs until it).
+    std::thread::sleep(Duration::from_millis(300));
+    let port: u16 = c.addr(l).rsplit(':').next().unwrap().parse().unwrap();
+    // Clock ticks (USER_HZ, 100 on Linux) until the timer fires: at most the 10 s idle time.
+    let ticks_per_s = 100;
+    for (local, end) in [(true, "server"), (false, "client")] {
+        let timers = tcp_timers(port, local);
+        assert!(!timers.is_empty(), "no {end} socket on port {port}");
+        for (kind, when) in &timers {
+            assert_eq!(
+                *kind, 2,
+                "the {end}'s socket runs no keepalive timer: {timers:?}"
+            );
+            assert!(
+                *when <= 10 * ticks_per_s,
+                "the {end}'s keepalive fires in {when} ticks, past 10 s: {timers:?}"
+            );
+        }
+    }
+    drop(client);
+}
+
 /// `read_with`: a linearizable read from a client connected to a follower follows the
 /// redirect to the leader and holds what was appended; an `AtLeast` read on a follower holds
 /// the index it waited for.

@@ -35,6 +35,28 @@
 #[cfg(feature = "tls")]
 pub mod tls;
 
+/// How long a client connection may carry nothing before TCP keepalive probes it, the time
+/// between probes, and how many may go unanswered: a peer whose machine died (or whose cable
+/// was cut) is found within about 25 s, so a client's tail on a dead member moves to another
+/// and a server drops a dead client's connection, where nothing else would (a tail waits
+/// with no deadline, and never idles out).
+pub const KEEPALIVE: (std::time::Duration, std::time::Duration, u32) = (
+    std::time::Duration::from_secs(10),
+    std::time::Duration::from_secs(5),
+    3,
+);
+
+/// Turns on TCP keepalive ([`KEEPALIVE`]) on a client-protocol connection, at either end.
+pub fn set_keepalive(sock: &std::net::TcpStream) -> std::io::Result<()> {
+    let (idle, interval, retries) = KEEPALIVE;
+    socket2::SockRef::from(sock).set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(idle)
+            .with_interval(interval)
+            .with_retries(retries),
+    )
+}
+
 use std::io::{self, Read, Write};
 
 use bincode::{Decode, Encode};

@@ -118,6 +118,9 @@ pub(crate) fn serve<F: Fabric + Send + 'static>(
     over_limit: bool,
 ) {
     let _ = tcp.set_nodelay(true);
+    // A client whose machine died leaves no FIN: keepalive drops its connection (a tail's
+    // never idles out, and held its slot for good).
+    let _ = proto::set_keepalive(&tcp);
     let _ = tcp.set_nonblocking(false);
     let _ = tcp.set_write_timeout(Some(shared.opts.frame_timeout));
     let _ = tcp.set_read_timeout(Some(shared.opts.frame_timeout));
