@@ -101,6 +101,15 @@ pub enum ClientError {
     /// invalid server name or frame limit.
     #[error("configuration: {0}")]
     Config(String),
+    /// An exactly-once append failed for good with `cause` after an earlier send of the same
+    /// batch went unanswered (a broken connection, a server shutting down or timing out): **the
+    /// batch may or may not be in the log.** Read the log to find out before appending it
+    /// again (the next append opens a new session, which would not recognise this batch).
+    #[error("the batch may or may not be in the log (an earlier send went unanswered): {cause}")]
+    MaybeAppended {
+        /// What the last attempt failed with.
+        cause: Box<ClientError>,
+    },
 }
 
 impl ClientError {

@@ -51,7 +51,8 @@
 //! connection, no answer, `ShuttingDown`, `NotCommitted` or a server's `Timeout`, to
 //! whichever node leads, and each entry is in the log once. What remains uncertain is only a
 //! call that fails for good ([`ClientError::Timeout`] at the deadline, [`ClientError::Io`],
-//! `UnknownSession` for a batch already sent): its batch may or may not be in the log, and the
+//! `UnknownSession` for a batch already sent, and [`ClientError::MaybeAppended`]: any other
+//! failure after a send that went unanswered): its batch may or may not be in the log, and the
 //! client's next append opens a new session. The simulator's seed family
 //! `sim/tests/sessions.rs` and `tests/sessions.rs` test this.
 //!
@@ -556,10 +557,25 @@ impl Client {
                 (*s, *f) = (session, first_seq);
             }
             let mut sends = 0u32;
+            // Whether a send went unanswered (its batch may have committed).
+            let mut unanswered = false;
             let r = self.run(|conn, id, deadline| {
                 set_id(&mut req, id);
                 sends += 1;
-                let resp = match conn.call(&req, id, deadline) {
+                let answer = conn.call(&req, id, deadline);
+                if let Err(
+                    Step::TimedOut(_)
+                    | Step::Retry(
+                        Failure::Broken { .. }
+                        | Failure::Busy {
+                            maybe_acted: true, ..
+                        },
+                    ),
+                ) = &answer
+                {
+                    unanswered = true;
+                }
+                let resp = match answer {
                     // Not the leader: nothing was proposed, so this send does not count.
                     Err(Step::Redirect(l)) => {
                         sends -= 1;
@@ -598,7 +614,16 @@ impl Client {
                     // Whether the batch is in the log may be unknown: the next append must
                     // not leave a gap in this session's numbers, so it opens a new one.
                     self.session = None;
-                    return Err(e);
+                    // `Timeout`, `Io` and `UnknownSession` say so themselves; any other error
+                    // after an unanswered send (a refused reconnect, say) says nothing of the
+                    // batch, which may be in the log.
+                    let says_so = matches!(e, ClientError::Timeout { .. } | ClientError::Io(_))
+                        || e.code() == Some(ErrorCode::UnknownSession);
+                    return Err(if unanswered && !says_so {
+                        ClientError::MaybeAppended { cause: Box::new(e) }
+                    } else {
+                        e
+                    });
                 }
             }
         }

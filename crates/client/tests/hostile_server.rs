@@ -336,6 +336,36 @@ fn a_condition_failed_after_not_committed_is_certain() {
     }
 }
 
+/// An exactly-once append whose first send went unanswered (its connection broke) and whose
+/// resend is refused for good: the refusal says nothing of the first send, which may have
+/// committed, and the error says so (`MaybeAppended`). It was a bare `Refused`, which the
+/// crate docs did not count among the uncertain outcomes (found by a review helper).
+#[test]
+fn a_refusal_after_an_unanswered_session_append_says_the_batch_may_be_in_the_log() {
+    let sends = std::sync::atomic::AtomicUsize::new(0);
+    let addr = scripted_or_close(move |r, id| match r {
+        Request::OpenSession { .. } => Some(Response::SessionOpened { id, session: 9 }),
+        Request::AppendInSession { .. } => {
+            if sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                None
+            } else {
+                Some(Response::Error {
+                    id: Some(id),
+                    code: ErrorCode::Internal,
+                    message: "the log failed".into(),
+                })
+            }
+        }
+        _ => None,
+    });
+    match client(addr, true).append(&[b"x"]) {
+        Err(ClientError::MaybeAppended { cause }) => {
+            assert_eq!(cause.code(), Some(ErrorCode::Internal), "{cause:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A conditional append answered as appended anywhere but right after the end it expected
 /// (the server would have appended where the condition did not hold): a protocol error.
 #[test]
