@@ -59,7 +59,10 @@ pub struct WalConfig {
     /// Data bytes per segment file, a multiple of `block_bytes`, at most 1 TiB.
     pub segment_data_bytes: u64,
     /// Write-buffer size: bounds a batch and the bytes written but not yet synced. At least
-    /// one block, at most one segment and 1 GiB.
+    /// one block, at most one segment and 1 GiB. A segment records it (its unsynced window,
+    /// which recovery relies on to tell a torn tail from corruption), so a reopened log
+    /// writes with the smaller of this and its last segment's window: a larger value takes
+    /// effect on a new log.
     pub max_batch_bytes: u64,
     /// How long a sync leader waits for more appenders before writing (until the buffer is
     /// half full). Zero means *adaptive*: the leader waits only while appenders that waited
@@ -193,6 +196,22 @@ impl Wal {
     ) -> Result<(Self, RecoveryReport), WalError> {
         config.validate()?;
         let recovered = recover(&*fs, dir, &config)?;
+        // Batches larger than the window the last segment records would write more unsynced
+        // bytes than recovery allows for: a crash that tore one read as mid-log corruption,
+        // and the log refused to open.
+        let mut config = config;
+        let last_window = recovered
+            .segments
+            .back()
+            .map_or(config.max_batch_bytes, |s| u64::from(s.header.window_bytes));
+        if last_window < config.max_batch_bytes && last_window >= config.block_bytes {
+            tracing::info!(
+                configured = config.max_batch_bytes,
+                window = last_window,
+                "the log's last segment records a smaller unsynced window; batches keep to it"
+            );
+            config.max_batch_bytes = last_window;
+        }
         let mut report = recovered.report;
         report.segments = recovered.segments.len();
         let first = &recovered.segments[0].header;

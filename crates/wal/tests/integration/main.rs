@@ -14,6 +14,7 @@ mod failed_write;
 mod foreign_segments;
 mod fsync_poison;
 mod group_commit;
+mod grown_batch_window;
 mod inspect;
 mod mid_log_corruption;
 mod model;
