@@ -246,7 +246,10 @@ impl Conn {
         tcp.set_nodelay(true).map_err(setup)?;
         // A tail waits with no deadline: without keepalive, one on a member whose machine
         // died (no FIN, no RST) waited for good instead of moving to another member.
-        proto::set_keepalive(&tcp).map_err(setup)?;
+        if let Err(e) = proto::set_keepalive(&tcp) {
+            // A system without these options still serves; only a dead peer is found later.
+            tracing::debug!(%addr, error = %e, "cannot turn on TCP keepalive");
+        }
         tcp.set_read_timeout(Some(rest())).map_err(setup)?;
         tcp.set_write_timeout(Some(rest())).map_err(setup)?;
         let tls_failed = |e: &io::Error| {

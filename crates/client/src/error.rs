@@ -115,7 +115,8 @@ pub enum ClientError {
 impl ClientError {
     /// Whether calling again later may succeed: `Unreachable`, `Timeout`, `NoLeader` and `Io`
     /// are transient; `Refused`, `PartlyCommitted` (calling again would append the committed
-    /// entries twice), `Protocol`, `Tls` and `Config` are not.
+    /// entries twice), `MaybeAppended` (read the log first), `Protocol`, `Tls` and `Config`
+    /// are not.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,

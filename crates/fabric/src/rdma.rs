@@ -105,7 +105,9 @@ pub struct RdmaConfig {
     /// admitted connection on which nothing was posted for a whole period gets an empty
     /// credit frame: a peer whose machine died, or whose cable was cut, is found on an idle
     /// link within two periods plus the retry bound of `qp` (a follower's link to another
-    /// follower carries nothing for as long as they both follow).
+    /// follower carries nothing for as long as they both follow). The frame goes only with a
+    /// send credit to spare: credits a dead peer took and never gave back (its owner held our
+    /// messages) leave the link to be found at this side's next post.
     pub keepalive: Duration,
 }
 
@@ -811,8 +813,8 @@ impl RdmaEndpoint {
 
     /// Once a keepalive period: an empty credit frame on every admitted connection on which
     /// nothing was posted since the last round, so that a dead peer fails it within the retry
-    /// bound (see [`RdmaConfig::keepalive`]). A connection with no credit or send slot left
-    /// has frames outstanding, which fail as well if the peer is dead.
+    /// bound (see [`RdmaConfig::keepalive`]). One with no credit to spare gets none (see
+    /// [`RdmaEndpoint::probe`]).
     fn keepalive(&mut self) {
         let now = Instant::now();
         if now < self.keepalive_due {

@@ -101,9 +101,10 @@ impl Socket for FramedSocket {
 }
 
 /// Reads decrypted bytes into `buf`, taking the socket at most once (under its read timeout):
-/// `Ok(n)` with `n > 0` bytes, `Ok(0)` when the peer closed, `WouldBlock` when the socket's
-/// bytes (if any came) completed no record of data, so the caller can look at its deadlines
-/// before it reads again; the socket's own `WouldBlock` or `TimedOut` as they come.
+/// `Ok(n)` with `n > 0` bytes, `Ok(0)` when the peer closed, `Interrupted` when bytes came
+/// but completed no record of data (read again at once, more may be waiting; a caller with
+/// deadlines looks at them first), and the socket's own `WouldBlock` or `TimedOut` when
+/// nothing came.
 pub fn read_some<Data>(
     conn: &mut rustls::ConnectionCommon<Data>,
     sock: &mut impl Socket,
@@ -132,7 +133,7 @@ pub fn read_some<Data>(
         return if state.peer_has_closed() {
             Ok(0)
         } else {
-            Err(ErrorKind::WouldBlock.into())
+            Err(ErrorKind::Interrupted.into())
         };
     }
     conn.reader().read(buf)

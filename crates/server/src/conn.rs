@@ -381,24 +381,26 @@ impl<F: Fabric + Send + 'static, S: Stream> Conn<'_, F, S> {
                     self.frame_started.get_or_insert_with(Instant::now);
                     self.buf.extend_from_slice(&tmp[..n]);
                 }
+                // Bytes came and completed no TLS record of data (or a signal): a frame on its
+                // way is timed from its first byte on the wire, and read on at once (the
+                // loop looks at `frame_timeout` first, so a client trickling a record is cut
+                // there like one trickling a plain frame). With nothing pending (a record
+                // that carried no data and ended) the caller looks at its own deadlines.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    if self.buf.is_empty() && !self.s.mid_record() {
+                        self.frame_started = None;
+                        return Ok(None);
+                    }
+                    self.frame_started.get_or_insert_with(Instant::now);
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                     ) =>
                 {
-                    // A frame is on its way from its first byte on the wire: a record that
-                    // decrypts to nothing yet counts (a client trickling one is cut at
-                    // `frame_timeout` like one trickling a plain frame); a record that
-                    // carried no data and ended leaves nothing pending.
-                    if self.buf.is_empty() && !self.s.mid_record() {
-                        self.frame_started = None;
-                    } else {
-                        self.frame_started.get_or_insert_with(Instant::now);
-                    }
                     return Ok(None);
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return Err(End::Gone),
             }
         }
