@@ -1189,8 +1189,11 @@ impl<F: Fabric + Send + 'static> Subscription<F> {
                 }
                 while self.next <= r.commit_index() {
                     let i = self.next;
+                    // Past the entry only once it was read: a failed read is returned and the
+                    // next call tries the same index again, rather than skipping it for good.
+                    let read = r.read(i, &mut buf)?;
                     self.next += 1;
-                    if let Some(Committed::Application { .. }) = r.read(i, &mut buf)? {
+                    if let Some(Committed::Application { .. }) = read {
                         return Ok(Some((i, buf)));
                     }
                 }

@@ -926,7 +926,17 @@ impl<F: Fabric> Replica<F> {
         if self.ticket_status(t).is_some() {
             return self.process();
         }
-        self.pass_until(true, move |r| r.ticket_status(t).is_some())
+        // Only a leader of the ticket's term stops early: there raft's commit index never
+        // passes what its log holds. A deposed leader's ticket resolves (superseded) at the
+        // new leader's append, which moves the commit index over entries still in raft's
+        // unstable log, while the wal still holds the old suffix until this pass's `Ready`
+        // cuts it: stopping there let `read` (and the subscriptions it wakes) return the
+        // superseded entry as committed, and fail on the committed ones after it.
+        self.pass_until(true, move |r| {
+            r.raw.raft.state == StateRole::Leader
+                && r.raw.raft.term == t.term
+                && r.ticket_status(t).is_some()
+        })
     }
 
     /// A pass that stops after a batch of events once `stop` holds. It returns at once if

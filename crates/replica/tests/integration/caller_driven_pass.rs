@@ -4,6 +4,10 @@
 //! answers, under `Memory` an answer): the ticket is resolved while the entry is not applied
 //! yet, because raft's `Ready` behind the commit is left to the next pass. That next pass,
 //! an ordinary one, applies it, and every node learns of the commit and applies it.
+//!
+//! Only a leader of the ticket's term stops early: a deposed leader whose caller waits on an
+//! entry a new leader replaced runs its pass in full, so that no reader sees the superseded
+//! entry as committed.
 
 use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
@@ -167,4 +171,107 @@ fn read_after_a_commit_from_write_completions(mutation: Mutation) -> (u64, u64) 
     }
     let index = index.expect("the read was never confirmed").unwrap();
     (index, t.index)
+}
+
+fn isolate(c: &mut SimCluster, id: u64, from: &[u64], on: bool) {
+    for &o in from {
+        c.net.set_link(fabric::NodeId(id), fabric::NodeId(o), on);
+        c.net.set_link(fabric::NodeId(o), fabric::NodeId(id), on);
+    }
+}
+
+/// A deposed leader's caller drives its passes with `process_until_resolved` while the new
+/// leader's append replaces its entry. The pass used to stop at that append, whose commit
+/// index covered entries still only in raft's unstable log, before the `Ready` that cuts the
+/// old suffix from the wal: `read` (what `Log::read` and subscriptions use, woken by the
+/// pass) returned the superseded entry as committed and failed on the committed indexes
+/// after it (found by a review helper). Every read up to the commit index must now give what
+/// the new leader committed there.
+fn a_deposed_leaders_caller_reads_only_what_was_committed(durability: Durability) {
+    let mut c = SimCluster::new(3, 7, SimConfig::zero_delay(), |cfg: &mut ReplicaConfig| {
+        cfg.durability = durability;
+    })
+    .unwrap();
+    let a = c.elect().unwrap();
+    for i in 0..3u8 {
+        c.append(&[i; 16]).unwrap();
+    }
+    c.run_for(50_000_000).unwrap();
+    let rest: Vec<u64> = (1..=3).filter(|&i| i != a).collect();
+    isolate(&mut c, a, &rest, false);
+    let t = c.node(a).propose(b"STALE-never-committed").unwrap();
+    let leads = |c: &mut SimCluster, i: u64| c.node(i).status().role == replica::Role::Leader;
+    assert!(
+        c.run_until(20_000_000_000, |c| rest.iter().any(|&i| leads(c, i)))
+            .unwrap(),
+        "no new leader"
+    );
+    let b = *rest.iter().find(|&&i| leads(&mut c, i)).unwrap();
+    for i in 0..3u8 {
+        let tb = c.node(b).propose(&[0xB0 + i; 16]).unwrap();
+        c.wait(b, tb).unwrap();
+    }
+    c.run_for(50_000_000).unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(
+        c.node(a).read_persisted(t.index, &mut buf).unwrap(),
+        Some(t.term),
+        "A holds its own entry, which never committed"
+    );
+    // Heal: A's caller waits on t, driving A's passes.
+    isolate(&mut c, a, &rest, true);
+    let mut resolved = None;
+    for step in 0..200_000u64 {
+        if !c.net.step() {
+            let now = c.net.now();
+            c.net.run_until(now + 10_000_000);
+            for id in 1..=3 {
+                c.node(id).tick();
+            }
+        } else if step % 64 == 0 {
+            let now = c.net.now();
+            c.net.run_until(now + 1_000_000);
+        }
+        for id in 1..=3 {
+            if id == a {
+                c.node(a).process_until_resolved(t).unwrap();
+            } else {
+                c.node(id).process().unwrap();
+            }
+        }
+        if let Some(r) = c.node(a).ticket_status(t) {
+            resolved = Some(r);
+            break;
+        }
+    }
+    let resolved = resolved.expect("A's ticket resolved");
+    assert!(
+        matches!(resolved, Err(ReplicaError::Superseded { .. })),
+        "{resolved:?}"
+    );
+    // What A's readers see right after the pass that resolved it: for every committed index,
+    // what the new leader committed there.
+    let commit = c.node(a).commit_index();
+    assert!(commit >= t.index);
+    for i in t.index..=commit {
+        let (mut here, mut there) = (Vec::new(), Vec::new());
+        let got = c.node(a).read(i, &mut here);
+        let want = c.node(b).read(i, &mut there).unwrap();
+        assert!(
+            matches!(&got, Ok(g) if *g == want) && here == there,
+            "{durability}: A read {got:?} {:?} at committed index {i}; {b} committed {want:?} {:?}",
+            String::from_utf8_lossy(&here),
+            String::from_utf8_lossy(&there)
+        );
+    }
+}
+
+#[test]
+fn a_deposed_memory_leaders_caller_reads_only_what_was_committed() {
+    a_deposed_leaders_caller_reads_only_what_was_committed(Durability::Memory);
+}
+
+#[test]
+fn a_deposed_replicated_leaders_caller_reads_only_what_was_committed() {
+    a_deposed_leaders_caller_reads_only_what_was_committed(Durability::Replicated);
 }
