@@ -70,20 +70,26 @@ fn node_with(id: NodeId, peer: NodeId, keepalive: Duration) -> Node {
 }
 
 fn pump(nodes: &mut [&mut Node]) {
+    for n in nodes.iter_mut() {
+        poll_once(n, true);
+    }
+}
+
+/// One poll of `n`, its events recorded; received messages reposted at once if `repost`,
+/// else held as the owner would hold them.
+fn poll_once(n: &mut Node, repost: bool) {
     let mut buf = [Event::Disconnected {
         peer: NodeId(0),
         reason: fabric::DisconnectReason::Closed,
     }; 32];
-    for n in nodes.iter_mut() {
-        let k = n.ep.poll(&mut buf);
-        for e in &buf[..k] {
-            if let Event::Completion(c) = e {
-                if c.op == WcOp::Recv && c.status == WcStatus::Success {
-                    n.ep.repost_recv(c.peer, c.wr_id).unwrap();
-                }
+    let k = n.ep.poll(&mut buf);
+    for e in &buf[..k] {
+        if let Event::Completion(c) = e {
+            if repost && c.op == WcOp::Recv && c.status == WcStatus::Success {
+                n.ep.repost_recv(c.peer, c.wr_id).unwrap();
             }
-            n.events.push(*e);
         }
+        n.events.push(*e);
     }
 }
 
@@ -250,16 +256,6 @@ fn drop_connection(a: &mut Node, b: &mut Node) {
     }
 }
 
-/// Polls `n` without reposting what it receives (the owner holding its messages).
-fn pump_holding(n: &mut Node) {
-    let mut buf = [Event::Disconnected {
-        peer: NodeId(0),
-        reason: fabric::DisconnectReason::Closed,
-    }; 32];
-    let k = n.ep.poll(&mut buf);
-    n.events.extend_from_slice(&buf[..k]);
-}
-
 /// The completions `n`'s owner was given, as (wr_id, op, status).
 fn completions(n: &Node) -> Vec<(u64, WcOp, WcStatus)> {
     n.events
@@ -336,7 +332,7 @@ fn keepalive_finds_a_dead_peer_on_an_idle_link_and_the_owner_gets_only_its_work(
     }
     let t = Instant::now();
     while held(&a) < 8 {
-        pump_holding(&mut a);
+        poll_once(&mut a, false);
         pump(&mut [&mut b]);
         assert!(
             t.elapsed() < Duration::from_secs(10),

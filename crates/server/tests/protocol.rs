@@ -794,7 +794,6 @@ fn a_tls_1_2_client_is_served() {
 /// sending.
 #[test]
 fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
-    use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new("rdmalog test CA");
     let (cert, key) = pki.issue("localhost", dir.path());
@@ -805,19 +804,6 @@ fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
     });
     let l = c.leader();
     let addr = c.server(l).client_addr();
-    // Whether the server has closed `s` (a read sees the end or a reset, not a timeout).
-    let closed = |s: &mut TcpStream| {
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        match s.read(&mut [0u8; 64]) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => !matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ),
-        }
-    };
     for trickle in [false, true] {
         // Before the connect: the server's deadline starts at its accept.
         let start = Instant::now();
@@ -831,7 +817,7 @@ fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
             if trickle && s.write_all(&[0x01]).is_err() {
                 break start.elapsed();
             }
-            if closed(&mut s) {
+            if closed_by_server(&mut s, Duration::from_millis(100)) {
                 break start.elapsed();
             }
             assert!(
@@ -851,6 +837,20 @@ fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
     assert!(m.contains("rdmalog_rejected_connections_total 2"), "{m}");
 }
 
+/// Whether the server has closed `s`: a read within `wait` sees the end or a reset, not a
+/// timeout (bytes before the end, an error frame or a TLS alert, are read and pass).
+fn closed_by_server(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    match s.read(&mut [0u8; 256]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
 /// "A frame must arrive whole within `frame_timeout`" and "the hello within `frame_timeout`
 /// of the handshake" (docs/PROTOCOL.md) under TLS too: a client that sends a TLS record's
 /// header announcing 16 KiB and then one byte every 50 ms, before its hello or after it, is
@@ -859,7 +859,6 @@ fn a_stalled_or_trickled_tls_handshake_is_cut_at_frame_timeout() {
 /// for 14 minutes a record, and then the next.
 #[test]
 fn a_client_trickling_a_tls_record_is_cut_at_frame_timeout() {
-    use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new("rdmalog test CA");
     let ca = dir.path().join("ca.pem");
@@ -883,22 +882,12 @@ fn a_client_trickling_a_tls_record_is_cut_at_frame_timeout() {
         };
         let start = Instant::now();
         s.sock.write_all(&[0x17, 0x03, 0x03, 0x40, 0x00]).unwrap();
-        s.sock
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
         let cut = loop {
             if s.sock.write_all(&[0x01]).is_err() {
                 break start.elapsed();
             }
-            match s.sock.read(&mut [0u8; 256]) {
-                Ok(0) => break start.elapsed(),
-                Ok(_) => {} // the server's alert before it closes
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                Err(_) => break start.elapsed(),
+            if closed_by_server(&mut s.sock, Duration::from_millis(50)) {
+                break start.elapsed();
             }
             assert!(
                 start.elapsed() < frame_timeout * 10,

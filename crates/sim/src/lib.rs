@@ -105,6 +105,14 @@ pub struct Options {
     pub clean_stops: bool,
 }
 
+/// How many seeds a seed family's test runs: `SIM_SEEDS` if set, else `default`.
+pub fn seeds_from_env(default: u64) -> u64 {
+    std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Clients with a session each, when [`Options::sessions`] is on.
 pub const SESSION_CLIENTS: usize = 3;
 

@@ -76,10 +76,7 @@ fn record(drawn: Drawn) {
 }
 
 fn seeds() -> u64 {
-    std::env::var("SIM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000)
+    sim::seeds_from_env(1_000)
 }
 
 fn shard(k: u64) {

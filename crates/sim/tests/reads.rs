@@ -18,10 +18,7 @@
 use replica::{Durability, Mutation};
 
 fn seeds() -> u64 {
-    std::env::var("SIM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(150)
+    sim::seeds_from_env(150)
 }
 
 fn reading(mutation: Mutation) -> sim::Options {

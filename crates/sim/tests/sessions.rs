@@ -14,10 +14,7 @@
 use replica::Mutation;
 
 fn seeds() -> u64 {
-    std::env::var("SIM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200)
+    sim::seeds_from_env(200)
 }
 
 fn options(mutation: Mutation) -> sim::Options {

@@ -1134,6 +1134,14 @@ pub fn after_a_chaos_schedule_is_lifted_the_cluster_elects_serves_and_reconnects
 /// restarts and catches up. With `qp_retry` 7, which Soft-RoCE takes as "retry forever", the
 /// leader still counted it up 15 s after the kill, its sends outstanding and never failed
 /// (2026-12-07, benches/RESULTS.md). Over TCP the kill closes its sockets.
+/// How long a node may take to count a dead peer down once something is posted to it: the
+/// dead-peer bound of the nodes' QP settings (timeout 14, retry 6) four times over for
+/// Soft-RoCE's timer, and 3 s for the status round trips under TCG.
+fn dead_peer_allowance() -> Duration {
+    let per_try = Duration::from_nanos(4096 << 14);
+    per_try * 7 * 4 + Duration::from_secs(3)
+}
+
 pub fn a_killed_follower_is_seen_down_within_the_dead_peer_bound(setup: &Setup) {
     let (_t, mut c) = cluster(setup, "dead-follower", 8800);
     c.leader(Duration::from_secs(60)).unwrap();
@@ -1141,8 +1149,7 @@ pub fn a_killed_follower_is_seen_down_within_the_dead_peer_bound(setup: &Setup) 
     let mut acks = run_workload(&mut c, &w, |_, _| {}).unwrap().acks;
     let l = c.leader(Duration::from_secs(10)).unwrap();
     let f = (1..=3).find(|i| *i != l).unwrap();
-    let per_try = Duration::from_nanos(4096 << 14);
-    let bound = per_try * 7 * 4 + Duration::from_secs(3);
+    let bound = dead_peer_allowance();
     c.kill(f);
     let t = Instant::now();
     for k in 0.. {
@@ -1200,11 +1207,8 @@ pub fn a_crashed_machine_is_seen_down_over_idle_links(setup: &Setup) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Two keepalive periods (1 s each, the default), the dead-peer bound of the lab's QP
-    // settings (timeout 14, retry 6) four times over for Soft-RoCE's timer, and 3 s for the
-    // status round trips under TCG.
-    let per_try = Duration::from_nanos(4096 << 14);
-    let bound = Duration::from_secs(2) + per_try * 7 * 4 + Duration::from_secs(3);
+    // Two keepalive periods (1 s each, the default) on top.
+    let bound = Duration::from_secs(2) + dead_peer_allowance();
     let cut = Fault::cut_cable(f).unwrap();
     c.kill(f);
     println!("injected: cable cut on follower {f}, then kill -9 of it (a machine crash)");
