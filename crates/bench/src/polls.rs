@@ -152,7 +152,9 @@ fn lead_from_node_1(cluster: &LabCluster, polls: [PollMode; 3]) -> anyhow::Resul
         return Ok(());
     }
     eprintln!("node {} leads; handing leadership to node 1", k + 1);
-    cluster.logs[k].transfer_leader(1);
+    cluster.logs[k]
+        .transfer_leader(1)
+        .context("handing leadership to node 1")?;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while std::time::Instant::now() < deadline {
         if cluster.leader(Duration::from_secs(5))? == 0 {

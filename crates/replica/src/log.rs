@@ -125,7 +125,12 @@ struct Shared<F: Fabric> {
     /// Signalled whenever the commit index moves or the driver stops.
     progress: Condvar,
     progress_lock: Mutex<u64>,
-    wakers: Mutex<Vec<Waker>>,
+    /// The wakers of pending [`AppendHandle`] futures, one per handle (keyed by
+    /// [`AppendHandle::waker_key`]): a future polled again replaces its own, so a handle
+    /// re-polled while pending (a `select!` loop) does not grow the list.
+    wakers: Mutex<std::collections::HashMap<u64, Waker>>,
+    /// The next [`AppendHandle::waker_key`].
+    next_waker_key: AtomicU64,
     stop: AtomicBool,
     kick: Condvar,
     kick_lock: Mutex<bool>,
@@ -137,6 +142,10 @@ struct Shared<F: Fabric> {
     panic_for_test: AtomicBool,
     /// Test-only: the driver makes no pass while set (see [`Log::hold_driver_for_test`]).
     hold_for_test: AtomicBool,
+    /// Test-only: a driver that panicked waits before its fail-stop while set, and says so in
+    /// the second (see [`Log::hold_fail_stop_for_test`]).
+    hold_fail_stop_for_test: AtomicBool,
+    fail_stop_held_for_test: AtomicBool,
     /// Test-only: where a checkpoint waits (0: nowhere, else a [`CheckpointPause`] + 1), and
     /// whether one does (see [`Log::pause_checkpoint_for_test`]).
     checkpoint_pause_for_test: std::sync::atomic::AtomicU8,
@@ -170,6 +179,31 @@ impl<F: Fabric> Shared<F> {
         self.replica
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The replica, locked, for a call that reads it or changes it: refused with the cause
+    /// once the log failed. That includes the moment between a pass that panicked holding the
+    /// lock (the lock is poisoned then) and the fail-stop recording the panic: the replica's
+    /// state is unknown from the panic on, and nothing may read or cut its log.
+    fn lock_unfailed(&self) -> Result<MutexGuard<'_, Replica<F>>, ReplicaError> {
+        let r = self.replica.lock().map_err(|_| {
+            ReplicaError::Poisoned(self.failure().unwrap_or_else(|| {
+                "a pass panicked holding the replica; the log stopped and must be restarted".into()
+            }))
+        })?;
+        if let Some(f) = self.failure() {
+            return Err(ReplicaError::Poisoned(f));
+        }
+        Ok(r)
+    }
+
+    /// [`Shared::lock_unfailed`], also refused once the log is closed.
+    fn lock_live(&self) -> Result<MutexGuard<'_, Replica<F>>, ReplicaError> {
+        let r = self.lock_unfailed()?;
+        if self.stop.load(Ordering::Acquire) {
+            return Err(ReplicaError::Closed);
+        }
+        Ok(r)
     }
 
     /// Test-only: waits here at `stage`, outside the replica's lock, while a test holds a
@@ -226,11 +260,11 @@ impl<F: Fabric> Shared<F> {
 
     fn wake_all(&self) {
         self.progress.notify_all();
-        for w in self
+        for (_, w) in self
             .wakers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain(..)
+            .drain()
         {
             w.wake();
         }
@@ -376,7 +410,8 @@ impl<F: Fabric + Send + 'static> Log<F> {
             replica: Mutex::new(replica),
             progress: Condvar::new(),
             progress_lock: Mutex::new(0),
-            wakers: Mutex::new(Vec::new()),
+            wakers: Mutex::new(std::collections::HashMap::new()),
+            next_waker_key: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             kick: Condvar::new(),
             kick_lock: Mutex::new(false),
@@ -384,6 +419,8 @@ impl<F: Fabric + Send + 'static> Log<F> {
             failure: Mutex::new(None),
             panic_for_test: AtomicBool::new(false),
             hold_for_test: AtomicBool::new(false),
+            hold_fail_stop_for_test: AtomicBool::new(false),
+            fail_stop_held_for_test: AtomicBool::new(false),
             checkpoint_pause_for_test: std::sync::atomic::AtomicU8::new(0),
             checkpoint_waiting_for_test: AtomicBool::new(false),
             poll: options.poll,
@@ -410,14 +447,10 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// Proposes one entry; the handle resolves to its index once committed. Under
     /// [`PollMode::Busy`] the entry's writes and messages are posted before this returns.
     pub fn append(&self, data: &[u8]) -> Result<AppendHandle<F>, ReplicaError> {
-        self.shared.check()?;
-        let mut r = self.shared.lock();
+        let mut r = self.shared.lock_live()?;
         let ticket = r.propose(data)?;
         self.shared.after_propose(r)?;
-        Ok(AppendHandle {
-            shared: self.shared.clone(),
-            ticket,
-        })
+        Ok(AppendHandle::new(&self.shared, ticket))
     }
 
     /// Proposes several entries in order, as one raft proposal: they get consecutive indexes,
@@ -467,16 +500,12 @@ impl<F: Fabric + Send + 'static> Log<F> {
         &self,
         propose: impl FnOnce(&mut Replica<F>) -> Result<Vec<Ticket>, ReplicaError>,
     ) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
-        self.shared.check()?;
-        let mut r = self.shared.lock();
+        let mut r = self.shared.lock_live()?;
         let tickets = propose(&mut r)?;
         self.shared.after_propose(r)?;
         Ok(tickets
             .into_iter()
-            .map(|ticket| AppendHandle {
-                shared: self.shared.clone(),
-                ticket,
-            })
+            .map(|ticket| AppendHandle::new(&self.shared, ticket))
             .collect())
     }
 
@@ -486,8 +515,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// committed when this was called. `NotLeader` (with the leader it knows) on any other
     /// node, or if this one stops leading first.
     pub fn read_index(&self) -> Result<ReadHandle<F>, ReplicaError> {
-        self.shared.check()?;
-        let mut r = self.shared.lock();
+        let mut r = self.shared.lock_live()?;
         let ticket = r.read_index()?;
         self.shared.after_propose(r)?;
         Ok(ReadHandle {
@@ -541,7 +569,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// [`Log::latest_checkpoint`]), as a subscription reports it.
     pub fn read(&self, index: u64) -> Result<Option<Vec<u8>>, ReplicaError> {
         let mut buf = Vec::new();
-        let r = self.shared.lock();
+        let r = self.shared.lock_live()?;
         if let Some(e) = r.compacted(index) {
             return Err(e);
         }
@@ -564,7 +592,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     pub fn truncate_prefix(&self, index: u64) -> Result<u64, ReplicaError> {
         match self.checkpoint_where(&[], |r| r.truncation_checkpoint(index))? {
             Some(first) => Ok(first),
-            None => Ok(self.shared.lock().first_index()),
+            None => Ok(self.shared.lock_live()?.first_index()),
         }
     }
 
@@ -614,7 +642,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     ) -> Result<Option<u64>, ReplicaError> {
         loop {
             let plan = {
-                let r = self.shared.lock();
+                let r = self.shared.lock_live()?;
                 let Some(index) = at(&r) else {
                     return Ok(None);
                 };
@@ -628,7 +656,9 @@ impl<F: Fabric + Send + 'static> Log<F> {
             let table = plan.read_sessions();
             self.shared
                 .pause_checkpoint_for_test(CheckpointPause::AfterReading);
-            let mut r = self.shared.lock();
+            // The log may have failed while the lock was not held: a replica in an unknown
+            // state stores no checkpoint and cuts nothing.
+            let mut r = self.shared.lock_live()?;
             let table = match table {
                 Ok(t) => t,
                 Err(e) => {
@@ -662,30 +692,27 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.lock().leader()
     }
 
-    /// Hands leadership to `to`.
-    pub fn transfer_leader(&self, to: u64) {
-        self.shared.lock().transfer_leader(to);
+    /// Hands leadership to `to`; refused once the log failed or closed.
+    pub fn transfer_leader(&self, to: u64) -> Result<(), ReplicaError> {
+        self.shared.lock_live()?.transfer_leader(to);
         self.shared.kick();
+        Ok(())
     }
 
     /// Adds a voter (joint consensus through raft-rs); resolves when the change commits.
     pub fn add_node(&self, id: u64) -> Result<AppendHandle<F>, ReplicaError> {
-        let ticket = self.shared.lock().change_membership(id, true)?;
-        self.shared.kick();
-        Ok(AppendHandle {
-            shared: self.shared.clone(),
-            ticket,
-        })
+        self.change_membership(id, true)
     }
 
     /// Removes a voter; resolves when the change commits.
     pub fn remove_node(&self, id: u64) -> Result<AppendHandle<F>, ReplicaError> {
-        let ticket = self.shared.lock().change_membership(id, false)?;
+        self.change_membership(id, false)
+    }
+
+    fn change_membership(&self, id: u64, add: bool) -> Result<AppendHandle<F>, ReplicaError> {
+        let ticket = self.shared.lock_live()?.change_membership(id, add)?;
         self.shared.kick();
-        Ok(AppendHandle {
-            shared: self.shared.clone(),
-            ticket,
-        })
+        Ok(AppendHandle::new(&self.shared, ticket))
     }
 
     /// Stops the driver, fails pending waits with [`ReplicaError::Closed`], and closes the wal.
@@ -702,8 +729,12 @@ impl<F: Fabric + Send + 'static> Log<F> {
     }
 
     /// Why the log stopped working, once its driver failed (a storage error poisoned the
-    /// replica, or the driver thread panicked): every pending and later call fails with this
-    /// cause. A server should exit non-zero so that its supervisor restarts it.
+    /// replica, or a pass panicked, on the driver thread or a caller's): every pending handle
+    /// and subscription, and every later call that reads the log or changes it (appends,
+    /// reads, checkpoints, trims, retention, membership and leadership changes), fails with
+    /// this cause. [`Log::status`], [`Log::commit_index`], [`Log::leader`] and
+    /// [`Log::latest_checkpoint`] go on answering, from the state at the failure. A server
+    /// should exit non-zero so that its supervisor restarts it.
     pub fn failure(&self) -> Option<String> {
         self.shared.failure()
     }
@@ -727,6 +758,32 @@ impl<F: Fabric + Send + 'static> Log<F> {
     #[doc(hidden)]
     pub fn hold_driver_for_test(&self, hold: bool) {
         self.shared.hold_for_test.store(hold, Ordering::Release);
+    }
+
+    /// Test-only: while `hold` is set, a driver thread that panicked waits before its
+    /// fail-stop records the panic (its replica's lock is poisoned meanwhile), to show that
+    /// no call reads or changes a replica in that state.
+    #[doc(hidden)]
+    pub fn hold_fail_stop_for_test(&self, hold: bool) {
+        self.shared
+            .hold_fail_stop_for_test
+            .store(hold, Ordering::Release);
+    }
+
+    /// Test-only: whether a panicked driver waits at [`Log::hold_fail_stop_for_test`].
+    #[doc(hidden)]
+    pub fn fail_stop_held_for_test(&self) -> bool {
+        self.shared.fail_stop_held_for_test.load(Ordering::Acquire)
+    }
+
+    /// Test-only: how many wakers of pending [`AppendHandle`] futures the log keeps.
+    #[doc(hidden)]
+    pub fn pending_wakers_for_test(&self) -> usize {
+        self.shared
+            .wakers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     /// Test-only: while `at` is set, the first checkpoint to come (a trim, a retention pass)
@@ -785,6 +842,10 @@ impl<F: Fabric + Send + 'static> Drop for Log<F> {
 fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive_loop(&s, o)));
     if let Err(panic) = r {
+        while s.hold_fail_stop_for_test.load(Ordering::Acquire) {
+            s.fail_stop_held_for_test.store(true, Ordering::Release);
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let what = panic_message(panic.as_ref());
         let id = s.lock().id();
         tracing::error!(node = id, panic = %what, "the driver thread panicked: the log stopped (fail-stop)");
@@ -986,10 +1047,10 @@ impl<F: Fabric + Send + 'static> ReadHandle<F> {
         if self.spent {
             return Some(Err(ReplicaError::Closed));
         }
-        if let Err(e) = self.shared.check() {
-            return Some(Err(e));
-        }
-        let r = self.shared.lock().read_status(self.ticket);
+        let r = match self.shared.lock_live() {
+            Ok(mut r) => r.read_status(self.ticket),
+            Err(e) => return Some(Err(e)),
+        };
         self.spent = r.is_some();
         r
     }
@@ -1018,6 +1079,8 @@ impl<F: Fabric + Send + 'static> Drop for ReadHandle<F> {
 pub struct AppendHandle<F: Fabric + Send + 'static> {
     shared: Arc<Shared<F>>,
     ticket: Ticket,
+    /// Where this handle's waker is kept while it is pending as a future, once polled.
+    waker_key: Option<u64>,
 }
 
 impl<F: Fabric + Send + 'static> std::fmt::Debug for AppendHandle<F> {
@@ -1029,16 +1092,31 @@ impl<F: Fabric + Send + 'static> std::fmt::Debug for AppendHandle<F> {
 }
 
 impl<F: Fabric + Send + 'static> AppendHandle<F> {
+    fn new(shared: &Arc<Shared<F>>, ticket: Ticket) -> Self {
+        AppendHandle {
+            shared: shared.clone(),
+            ticket,
+            waker_key: None,
+        }
+    }
+
     /// The index the entry was given (committed only once the handle resolves `Ok`).
     pub fn ticket(&self) -> Ticket {
         self.ticket
     }
 
+    /// The entry's outcome: the failure once the log failed; else what the replica knows of
+    /// the ticket (an entry committed before [`Log::close`] resolves `Ok` after it too), and
+    /// `Closed` for one still pending once the log closed.
     fn status(&self) -> Option<Result<u64, ReplicaError>> {
-        if let Err(e) = self.shared.check() {
-            return Some(Err(e));
+        let r = match self.shared.lock_unfailed() {
+            Ok(r) => r.ticket_status(self.ticket),
+            Err(e) => return Some(Err(e)),
+        };
+        match r {
+            None if self.shared.stop.load(Ordering::Acquire) => Some(Err(ReplicaError::Closed)),
+            r => r,
         }
-        self.shared.lock().ticket_status(self.ticket)
     }
 
     /// The outcome if the entry is resolved (committed, superseded, or the log failed);
@@ -1091,15 +1169,13 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
         if driving.is_none() {
             return self.status();
         }
-        match s.check() {
+        // A failed or closed log is not driven: the status says what became of the entry.
+        let Ok(mut r) = s.lock_live() else {
+            return self.status();
+        };
+        match s.caller_pass(&mut r, Some(self.ticket)) {
+            Ok(()) => r.ticket_status(self.ticket),
             Err(e) => Some(Err(e)),
-            Ok(()) => {
-                let mut r = s.lock();
-                match s.caller_pass(&mut r, Some(self.ticket)) {
-                    Ok(()) => r.ticket_status(self.ticket),
-                    Err(e) => Some(Err(e)),
-                }
-            }
         }
     }
 
@@ -1137,19 +1213,44 @@ impl<F: Fabric + Send + 'static> Future for AppendHandle<F> {
     type Output = Result<u64, ReplicaError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(r) = self.status() {
+        let this = self.get_mut();
+        if let Some(r) = this.status() {
             return Poll::Ready(r);
         }
-        self.shared
-            .wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(cx.waker().clone());
+        let key = *this
+            .waker_key
+            .get_or_insert_with(|| this.shared.next_waker_key.fetch_add(1, Ordering::Relaxed));
+        {
+            let mut wakers = this
+                .shared
+                .wakers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match wakers.get_mut(&key) {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                Some(w) => w.clone_from(cx.waker()),
+                None => {
+                    wakers.insert(key, cx.waker().clone());
+                }
+            }
+        }
         // Re-check after registering, so a commit between the check and the registration is
         // not missed.
-        match self.status() {
+        match this.status() {
             Some(r) => Poll::Ready(r),
             None => Poll::Pending,
+        }
+    }
+}
+
+impl<F: Fabric + Send + 'static> Drop for AppendHandle<F> {
+    fn drop(&mut self) {
+        if let Some(key) = self.waker_key {
+            self.shared
+                .wakers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&key);
         }
     }
 }
@@ -1181,9 +1282,8 @@ impl<F: Fabric + Send + 'static> Subscription<F> {
         let deadline = deadline_in(timeout);
         let mut buf = Vec::new();
         loop {
-            self.shared.check()?;
             {
-                let r = self.shared.lock();
+                let r = self.shared.lock_live()?;
                 if let Some(e) = r.compacted(self.next) {
                     return Err(e);
                 }

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use fabric::NodeId;
 use fabric::sim::{SimConfig, SimEndpoint, SimNet};
-use replica::{Log, LogOptions, ReplicaConfig, ReplicaError, Role};
+use replica::retention::Retention;
+use replica::{CheckpointPause, Log, LogOptions, ReplicaConfig, ReplicaError, Role};
 use wal::fs::{FaultFs, FileSystem};
 
 fn cluster() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
@@ -104,6 +105,7 @@ fn a_driver_panic_fails_every_waiter_with_its_cause() {
         "status: {:?}",
         s.failure
     );
+    refuses_everything_with(&logs[l], is_cause);
     stop.store(true, Ordering::Relaxed);
     let mut logs = logs;
     let failed = logs.remove(l);
@@ -112,4 +114,203 @@ fn a_driver_panic_fails_every_waiter_with_its_cause() {
     for log in logs {
         log.close().unwrap();
     }
+}
+
+/// Every call that reads the log or changes it is refused with the cause (`is_cause`): a
+/// replica whose pass panicked is in an unknown state, and nothing may read its entries or cut
+/// its wal (the server's retention thread would).
+fn refuses_everything_with(log: &Log<SimEndpoint>, is_cause: impl Fn(&ReplicaError) -> bool) {
+    let first = log.status().first_index;
+    let trim = Retention {
+        max_entries: Some(1),
+        ..Retention::default()
+    };
+    let calls: Vec<(&str, Result<(), ReplicaError>)> = vec![
+        ("read", log.read(1).map(drop)),
+        ("read_index", log.read_index().map(drop)),
+        ("append_batch", log.append_batch(&[b"x"]).map(drop)),
+        ("open_session", log.open_session().map(drop)),
+        ("truncate_prefix", log.truncate_prefix(2).map(drop)),
+        ("checkpoint", log.checkpoint(1, b"state").map(drop)),
+        (
+            "apply_retention",
+            log.apply_retention(&trim, std::time::SystemTime::now())
+                .map(drop),
+        ),
+        ("transfer_leader", log.transfer_leader(2)),
+        ("add_node", log.add_node(4).map(drop)),
+        ("remove_node", log.remove_node(3).map(drop)),
+    ];
+    for (name, r) in calls {
+        assert!(
+            r.as_ref().is_err_and(&is_cause),
+            "{name} after the failure: {r:?}"
+        );
+    }
+    assert_eq!(
+        log.status().first_index,
+        first,
+        "the failed log's wal was cut"
+    );
+}
+
+/// A leader of a three-node cluster over the in-process fabric in real time that has
+/// committed two entries: the cluster, the leader's position and the index of its second
+/// entry.
+fn leader_with_two_entries() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, usize, u64) {
+    let (net, stop, logs) = cluster();
+    for _ in 0..10 {
+        let mut l = 0;
+        wait_for("an election", || {
+            match logs.iter().position(|g| g.status().role == Role::Leader) {
+                Some(k) => {
+                    l = k;
+                    true
+                }
+                None => false,
+            }
+        });
+        let two = logs[l]
+            .append(b"one")
+            .and_then(|h| h.wait(Duration::from_secs(5)))
+            .and_then(|_| logs[l].append(b"two"))
+            .and_then(|h| h.wait(Duration::from_secs(5)));
+        if let Ok(index) = two {
+            return (net, stop, logs, l, index);
+        }
+    }
+    panic!("no leader committed two entries in 10 tries");
+}
+
+fn close_all(stop: &AtomicBool, logs: Vec<Log<SimEndpoint>>) {
+    stop.store(true, Ordering::Relaxed);
+    for log in logs {
+        let _ = log.close();
+    }
+}
+
+#[test]
+fn between_a_panic_and_its_fail_stop_nothing_reads_or_cuts_the_log() {
+    // The driver panics holding the replica's lock; until its fail-stop records the panic,
+    // the only sign is the poisoned lock. Held there, every call must already be refused.
+    let (_net, stop, logs, l, _) = leader_with_two_entries();
+    logs[l].hold_fail_stop_for_test(true);
+    logs[l].inject_driver_panic();
+    wait_for("the panic", || logs[l].fail_stop_held_for_test());
+    assert_eq!(logs[l].failure(), None, "the fail-stop is held");
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        refuses_everything_with(
+            &logs[l],
+            |e| matches!(e, ReplicaError::Poisoned(why) if why.contains("panicked")),
+        )
+    }));
+    // Released before any assertion fails: a held driver would hang the logs' drop.
+    logs[l].hold_fail_stop_for_test(false);
+    if let Err(failed) = refused {
+        std::panic::resume_unwind(failed);
+    }
+    wait_for("the fail-stop", || logs[l].failure().is_some());
+    close_all(&stop, logs);
+}
+
+#[test]
+fn a_checkpoint_reading_when_the_log_fails_stores_nothing_and_cuts_nothing() {
+    // A trim (or the server's retention pass) reads the log without the replica's lock; the
+    // driver panics meanwhile. Taking the lock again, the trim must see the failure rather
+    // than store a checkpoint and cut the wal of a replica in an unknown state.
+    let (_net, stop, logs, l, second) = leader_with_two_entries();
+    let first = logs[l].status().first_index;
+    logs[l].pause_checkpoint_for_test(Some(CheckpointPause::AfterReading));
+    let trim = std::thread::scope(|scope| {
+        let trim = scope.spawn(|| logs[l].truncate_prefix(second));
+        wait_for("the trim to read", || logs[l].checkpoint_waiting_for_test());
+        logs[l].inject_driver_panic();
+        wait_for("the fail-stop", || logs[l].failure().is_some());
+        logs[l].pause_checkpoint_for_test(None);
+        trim.join().unwrap()
+    });
+    assert!(
+        matches!(&trim, Err(ReplicaError::Poisoned(why)) if why.contains("panicked")),
+        "the trim: {trim:?}"
+    );
+    assert_eq!(
+        logs[l].status().first_index,
+        first,
+        "the failed log's wal was cut"
+    );
+    assert_eq!(
+        logs[l].latest_checkpoint().map(|c| c.index),
+        None,
+        "a checkpoint was stored"
+    );
+    close_all(&stop, logs);
+}
+
+#[test]
+fn a_handle_whose_entry_committed_says_so_after_close() {
+    // `close` ends pending appends with `Closed`; one that committed before must still say
+    // committed (a caller asking after the close must not take it for a maybe-lost entry).
+    let (net, stop, mut logs, l, _) = leader_with_two_entries();
+    let committed = logs[l].append(b"three").unwrap();
+    let index = committed
+        .wait_for(Duration::from_secs(5))
+        .expect("the third entry did not commit")
+        .unwrap();
+    let me = NodeId(l as u64 + 1);
+    for other in (1..=3).map(NodeId).filter(|&o| o != me) {
+        net.set_link(me, other, false);
+        net.set_link(other, me, false);
+    }
+    let pending = logs[l].append(b"four");
+    let leader = logs.remove(l);
+    leader.close().unwrap();
+    assert_eq!(committed.try_result().map(|r| r.ok()), Some(Some(index)));
+    if let Ok(pending) = pending {
+        let r = pending.try_result();
+        assert!(
+            matches!(r, Some(Err(ReplicaError::Closed))),
+            "pending after close: {r:?}"
+        );
+    }
+    close_all(&stop, logs);
+}
+
+#[test]
+fn a_pending_future_polled_again_keeps_one_waker() {
+    // A future re-polled while pending (as a `select!` loop does) replaces its waker; it
+    // must not add one per poll for as long as the entry is pending.
+    use std::task::{Context, Wake, Waker};
+    struct Nothing;
+    impl Wake for Nothing {
+        fn wake(self: Arc<Self>) {}
+    }
+    let (net, stop, logs, l, _) = leader_with_two_entries();
+    let me = NodeId(l as u64 + 1);
+    for other in (1..=3).map(NodeId).filter(|&o| o != me) {
+        net.set_link(me, other, false);
+        net.set_link(other, me, false);
+    }
+    let Ok(mut pending) = logs[l].append(b"pending") else {
+        // Deposed already: nothing pending to poll.
+        return close_all(&stop, logs);
+    };
+    for _ in 0..1000 {
+        let waker = Waker::from(Arc::new(Nothing));
+        let mut cx = Context::from_waker(&waker);
+        if std::future::Future::poll(std::pin::Pin::new(&mut pending), &mut cx).is_ready() {
+            break;
+        }
+    }
+    assert!(
+        logs[l].pending_wakers_for_test() <= 1,
+        "{} wakers",
+        logs[l].pending_wakers_for_test()
+    );
+    drop(pending);
+    assert_eq!(
+        logs[l].pending_wakers_for_test(),
+        0,
+        "a dropped handle's waker stayed"
+    );
+    close_all(&stop, logs);
 }
