@@ -338,6 +338,13 @@ pub enum Mutation {
     /// completion (`Replica::answer_quietly`): a leader that closed its fast path to it never
     /// hears that it caught up.
     QuietEveryAnswer,
+    /// A caller's pass (`Replica::process_until_resolved`) stops at the events that resolve
+    /// its ticket on any node, not only on a leader of the ticket's term: a deposed leader's
+    /// ticket resolves (superseded) at the new leader's append, which moves raft's commit
+    /// index over entries still in raft's unstable log, and the pass stops before the `Ready`
+    /// that writes them and cuts the old suffix from the wal, so the log reads the superseded
+    /// entry as committed.
+    DeposedCallerStopsEarly,
     /// Not a rule of the replica's: the simulator's in-process fabric lets a connection be
     /// used as soon as it is up, before its owner polled its `Connected`
     /// (`fabric::sim::SimConfig::use_before_announced`). The replica ignores it.

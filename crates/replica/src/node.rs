@@ -932,9 +932,9 @@ impl<F: Fabric> Replica<F> {
         // unstable log, while the wal still holds the old suffix until this pass's `Ready`
         // cuts it: stopping there let `read` (and the subscriptions it wakes) return the
         // superseded entry as committed, and fail on the committed ones after it.
+        let any_node = self.cfg.mutation == crate::Mutation::DeposedCallerStopsEarly;
         self.pass_until(true, move |r| {
-            r.raw.raft.state == StateRole::Leader
-                && r.raw.raft.term == t.term
+            (any_node || (r.raw.raft.state == StateRole::Leader && r.raw.raft.term == t.term))
                 && r.ticket_status(t).is_some()
         })
     }

@@ -51,7 +51,27 @@ pub struct SimCluster {
     pub read_on_resolve: std::collections::BTreeSet<u64>,
     /// The reads so started since the driver last took them.
     pub reads_on_resolve: Vec<ReadOnResolve>,
+    /// What each node's log read at the indexes its commit index newly covered, right after
+    /// a caller's pass (a waiter of [`SimCluster::waiting`] woken by the commit reads then,
+    /// before any other pass runs), since the driver last took them: the simulator checks
+    /// each against the committed log.
+    pub caller_reads: Vec<CallerRead>,
+    /// Per node, the highest index [`SimCluster::caller_reads`] covered in this process.
+    caller_read_to: BTreeMap<u64, u64>,
     next_tick: u64,
+}
+
+/// An entry a node's log held right after a caller's pass, at an index its commit index
+/// covered ([`SimCluster::caller_reads`]).
+#[derive(Debug)]
+pub struct CallerRead {
+    /// The node.
+    pub node: u64,
+    /// The committed index read.
+    pub index: u64,
+    /// Its term with the raw payload (raft's tag byte first), `None` when the log does not
+    /// hold the index, or why the read failed.
+    pub read: Result<Option<(u64, Vec<u8>)>, ReplicaError>,
 }
 
 /// A read a caller started the moment its ticket resolved ([`SimCluster::read_on_resolve`]).
@@ -94,6 +114,8 @@ impl SimCluster {
             waiting: BTreeMap::new(),
             read_on_resolve: Default::default(),
             reads_on_resolve: Vec::new(),
+            caller_reads: Vec::new(),
+            caller_read_to: BTreeMap::new(),
             next_tick: 10_000_000,
         };
         let spread = ReplicaConfig::new(1, Vec::new(), 0, PathBuf::new()).election_tick;
@@ -147,6 +169,27 @@ impl SimCluster {
                     Some(&t) => r.process_until_resolved(t),
                     None => r.process(),
                 };
+                if let (Ok(()), Some(_)) = (&pass, self.waiting.get(id)) {
+                    let disk = &self.disks[id];
+                    // A read failure armed for the node is the node's to meet, not this
+                    // check's; the indexes are read after a later pass.
+                    if !disk.is_down() && !disk.read_failure_armed() {
+                        let to = self.caller_read_to.entry(*id).or_default();
+                        let from = (*to).max(r.first_index().saturating_sub(1));
+                        for index in from + 1..=r.commit_index() {
+                            let mut buf = Vec::new();
+                            let read = r
+                                .read_persisted(index, &mut buf)
+                                .map(|t| t.map(|term| (term, buf)));
+                            self.caller_reads.push(CallerRead {
+                                node: *id,
+                                index,
+                                read,
+                            });
+                        }
+                        *to = (*to).max(r.commit_index());
+                    }
+                }
                 if let (Ok(()), Some(&t)) = (&pass, self.waiting.get(id)) {
                     if self.read_on_resolve.contains(id) && r.ticket_status(t).is_some() {
                         self.read_on_resolve.remove(id);
@@ -285,6 +328,7 @@ impl SimCluster {
         self.disks[&id].crash_now();
         self.waiting.remove(&id);
         self.read_on_resolve.remove(&id);
+        self.caller_read_to.remove(&id);
         if let Some(r) = self.nodes.insert(id, None).flatten() {
             r.abandon();
         }
@@ -297,6 +341,7 @@ impl SimCluster {
         self.paused.remove(&id);
         self.waiting.remove(&id);
         self.read_on_resolve.remove(&id);
+        self.caller_read_to.remove(&id);
         let closed = match self.nodes.insert(id, None).flatten() {
             Some(r) => r.close(),
             None => Ok(()),
@@ -313,6 +358,7 @@ impl SimCluster {
         self.net.kill_process(NodeId(id));
         self.waiting.remove(&id);
         self.read_on_resolve.remove(&id);
+        self.caller_read_to.remove(&id);
         if let Some(r) = self.nodes.insert(id, None).flatten() {
             r.abandon();
         }
