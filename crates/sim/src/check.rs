@@ -394,6 +394,47 @@ impl Checker {
         Ok(())
     }
 
+    /// Checks what node `id`'s log read at committed `index` right after a caller's pass
+    /// ([`replica::sim::CallerRead`]): what a woken waiter (`Log::read`, a subscription, the
+    /// server) would read then must be the committed entry, held by the log.
+    pub fn check_caller_read(&mut self, read: replica::sim::CallerRead) -> Result<(), Violation> {
+        let replica::sim::CallerRead { node, index, read } = read;
+        let (term, bytes) = match read {
+            Ok(Some(entry)) => entry,
+            Ok(None) => {
+                return Err(format!(
+                    "caller's pass: right after it, node {node}'s commit index covers {index}, \
+                     which its log does not hold (a read there fails)"
+                ));
+            }
+            Err(replica::ReplicaError::Wal(wal::WalError::ReadCorrupt { .. }))
+                if self.rotted.contains(&(node, index)) =>
+            {
+                self.rot_detected += 1;
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "caller's pass: right after it, node {node} cannot read committed entry \
+                     {index}: {e}"
+                ));
+            }
+        };
+        match self.committed.get(&index) {
+            Some((t, b)) if *t != term || *b != bytes => Err(format!(
+                "caller's pass: right after it, node {node}'s log reads term {term} ({} \
+                 bytes) at committed index {index}, where term {t} ({} bytes) was committed",
+                bytes.len(),
+                b.len()
+            )),
+            Some(_) => Ok(()),
+            None => {
+                self.committed.insert(index, (term, bytes));
+                Ok(())
+            }
+        }
+    }
+
     /// Checks that an acknowledged append is in the committed log at its index.
     pub fn check_ack(&self, a: &Attempt) -> Result<(), Violation> {
         let Outcome::Acked { index, .. } = a.outcome else {

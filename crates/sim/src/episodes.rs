@@ -13,6 +13,15 @@
 //!   then the re-elected leader is cut off from everyone but it. A leader must not count a
 //!   write on a grant given for an earlier term (mutation `nic-ack-before-grant`).
 //!
+//! - [`Episode::Deposed`] (seeds of [`crate::Options::callers_drive`], any durability): a
+//!   leader with a caller waiting on its append (driving its own passes) is cut off from
+//!   every other member until another node leads and has committed past the cut-off node's
+//!   log; then its links heal while the caller still waits. The new leader's append that
+//!   replaces the old suffix also moves the commit index over it, in one step: the caller's
+//!   pass there must not stop before the `Ready` that writes the new entries and cuts the old
+//!   ones (mutation `deposed-caller-stops-early`), or the log reads a superseded entry as
+//!   committed, which the checker's read of every committed entry after each step sees.
+//!
 //! With [`crate::Options::clean_stops`] an episode ends with its stalled followers stopped
 //! cleanly and restarted instead of woken: the close must keep what their NICs acknowledged
 //! (mutation `close-without-fence`).
@@ -46,6 +55,16 @@ pub(crate) enum Episode {
         /// When the current phase gives up (or, for `Phase::Cut`, ends).
         until_ns: u64,
     },
+    /// `leader` (of `term`) is cut off from every other member with a caller waiting on it
+    /// until another node leads and has committed past `leader`'s log (`healed: false`);
+    /// then its links are healed until the caller stops waiting (`healed: true`).
+    Deposed {
+        leader: u64,
+        term: u64,
+        healed: bool,
+        /// When the current phase gives up.
+        until_ns: u64,
+    },
 }
 
 /// The phases of [`Episode::Reelection`].
@@ -62,6 +81,9 @@ pub(crate) enum Phase {
 /// Chance per step that an episode starts, in Replicated seeds.
 const EPISODE_PPM: u64 = 15_000;
 
+/// Chance per step that an [`Episode::Deposed`] starts, in seeds where callers drive.
+const DEPOSED_PPM: u64 = 4_000;
+
 /// How long a phase that waits for an election may take before the episode is abandoned.
 const ELECTION_WAIT_NS: u64 = 60 * STEP_NS;
 
@@ -75,6 +97,11 @@ impl Run {
                     && self.episode_rng.below(1_000_000) < EPISODE_PPM
                 {
                     self.start_episode();
+                } else if self.options.callers_drive
+                    && self.options.deposed_episodes
+                    && self.callers_episode_rng.below(1_000_000) < DEPOSED_PPM
+                {
+                    self.start_deposed();
                 }
                 Ok(self.episode.is_some())
             }
@@ -149,9 +176,106 @@ impl Run {
         }
     }
 
+    /// Starts an [`Episode::Deposed`] on the leader, if every node is up and awake.
+    fn start_deposed(&mut self) {
+        if !self.down.is_empty() || !self.c.paused.is_empty() || self.recovering() > 0 {
+            return;
+        }
+        let Some(leader) = self.leader() else {
+            return;
+        };
+        let term = self.c.node(leader).status().term;
+        self.cut_off_but(leader, &[]);
+        self.fault(
+            Fault::DeposedWhileWaiting,
+            format!(
+                "leader {leader} (term {term}) is cut off with a caller waiting on it, until \
+                 another node commits past its log"
+            ),
+        );
+        self.episode = Some(Episode::Deposed {
+            leader,
+            term,
+            healed: false,
+            until_ns: self.now() + ELECTION_WAIT_NS,
+        });
+        self.load(leader);
+    }
+
+    /// [`Episode::Deposed`]: while cut off, the old leader takes appends until it steps
+    /// down (its caller waits on the last) and the new leader takes appends until its commit
+    /// index passes the old leader's log; then the links heal, and the episode ends when the
+    /// old leader's caller stops waiting, or when a phase runs out of time.
+    fn advance_deposed(
+        &mut self,
+        leader: u64,
+        term: u64,
+        healed: bool,
+        until_ns: u64,
+    ) -> Result<(), Violation> {
+        let now = self.now();
+        let Some(old) = self
+            .c
+            .nodes
+            .get(&leader)
+            .and_then(Option::as_ref)
+            .map(|r| r.status())
+        else {
+            self.episode = None;
+            self.heal_links();
+            return Ok(());
+        };
+        if healed {
+            if now >= until_ns || !self.c.waiting.contains_key(&leader) {
+                self.episode = None;
+            }
+            return Ok(());
+        }
+        if old.role == Role::Leader {
+            self.load(leader);
+        }
+        let new = self.leader().filter(|&l| l != leader).and_then(|l| {
+            let s = self.c.nodes.get(&l).and_then(Option::as_ref)?.status();
+            (s.term > term).then_some((l, s.commit))
+        });
+        match new {
+            Some((_, commit))
+                if commit > old.last_index && self.c.waiting.contains_key(&leader) =>
+            {
+                self.heal_links();
+                self.event(format!(
+                    "a new leader committed {commit}, past node {leader}'s last index {}; \
+                     its links heal while its caller waits",
+                    old.last_index
+                ));
+                if let Some(Episode::Deposed {
+                    healed, until_ns, ..
+                }) = &mut self.episode
+                {
+                    *healed = true;
+                    *until_ns = now + ELECTION_WAIT_NS;
+                }
+            }
+            Some((l, _)) if now < until_ns => self.load(l),
+            _ if now < until_ns => {}
+            // No new leader in time, or the caller stopped waiting: give up.
+            _ => {
+                self.episode = None;
+                self.heal_links();
+            }
+        }
+        Ok(())
+    }
+
     fn advance_episode(&mut self, e: Episode) -> Result<(), Violation> {
         let now = self.now();
         match e {
+            Episode::Deposed {
+                leader,
+                term,
+                healed,
+                until_ns,
+            } => return self.advance_deposed(leader, term, healed, until_ns),
             Episode::Stalled {
                 leader,
                 stalled,

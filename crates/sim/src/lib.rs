@@ -86,6 +86,11 @@ pub struct Options {
     /// ([`Fault::KillMidOp`]); on by default. A seed found before that fault existed replays
     /// its old schedule with it off (`tests/mutation.rs`, seed 1088).
     pub kill_mid_op: bool,
+    /// With [`Options::callers_drive`], draw the deposed-leader episode (`episodes`,
+    /// [`Fault::DeposedWhileWaiting`]); on by default. A seed of the family found before the
+    /// episode existed replays its old schedule with it off (`tests/regressions.rs`, seeds
+    /// 9,601,360, 9,800,079 and 10,700,044).
+    pub deposed_episodes: bool,
     /// Clients drive their own waits (`PollMode::Busy`): after each attempt, the node it went
     /// to runs its passes with `Replica::process_until_resolved` on the attempt's (last)
     /// ticket until it resolves, so the rest of the pass that commits it (raft's `Ready`, the
@@ -128,6 +133,7 @@ impl Default for Options {
             conditional: false,
             sessions: false,
             kill_mid_op: true,
+            deposed_episodes: true,
             callers_drive: false,
             reads: false,
             clean_stops: false,
@@ -207,6 +213,10 @@ pub enum Fault {
     /// and the shared-memory ring keep everything written before. A crash between any two
     /// steps of a multi-step change.
     KillMidOp,
+    /// Callers drive ([`Options::callers_drive`]): a leader with a caller waiting on its
+    /// append is cut off until another node leads and commits past its log, then its links
+    /// heal while the caller still waits (see `episodes`).
+    DeposedWhileWaiting,
 }
 
 /// What a run did.
@@ -244,6 +254,9 @@ pub struct Summary {
     /// [`Options::callers_drive`]: passes that stopped at the events that resolved the
     /// waiting caller's ticket (summed over the nodes alive at the end).
     pub passes_stopped_at_commit: u64,
+    /// [`Options::callers_drive`]: committed entries read right after a caller's pass and
+    /// checked against the committed log (`replica::sim::CallerRead`).
+    pub caller_reads: u64,
     /// `Durability::Replicated`: proposals a leader wrote into the rings ahead of raft
     /// (summed over the nodes alive at the end).
     pub direct_proposals: u64,
@@ -357,6 +370,10 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("read-without-quorum", Mutation::ReadWithoutQuorum),
     ("read-before-nic-acks", Mutation::ReadBeforeNicAcks),
     ("close-without-fence", Mutation::CloseWithoutFence),
+    (
+        "deposed-caller-stops-early",
+        Mutation::DeposedCallerStopsEarly,
+    ),
 ];
 
 /// The flags of `rdmalog-sim` that select `options` (beside the seed), so that a failure's
@@ -387,6 +404,10 @@ fn replay_flags(o: &Options) -> String {
         (o.reads, " --reads"),
         (o.clean_stops, " --clean-stops"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
+        (
+            o.callers_drive && !o.deposed_episodes,
+            " --no-deposed-episodes",
+        ),
     ] {
         if on {
             out += flag;
@@ -465,6 +486,9 @@ struct Run {
     episode: Option<episodes::Episode>,
     /// The seed's third generator: episode decisions, so seeds without episodes run as before.
     episode_rng: SplitMix64,
+    /// The seed's fourth generator: the decisions of the episodes of
+    /// [`Options::callers_drive`], so that seeds without them run as before.
+    callers_episode_rng: SplitMix64,
     /// The clients of [`Options::sessions`].
     clients: Vec<SessionClient>,
     /// The nodes that acknowledged a client's append in this step's `drive_clients`, in
@@ -1708,7 +1732,12 @@ impl Run {
             }
             self.fault(Fault::FailStop, format!("node {id} fail-stops: {why}"));
         }
-        self.check()
+        self.check()?;
+        for read in std::mem::take(&mut self.c.caller_reads) {
+            self.summary.caller_reads += 1;
+            self.checker.check_caller_read(read)?;
+        }
+        Ok(())
     }
 
     fn check(&mut self) -> Result<(), Violation> {
@@ -2015,6 +2044,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         removal_asked: BTreeMap::new(),
         episode: None,
         episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0002),
+        callers_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0003),
         acked_on: Vec::new(),
         reads: Vec::new(),
         read_rng: SplitMix64::new(seed ^ 0x4ead_1de0_0000_0003),

@@ -73,6 +73,10 @@ struct Args {
     /// that fault existed).
     #[arg(long)]
     no_kill_mid_op: bool,
+    /// With --callers-drive, never draw the deposed-leader episode (the schedule the
+    /// family's seeds had before it existed).
+    #[arg(long)]
+    no_deposed_episodes: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -107,6 +111,7 @@ fn main() -> anyhow::Result<()> {
         reads: args.reads,
         clean_stops: args.clean_stops,
         kill_mid_op: !args.no_kill_mid_op,
+        deposed_episodes: !args.no_deposed_episodes,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {
@@ -134,6 +139,7 @@ fn main() -> anyhow::Result<()> {
     let mut ring_full = 0u64;
     let mut snapshots = 0u64;
     let (mut nic_acks, mut placed_taken, mut stopped) = (0u64, 0u64, 0u64);
+    let mut caller_reads = 0u64;
     let mut answers_skipped = 0u64;
     let mut direct = 0u64;
     let mut queued = 0u64;
@@ -159,6 +165,7 @@ fn main() -> anyhow::Result<()> {
                 placed_taken += s.placed_taken;
                 answers_skipped += s.answers_skipped;
                 stopped += s.passes_stopped_at_commit;
+                caller_reads += s.caller_reads;
                 direct += s.direct_proposals;
                 queued += s.queued_proposals;
                 reads_started += s.reads_started;
@@ -183,7 +190,9 @@ fn main() -> anyhow::Result<()> {
          {refused} writes fenced or refused, {torn} writes torn, {ring_full} appends into a \
          full ring, {snapshots} snapshots installed, {nic_acks} appends counted on a write's \
          completion, {placed_taken} entries taken as placed, {answers_skipped} answers left \
-         unsent as already counted, {stopped} passes stopped at a commit, {direct} proposals written ahead of raft, {queued} queued for a pass, \
+         unsent as already counted, {stopped} passes stopped at a commit, {caller_reads} \
+         committed entries read right after a caller's pass, {direct} proposals written \
+         ahead of raft, {queued} queued for a pass, \
          {reads_started} linearizable reads started, {reads_answered} answered and checked, \
          {reads_refused} refused",
         started.elapsed().as_secs_f64()

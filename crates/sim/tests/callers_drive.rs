@@ -6,6 +6,14 @@
 //! the NIC-acknowledged commit broken (`Mutation::NicAckBeforeGrant`) a seed of the family
 //! fails, so the family's checkers can fail with callers driving.
 //!
+//! The family also draws an episode of its own (`episodes`, `Fault::DeposedWhileWaiting`): a
+//! leader with a caller waiting on it is cut off until another node commits past its log,
+//! then healed while the caller waits; and after every caller's pass the simulator reads the
+//! node's log at each index its commit index newly covers (what a woken reader would read)
+//! and checks it against the committed log. A caller's pass on a deposed leader that stops
+//! at its ticket before the `Ready` that cuts the old suffix
+//! (`Mutation::DeposedCallerStopsEarly`) is caught.
+//!
 //! `SIM_SEEDS=N` changes the number of seeds.
 
 use replica::{Durability, Mutation};
@@ -26,25 +34,36 @@ fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
 #[test]
 fn every_seed_holds_with_passes_stopping_at_a_commit() {
     let started = std::time::Instant::now();
-    let (mut acked, mut stopped) = (0, 0);
+    let (mut acked, mut stopped, mut read, mut deposed) = (0, 0, 0, 0);
     for seed in 1..=seeds() {
         match sim::run(seed, options(Mutation::None, None), false) {
             Ok(s) => {
                 acked += s.acked;
                 stopped += s.passes_stopped_at_commit;
+                read += s.caller_reads;
+                deposed += s
+                    .faults
+                    .get(&sim::Fault::DeposedWhileWaiting)
+                    .copied()
+                    .unwrap_or(0);
             }
             Err(f) => panic!("\n{f}\n"),
         }
     }
     eprintln!(
         "{} seeds with callers driving passed in {:.1} s: {acked} acknowledged, {stopped} \
-         passes stopped at a commit",
+         passes stopped at a commit, {read} committed entries read right after a caller's \
+         pass, {deposed} deposed-leader episodes",
         seeds(),
         started.elapsed().as_secs_f64()
     );
     assert!(
         stopped > 0,
         "no pass stopped at a commit: the family tests nothing"
+    );
+    assert!(
+        read > 0 && deposed > 0,
+        "no read after a caller's pass ({read}) or no deposed-leader episode ({deposed})"
     );
 }
 
@@ -90,4 +109,25 @@ fn the_family_catches_a_ticket_resolved_without_a_quorum() {
         );
     };
     eprintln!("caught at seed {seed}:\n{why}");
+}
+
+/// A caller's pass on a deposed leader must run in full: its ticket resolves (superseded) at
+/// the new leader's append, which also moves the commit index over entries the wal does not
+/// hold yet. With the pass stopping there (`Mutation::DeposedCallerStopsEarly`) the read of
+/// the committed entries right after it finds the superseded entry.
+#[test]
+fn the_family_catches_a_deposed_callers_pass_that_stops_before_the_cut() {
+    let caught = first_catch(Mutation::DeposedCallerStopsEarly);
+    let Some((seed, why)) = caught else {
+        panic!(
+            "a deposed leader's caller stopping its pass before the Ready went unnoticed for \
+             {} seeds",
+            seeds()
+        );
+    };
+    eprintln!("caught at seed {seed}:\n{why}");
+    assert!(
+        why.contains("caller's pass"),
+        "caught, but not by the read after a caller's pass:\n{why}"
+    );
 }

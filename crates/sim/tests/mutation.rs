@@ -53,8 +53,12 @@ use replica::{Durability, Mutation};
 /// records its leader counted) is caught by the `--clean-stops` family (`tests/clean_stops.rs`,
 /// at seed 4 with every seed `Replicated`): the default families never stop a node cleanly.
 /// `tick-outside-fail-stop` likewise only by the regression
-/// seed that found it (9,800,079 of `--callers-drive --conditional`, a panic;
-/// `ticking_outside_the_fail_stop_wrapper_is_caught`).
+/// seed that found it (9,800,079 of `--callers-drive --conditional --no-deposed-episodes`, a
+/// panic; `ticking_outside_the_fail_stop_wrapper_is_caught`).
+/// `deposed-caller-stops-early` (a deposed leader's caller's pass stopping before the `Ready`
+/// that cuts the superseded suffix) is caught by the `--callers-drive` family
+/// (`tests/callers_drive.rs`, at seed 1 in every durability mode: its deposed-leader episode and
+/// the read after each caller's pass); the default families have no caller's passes.
 ///
 /// With every seed in `Durability::Replicated` (the NIC-acknowledged commit): the two rules of
 /// that mode, nic-ack-before-grant 1 and no-placed-take 8 (state machine safety, through the
@@ -354,6 +358,8 @@ fn ticking_outside_the_fail_stop_wrapper_is_caught() {
         mutation: Mutation::TickOutsideFailStop,
         callers_drive: true,
         conditional: true,
+        // The schedule it was found with, before the family's deposed-leader episode.
+        deposed_episodes: false,
         ..sim::Options::default()
     };
     let caught = caught_by(options, [9_800_079]).map(|(_, v)| v);

@@ -322,6 +322,8 @@ fn seed_9601360_callers_drive_replicated_a_lost_write_completed_by_a_torn_one() 
         9_601_360,
         sim::Options {
             callers_drive: true,
+            // The schedule it was found with, before the family's deposed-leader episode.
+            deposed_episodes: false,
             durability: Some(replica::Durability::Replicated),
             ..sim::Options::default()
         },
@@ -338,6 +340,8 @@ fn seed_9800079_callers_drive_conditional_a_read_error_in_a_tick() {
         9_800_079,
         sim::Options {
             callers_drive: true,
+            // The schedule it was found with, before the family's deposed-leader episode.
+            deposed_episodes: false,
             conditional: true,
             ..sim::Options::default()
         },
@@ -401,6 +405,8 @@ fn seed_10700044_sessions_a_client_that_refused_itself() {
         10_700_044,
         sim::Options {
             callers_drive: true,
+            // The schedule it was found with, before the family's deposed-leader episode.
+            deposed_episodes: false,
             sessions: true,
             ..sim::Options::default()
         },
