@@ -171,6 +171,10 @@ impl Fabric for Endpoint {
     fn waiter(&self) -> Option<Arc<dyn Waiter>> {
         each!(self, e => e.waiter())
     }
+
+    fn failure(&self) -> Option<String> {
+        each!(self, e => e.failure())
+    }
 }
 
 #[cfg(test)]

@@ -189,6 +189,11 @@ pub enum Event {
         /// Why.
         reason: DisconnectReason,
     },
+    /// The endpoint failed for good (polling a completion queue of its device failed):
+    /// nothing more completes or arrives on it, and [`Fabric::failure`] says why. Reported
+    /// once. The owner must stop (fail-stop) for its supervisor to restart it on a working
+    /// device; going on would leave a node up and useless.
+    Failed,
 }
 
 /// State of the connection to one peer.
@@ -383,6 +388,11 @@ pub trait Fabric {
 
     /// Moves up to `out.len()` events into `out`; returns how many. Never allocates.
     fn poll(&mut self, out: &mut [Event]) -> usize;
+
+    /// Why the endpoint failed for good, once it reported [`Event::Failed`].
+    fn failure(&self) -> Option<String> {
+        None
+    }
 
     /// A handle to sleep on until this endpoint may have events. `None` when the back-end has
     /// nothing to block on (the simulator is stepped by its caller): the owner then sleeps on

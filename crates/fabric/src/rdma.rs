@@ -253,6 +253,14 @@ pub struct RdmaEndpoint {
     /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
     /// owner's other threads, through [`Fabric::waiter`]).
     wait: Arc<WaitSet>,
+    /// Why the endpoint failed for good (a completion queue could not be polled), once it
+    /// did: it then polls nothing more and has reported [`Event::Failed`].
+    failed: Option<String>,
+    /// Test-only: the next poll of the send CQ fails (see [`RdmaEndpoint::fail_cq_poll_for_test`]).
+    cq_poll_fails_for_test: bool,
+    /// The device context's asynchronous events (a thread reads and acknowledges them), taken
+    /// once a keepalive period: a fatal device or CQ error fails the endpoint.
+    async_events: verbs::AsyncEvents,
 }
 
 /// A failure of the event wait (its channels, eventfd or `poll(2)`).
@@ -365,6 +373,7 @@ impl RdmaEndpoint {
             None => device_for_ip(cfg.listen.ip())?,
         };
         let ctx = Context::open(&name).map_err(verr)?;
+        let async_events = verbs::AsyncEvents::spawn(&ctx).map_err(verr)?;
         let pd = ProtectionDomain::new(&ctx).map_err(verr)?;
         let qps = cfg.peers.len().max(1) as u32 * QPS_PER_PEER;
         let send_cq = CompletionQueue::new(&ctx, cfg.qp.sq_depth * qps + 64).map_err(verr)?;
@@ -437,7 +446,62 @@ impl RdmaEndpoint {
             keepalive_due: Instant::now() + cfg_keepalive,
             slot_bytes,
             wait,
+            failed: None,
+            cq_poll_fails_for_test: false,
+            async_events,
         })
+    }
+
+    /// Test-only: the next poll of the send completion queue fails as `ibv_poll_cq` does when
+    /// the device fails under it (Soft-RoCE cannot be made to), to show the fail-stop.
+    #[doc(hidden)]
+    pub fn fail_cq_poll_for_test(&mut self) {
+        self.cq_poll_fails_for_test = true;
+    }
+
+    /// Test-only: handles `event` as if the device had raised it (Soft-RoCE raises neither a
+    /// fatal device error nor a CQ error), to show what the endpoint does with it.
+    #[doc(hidden)]
+    pub fn async_event_for_test(&mut self, event: verbs::AsyncEvent) {
+        self.on_async_event(event);
+    }
+
+    /// What the device's asynchronous events mean here: a fatal error of the device or of a
+    /// completion queue fails the endpoint for good (its completions can no longer be
+    /// trusted or may never come); a port going down or up is logged (the connections over
+    /// it fail through their completions, and dials retry); a QP's fatal or access error
+    /// shows up as its work requests' error completions, which break that connection.
+    fn on_async_event(&mut self, event: verbs::AsyncEvent) {
+        use verbs::AsyncEvent as E;
+        match event {
+            E::DeviceFatal => {
+                self.fail("the device reported a fatal error (IBV_EVENT_DEVICE_FATAL)".into())
+            }
+            E::CqError => {
+                self.fail("a completion queue overran or failed (IBV_EVENT_CQ_ERR)".into())
+            }
+            E::PortDown { port } => {
+                tracing::warn!(device = %self.device(), port, "the RDMA port went down")
+            }
+            E::PortActive { port } => {
+                tracing::info!(device = %self.device(), port, "the RDMA port is active")
+            }
+            other => {
+                tracing::debug!(device = %self.device(), event = ?other, "asynchronous device event")
+            }
+        }
+    }
+
+    /// The endpoint failed for good: a completion queue could not be polled (`ibv_poll_cq`
+    /// fails only when the device or the CQ is broken). Nothing more completes, so the owner
+    /// is told once ([`Event::Failed`]) and the endpoint polls nothing more, rather than
+    /// logging the same error at every poll (a busy poller's rate).
+    fn fail(&mut self, why: String) {
+        if self.failed.is_none() {
+            tracing::error!(device = %self.device(), error = %why, "the RDMA device failed: the endpoint stops");
+            self.failed = Some(why);
+            self.events.push(Event::Failed);
+        }
     }
 
     /// Why the last connect to `peer` failed, if it did: for logs and status pages.
@@ -821,6 +885,12 @@ impl RdmaEndpoint {
             return;
         }
         self.keepalive_due = now + self.cfg.keepalive;
+        while let Some(event) = self.async_events.try_recv() {
+            self.on_async_event(event);
+        }
+        if self.failed.is_some() {
+            return;
+        }
         let mut keys = std::mem::take(&mut self.key_scratch);
         keys.clear();
         keys.extend(
@@ -867,10 +937,14 @@ impl RdmaEndpoint {
 
     /// Takes one batch of send completions; how many there were.
     fn poll_send_cq(&mut self) -> usize {
+        if std::mem::take(&mut self.cq_poll_fails_for_test) {
+            self.fail("polling the send CQ failed: injected by a test".into());
+            return 0;
+        }
         let n = match self.send_cq.poll(&mut self.wc) {
             Ok(n) => n,
             Err(e) => {
-                tracing::error!(error = %e, "polling the send CQ failed");
+                self.fail(format!("polling the send CQ failed: {e}"));
                 return 0;
             }
         };
@@ -979,7 +1053,7 @@ impl RdmaEndpoint {
         let n = match self.recv_cq.poll(&mut self.wc) {
             Ok(n) => n,
             Err(e) => {
-                tracing::error!(error = %e, "polling the receive CQ failed");
+                self.fail(format!("polling the receive CQ failed: {e}"));
                 return 0;
             }
         };
@@ -1307,13 +1381,24 @@ impl Fabric for RdmaEndpoint {
         Some(self.wait.clone())
     }
 
+    fn failure(&self) -> Option<String> {
+        self.failed.clone()
+    }
+
     fn poll(&mut self, out: &mut [Event]) -> usize {
+        if self.failed.is_some() {
+            return self.events.drain_into(out);
+        }
         self.poll_cm();
         // Until a batch comes back short: a full batch may leave completions in the CQ, which
         // arming it would not report (only new ones raise an event), so a driver that found
         // no event in a full batch of credit-only or stale completions slept past them.
         while self.poll_send_cq() == self.wc.len() {}
-        while self.poll_recv_cq() == self.wc.len() {}
+        while self.failed.is_none() && self.poll_recv_cq() == self.wc.len() {}
+        if self.failed.is_some() {
+            // Nothing after the failure: what was queued before it, then `Failed`.
+            return self.events.drain_into(out);
+        }
         // Deadlines after the receives: a proof already in the CQ counts.
         let limit = self.cfg.admission_timeout;
         let mut keys = std::mem::take(&mut self.key_scratch);

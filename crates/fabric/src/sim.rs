@@ -188,6 +188,8 @@ struct NodeState {
     /// The node's shared-memory files ([`Fabric::alloc_persistent`]): they survive
     /// [`SimNet::kill_process`], not [`SimNet::crash`].
     shm: BTreeMap<std::path::PathBuf, Arc<crate::VecMemory>>,
+    /// Why the node's endpoint failed for good ([`SimNet::fail_device`]).
+    failed: Option<String>,
 }
 
 impl NodeState {
@@ -783,6 +785,7 @@ impl SimNet {
                     events: VecDeque::new(),
                     recv_data: VecDeque::new(),
                     shm: BTreeMap::new(),
+                    failed: None,
                 },
             )
             .is_none();
@@ -876,6 +879,19 @@ impl SimNet {
         n.fail_conn(b, a, None, DisconnectReason::PeerReset);
     }
 
+    /// Fails `node`'s device for good, as a real one whose completion queue can no longer be
+    /// polled: its endpoint reports [`Event::Failed`] at its next poll, and
+    /// [`Fabric::failure`] gives `why`.
+    pub fn fail_device(&self, node: NodeId, why: &str) {
+        let mut n = self.net.lock_net();
+        if let Some(s) = n.nodes.get_mut(&node) {
+            if s.failed.is_none() {
+                s.failed = Some(why.to_owned());
+                s.events.push_back(Event::Failed);
+            }
+        }
+    }
+
     /// Crashes the machine of `node`: its connections, registrations, pending events and
     /// shared memory vanish. Peers notice only through timeouts, as on a real network.
     pub fn crash(&self, node: NodeId) {
@@ -898,6 +914,8 @@ impl SimNet {
             s.unannounced.clear();
             s.events.clear();
             s.recv_data.clear();
+            // The next process opens the device afresh.
+            s.failed = None;
         }
     }
 
@@ -1367,6 +1385,11 @@ impl Fabric for SimEndpoint {
             _ if !allowed => Ok(()), // nothing to revoke
             _ => Err(FabricError::NotConnected { peer }),
         }
+    }
+
+    fn failure(&self) -> Option<String> {
+        let n = self.net.lock_net();
+        n.nodes.get(&self.node).and_then(|s| s.failed.clone())
     }
 
     fn poll(&mut self, out: &mut [Event]) -> usize {

@@ -566,8 +566,17 @@ fn write_and_send_round(a: &mut Node, b: &mut Node, round: u64) {
     let len = 64u64;
     write_bytes(a.mem.as_ref(), 0, &[(round % 250) as u8 + 1; 64]);
     a.ep.post_write(B, write_req(a, round, 0, len)).unwrap();
-    a.ep.post_send(B, 1_000_000 + round, &len.to_le_bytes())
-        .unwrap();
+    // B's credit update for the previous round's receive may still be on its way (the round
+    // waits for A's completions, not for it; once seen in the lab): wait for it.
+    let mut sent = false;
+    until(&mut [a, b], "a send credit", |n| {
+        match n[0].ep.post_send(B, 1_000_000 + round, &len.to_le_bytes()) {
+            Ok(()) => sent = true,
+            Err(fabric::FabricError::NoCredit { .. }) => {}
+            Err(e) => panic!("post_send: {e}"),
+        }
+        sent
+    });
     let mut taken = false;
     until(&mut [a, b], "a round's recv and completions", |n| {
         if !taken
@@ -766,4 +775,68 @@ fn an_unproven_connection_claiming_an_admitted_peer_leaves_it_connected() {
     );
     assert_eq!(a.ep.conn_state(B), ConnState::Down);
     drop(p);
+}
+
+/// A completion queue that can no longer be polled (`ibv_poll_cq` fails only when the device
+/// or the CQ broke; Soft-RoCE cannot be made to, so the test hook fails the next poll as it
+/// would): the endpoint reports `Event::Failed` once, names the cause in `failure`, and polls
+/// nothing more (no error logged at every poll of a busy poller, no completions that cannot
+/// be trusted), while its peer is unaffected until its own link breaks. A fatal asynchronous
+/// event of the device (a CQ error) fails it the same way; a port going down does not.
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn a_completion_queue_that_cannot_be_polled_fails_the_endpoint_once() {
+    let failing = |n: u64| -> SocketAddr { format!("192.0.2.1{n}:{}", 7520 + n).parse().unwrap() };
+    let mut a = node_with(A, B, failing, None);
+    let mut b = node_with(B, A, failing, None);
+    connect(&mut a, &mut b);
+    b.ep.set_remote_write(A, true).unwrap();
+    write_and_send_round(&mut a, &mut b, 1);
+    assert_eq!(a.ep.failure(), None);
+
+    a.ep.fail_cq_poll_for_test();
+    // A message from B arrives after the failure: A must not deliver it.
+    b.ep.post_send(A, 7, b"after").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        pump(&mut [&mut a, &mut b]);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let failed = a
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::Failed))
+        .count();
+    assert_eq!(failed, 1, "A's events: {:?}", a.events);
+    assert!(
+        !a.events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.op == WcOp::Recv)),
+        "a failed endpoint delivered a message: {:?}",
+        a.events
+    );
+    let why = a.ep.failure().expect("the failure is named");
+    assert!(why.contains("send CQ"), "{why}");
+    assert!(
+        !b.events.iter().any(|e| matches!(e, Event::Failed)),
+        "the peer failed too: {:?}",
+        b.events
+    );
+
+    // The device's asynchronous events (read by the endpoint's reader thread; Soft-RoCE
+    // raises neither of the fatal ones, so they are handed in as the reader would): a port
+    // going down is no failure of the endpoint, a CQ error is.
+    b.events.clear();
+    b.ep.async_event_for_test(verbs::AsyncEvent::PortDown { port: 1 });
+    pump(&mut [&mut b]);
+    assert_eq!(b.ep.failure(), None, "a port down failed the endpoint");
+    b.ep.async_event_for_test(verbs::AsyncEvent::CqError);
+    pump(&mut [&mut b]);
+    assert!(
+        b.events.iter().any(|e| matches!(e, Event::Failed)),
+        "B's events: {:?}",
+        b.events
+    );
+    let why = b.ep.failure().expect("the failure is named");
+    assert!(why.contains("IBV_EVENT_CQ_ERR"), "{why}");
 }

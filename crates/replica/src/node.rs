@@ -1140,6 +1140,18 @@ impl<F: Fabric> Replica<F> {
             self.step_deferred();
         }
         match e {
+            Event::Failed => {
+                // The device failed under the fabric: nothing more completes or arrives. A
+                // node left up would be useless; stop for the supervisor to restart it.
+                let why = self
+                    .fabric
+                    .failure()
+                    .unwrap_or_else(|| "no reason given".into());
+                tracing::error!(node = self.cfg.id, error = %why, "the fabric failed: the replica stops (fail-stop)");
+                return Err(ReplicaError::Poisoned(format!(
+                    "the fabric failed for good ({why}); the node must be restarted"
+                )));
+            }
             Event::Completion(c) => match c.op {
                 WcOp::Recv => {
                     let peer = c.peer;

@@ -314,3 +314,26 @@ fn a_pending_future_polled_again_keeps_one_waker() {
     );
     close_all(&stop, logs);
 }
+
+#[test]
+fn a_failed_device_fails_the_log_stop_with_its_cause() {
+    // The fabric reports that its device failed for good (`Event::Failed`: a completion queue
+    // that can no longer be polled): the node must fail stop with the cause, as on a storage
+    // failure, rather than stay up and useless; the others go on.
+    let (net, stop, logs, l, _) = leader_with_two_entries();
+    net.fail_device(NodeId(l as u64 + 1), "polling the send CQ failed: a test");
+    wait_for("the fail-stop", || logs[l].failure().is_some());
+    let is_cause = |e: &ReplicaError| {
+        matches!(e, ReplicaError::Poisoned(why) if why.contains("fabric failed")
+            && why.contains("polling the send CQ failed: a test"))
+    };
+    let r = logs[l].append(b"after");
+    assert!(r.as_ref().is_err_and(is_cause), "an append: {:?}", r.err());
+    let others: Vec<usize> = (0..3).filter(|&k| k != l).collect();
+    wait_for("a new leader", || {
+        others
+            .iter()
+            .any(|&k| logs[k].status().role == Role::Leader)
+    });
+    close_all(&stop, logs);
+}
