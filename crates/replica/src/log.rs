@@ -194,6 +194,11 @@ impl<F: Fabric> Shared<F> {
         if let Some(f) = self.failure() {
             return Err(ReplicaError::Poisoned(f));
         }
+        // A pass that failed on a storage error or a failed device poisoned the replica and
+        // released the lock before the driver records the failure: refused from then on too.
+        if let Some(p) = r.poisoned() {
+            return Err(ReplicaError::Poisoned(p.to_owned()));
+        }
         Ok(r)
     }
 
@@ -225,19 +230,13 @@ impl<F: Fabric> Shared<F> {
             .store(false, Ordering::Release);
     }
 
-    fn check(&self) -> Result<(), ReplicaError> {
-        if let Some(f) = self
-            .failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-        {
-            return Err(ReplicaError::Poisoned(f.clone()));
+    /// Test-only: waits while a test holds the fail-stop of a driver whose pass failed or
+    /// panicked ([`Log::hold_fail_stop_for_test`]), saying so.
+    fn hold_fail_stop_if_asked(&self) {
+        while self.hold_fail_stop_for_test.load(Ordering::Acquire) {
+            self.fail_stop_held_for_test.store(true, Ordering::Release);
+            std::thread::sleep(Duration::from_millis(1));
         }
-        if self.stop.load(Ordering::Acquire) {
-            return Err(ReplicaError::Closed);
-        }
-        Ok(())
     }
 
     /// Fail-stop: records why the driver stopped, stops it, and wakes every waiter, which then
@@ -260,12 +259,15 @@ impl<F: Fabric> Shared<F> {
 
     fn wake_all(&self) {
         self.progress.notify_all();
-        for (_, w) in self
-            .wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain()
-        {
+        // Woken outside the lock: a wake may drop the last reference to the task that owns a
+        // handle, whose drop takes this lock to remove its waker.
+        let wakers = std::mem::take(
+            &mut *self
+                .wakers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for (_, w) in wakers {
             w.wake();
         }
     }
@@ -535,10 +537,9 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// within `timeout`.
     pub fn wait_for_commit(&self, index: u64, timeout: Duration) -> Result<(), ReplicaError> {
         let s = &self.shared;
-        s.wait_until(timeout, || match s.check() {
+        s.wait_until(timeout, || match s.lock_live() {
             Err(e) => Some(Err(e)),
-            Ok(()) if s.commit.load(Ordering::Acquire) >= index => Some(Ok(())),
-            Ok(()) => (s.lock().commit_index() >= index).then_some(Ok(())),
+            Ok(r) => (r.commit_index() >= index).then_some(Ok(())),
         })
         .unwrap_or(Err(ReplicaError::Timeout { index }))
     }
@@ -760,9 +761,10 @@ impl<F: Fabric + Send + 'static> Log<F> {
         self.shared.hold_for_test.store(hold, Ordering::Release);
     }
 
-    /// Test-only: while `hold` is set, a driver thread that panicked waits before its
-    /// fail-stop records the panic (its replica's lock is poisoned meanwhile), to show that
-    /// no call reads or changes a replica in that state.
+    /// Test-only: while `hold` is set, a driver thread whose pass panicked (its replica's
+    /// lock is poisoned meanwhile) or failed (the replica poisoned itself) waits before its
+    /// fail-stop records the failure, to show that no call reads or changes a replica in
+    /// that state.
     #[doc(hidden)]
     pub fn hold_fail_stop_for_test(&self, hold: bool) {
         self.shared
@@ -842,10 +844,7 @@ impl<F: Fabric + Send + 'static> Drop for Log<F> {
 fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive_loop(&s, o)));
     if let Err(panic) = r {
-        while s.hold_fail_stop_for_test.load(Ordering::Acquire) {
-            s.fail_stop_held_for_test.store(true, Ordering::Release);
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        s.hold_fail_stop_if_asked();
         let what = panic_message(panic.as_ref());
         let id = s.lock().id();
         tracing::error!(node = id, panic = %what, "the driver thread panicked: the log stopped (fail-stop)");
@@ -949,6 +948,7 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
             )
         };
         if let Err(e) = result {
+            s.hold_fail_stop_if_asked();
             s.fail(e.to_string());
             return;
         }
@@ -1047,9 +1047,15 @@ impl<F: Fabric + Send + 'static> ReadHandle<F> {
         if self.spent {
             return Some(Err(ReplicaError::Closed));
         }
-        let r = match self.shared.lock_live() {
+        let r = match self.shared.lock_unfailed() {
             Ok(mut r) => r.read_status(self.ticket),
             Err(e) => return Some(Err(e)),
+        };
+        // A read confirmed before the log closed still resolves; one still pending is
+        // `Closed`.
+        let r = match r {
+            None if self.shared.stop.load(Ordering::Acquire) => Some(Err(ReplicaError::Closed)),
+            r => r,
         };
         self.spent = r.is_some();
         r

@@ -863,6 +863,13 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// The commit index.
+    /// Why the replica stopped working, once it did (a storage error or a failed device
+    /// poisoned it): it refuses all further work and should be restarted.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// This replica's commit index.
     pub fn commit_index(&self) -> u64 {
         self.raw.raft.raft_log.committed
     }

@@ -7,30 +7,41 @@
 //! leader's links are cut so an append stays pending, then the test-only
 //! `Log::inject_driver_panic` makes the leader's driver panic.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use fabric::NodeId;
 use fabric::sim::{SimConfig, SimEndpoint, SimNet};
 use replica::retention::Retention;
-use replica::{CheckpointPause, Log, LogOptions, ReplicaConfig, ReplicaError, Role};
+use replica::{AppendHandle, CheckpointPause, Log, LogOptions, ReplicaConfig, ReplicaError, Role};
 use wal::fs::{FaultFs, FileSystem};
 
 fn cluster() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
+    let (net, stop, logs, _) = cluster_with_disks();
+    (net, stop, logs)
+}
+
+type Disks = Vec<Arc<FaultFs>>;
+
+fn cluster_with_disks() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, Disks) {
     let net = SimNet::new(SimConfig::default(), 7);
     let stop = Arc::new(AtomicBool::new(false));
     net.run_realtime(stop.clone());
+    let disks: Disks = (1..=3).map(|_| Arc::new(FaultFs::new())).collect();
     let logs = (1..=3u64)
         .map(|id| {
             let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
             cfg.ring_bytes = 2 << 20;
             cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
-            let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
+            let disk: Arc<dyn FileSystem> = disks[id as usize - 1].clone();
             Log::open(cfg, net.add_node(NodeId(id)), disk, LogOptions::default()).unwrap()
         })
         .collect();
-    (net, stop, logs)
+    (net, stop, logs, disks)
 }
 
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -158,7 +169,20 @@ fn refuses_everything_with(log: &Log<SimEndpoint>, is_cause: impl Fn(&ReplicaErr
 /// committed two entries: the cluster, the leader's position and the index of its second
 /// entry.
 fn leader_with_two_entries() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, usize, u64) {
-    let (net, stop, logs) = cluster();
+    let (net, stop, logs, l, index, _) = leader_with_two_entries_and_disks();
+    (net, stop, logs, l, index)
+}
+
+/// [`leader_with_two_entries`], with the nodes' disks.
+fn leader_with_two_entries_and_disks() -> (
+    SimNet,
+    Arc<AtomicBool>,
+    Vec<Log<SimEndpoint>>,
+    usize,
+    u64,
+    Disks,
+) {
+    let (net, stop, logs, disks) = cluster_with_disks();
     for _ in 0..10 {
         let mut l = 0;
         wait_for("an election", || {
@@ -176,7 +200,7 @@ fn leader_with_two_entries() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>,
             .and_then(|_| logs[l].append(b"two"))
             .and_then(|h| h.wait(Duration::from_secs(5)));
         if let Ok(index) = two {
-            return (net, stop, logs, l, index);
+            return (net, stop, logs, l, index, disks);
         }
     }
     panic!("no leader committed two entries in 10 tries");
@@ -205,6 +229,32 @@ fn between_a_panic_and_its_fail_stop_nothing_reads_or_cuts_the_log() {
         )
     }));
     // Released before any assertion fails: a held driver would hang the logs' drop.
+    logs[l].hold_fail_stop_for_test(false);
+    if let Err(failed) = refused {
+        std::panic::resume_unwind(failed);
+    }
+    wait_for("the fail-stop", || logs[l].failure().is_some());
+    close_all(&stop, logs);
+}
+
+#[test]
+fn between_a_failed_pass_and_its_fail_stop_nothing_reads_or_cuts_the_log() {
+    // A pass that fails on a storage error poisons the replica and releases its lock; the
+    // driver records the failure after. Held in between, every call must already be refused:
+    // raft may have moved past what the wal holds.
+    let (_net, stop, logs, l, _, disks) = leader_with_two_entries_and_disks();
+    logs[l].hold_fail_stop_for_test(true);
+    disks[l].fail_next_sync();
+    let _ = logs[l].append(b"its fdatasync fails");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !logs[l].fail_stop_held_for_test() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert!(logs[l].fail_stop_held_for_test(), "no pass failed in 20 s");
+        assert_eq!(logs[l].failure(), None, "the fail-stop is held");
+        refuses_everything_with(&logs[l], |e| matches!(e, ReplicaError::Poisoned(_)))
+    }));
     logs[l].hold_fail_stop_for_test(false);
     if let Err(failed) = refused {
         std::panic::resume_unwind(failed);
@@ -246,72 +296,140 @@ fn a_checkpoint_reading_when_the_log_fails_stores_nothing_and_cuts_nothing() {
     close_all(&stop, logs);
 }
 
+/// Cuts node `l` off from the others, both ways (`up: false`), or heals its links.
+fn cut(net: &SimNet, l: usize, up: bool) {
+    let me = NodeId(l as u64 + 1);
+    for other in (1..=3).map(NodeId).filter(|&o| o != me) {
+        net.set_link(me, other, up);
+        net.set_link(other, me, up);
+    }
+}
+
+/// A cluster whose leader `l` ran `before_cut`, was cut off from the others, and holds an
+/// append there that `still_pending` finds pending (retried on a fresh cluster when the
+/// leader was deposed first, as a loaded machine may make it).
+#[allow(clippy::type_complexity)]
+fn pending_on_a_cut_off_leader<T>(
+    mut before_cut: impl FnMut(&Log<SimEndpoint>) -> T,
+    mut still_pending: impl FnMut(&mut AppendHandle<SimEndpoint>) -> bool,
+) -> (
+    SimNet,
+    Arc<AtomicBool>,
+    Vec<Log<SimEndpoint>>,
+    usize,
+    T,
+    AppendHandle<SimEndpoint>,
+) {
+    for _ in 0..5 {
+        let (net, stop, logs, l, _) = leader_with_two_entries();
+        let t = before_cut(&logs[l]);
+        cut(&net, l, false);
+        if let Ok(mut pending) = logs[l].append(b"pending") {
+            if still_pending(&mut pending) {
+                return (net, stop, logs, l, t, pending);
+            }
+        }
+        close_all(&stop, logs);
+    }
+    panic!("no leader kept an append pending in 5 tries");
+}
+
 #[test]
 fn a_handle_whose_entry_committed_says_so_after_close() {
     // `close` ends pending appends with `Closed`; one that committed before must still say
     // committed (a caller asking after the close must not take it for a maybe-lost entry).
-    let (net, stop, mut logs, l, _) = leader_with_two_entries();
-    let committed = logs[l].append(b"three").unwrap();
-    let index = committed
-        .wait_for(Duration::from_secs(5))
-        .expect("the third entry did not commit")
-        .unwrap();
-    let me = NodeId(l as u64 + 1);
-    for other in (1..=3).map(NodeId).filter(|&o| o != me) {
-        net.set_link(me, other, false);
-        net.set_link(other, me, false);
-    }
-    let pending = logs[l].append(b"four");
+    let (_net, stop, mut logs, l, committed, pending) = pending_on_a_cut_off_leader(
+        |log| {
+            let h = log.append(b"three").unwrap();
+            let index = h.wait_for(Duration::from_secs(5)).map(|r| r.unwrap());
+            (h, index)
+        },
+        |p| p.try_result().is_none(),
+    );
+    let (committed, index) = committed;
+    let index = index.expect("the third entry did not commit");
     let leader = logs.remove(l);
     leader.close().unwrap();
     assert_eq!(committed.try_result().map(|r| r.ok()), Some(Some(index)));
-    if let Ok(pending) = pending {
-        let r = pending.try_result();
-        assert!(
-            matches!(r, Some(Err(ReplicaError::Closed))),
-            "pending after close: {r:?}"
-        );
-    }
+    let r = pending.try_result();
+    assert!(
+        matches!(r, Some(Err(ReplicaError::Closed))),
+        "pending after close: {r:?}"
+    );
     close_all(&stop, logs);
+}
+
+/// A waker that does nothing.
+struct Nothing;
+
+impl Wake for Nothing {
+    fn wake(self: Arc<Self>) {}
 }
 
 #[test]
 fn a_pending_future_polled_again_keeps_one_waker() {
     // A future re-polled while pending (as a `select!` loop does) replaces its waker; it
     // must not add one per poll for as long as the entry is pending.
-    use std::task::{Context, Wake, Waker};
-    struct Nothing;
-    impl Wake for Nothing {
-        fn wake(self: Arc<Self>) {}
-    }
-    let (net, stop, logs, l, _) = leader_with_two_entries();
-    let me = NodeId(l as u64 + 1);
-    for other in (1..=3).map(NodeId).filter(|&o| o != me) {
-        net.set_link(me, other, false);
-        net.set_link(other, me, false);
-    }
-    let Ok(mut pending) = logs[l].append(b"pending") else {
-        // Deposed already: nothing pending to poll.
-        return close_all(&stop, logs);
-    };
-    for _ in 0..1000 {
-        let waker = Waker::from(Arc::new(Nothing));
-        let mut cx = Context::from_waker(&waker);
-        if std::future::Future::poll(std::pin::Pin::new(&mut pending), &mut cx).is_ready() {
-            break;
-        }
-    }
-    assert!(
-        logs[l].pending_wakers_for_test() <= 1,
-        "{} wakers",
-        logs[l].pending_wakers_for_test()
+    let (_net, stop, logs, l, (), pending) = pending_on_a_cut_off_leader(
+        |_| (),
+        |p| {
+            (0..1000).all(|_| {
+                let waker = Waker::from(Arc::new(Nothing));
+                let mut cx = Context::from_waker(&waker);
+                Future::poll(Pin::new(&mut *p), &mut cx).is_pending()
+            })
+        },
     );
+    assert_eq!(logs[l].pending_wakers_for_test(), 1, "wakers kept");
     drop(pending);
     assert_eq!(
         logs[l].pending_wakers_for_test(),
         0,
         "a dropped handle's waker stayed"
     );
+    close_all(&stop, logs);
+}
+
+/// A task that owns a pending append, as an executor's task owns its future.
+struct Task(Mutex<Option<AppendHandle<SimEndpoint>>>);
+
+impl Wake for Task {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[test]
+fn a_wake_that_drops_the_last_task_holding_a_handle_does_not_hang_the_log() {
+    // The log wakes a pending future when the commit moves. If that wake drops the last
+    // reference to the task owning the handle (an executor whose queue is gone), the
+    // handle's drop removes its waker from the very list being woken: done under the list's
+    // lock, it hung the driver thread for good, and `close` with it.
+    let (net, stop, logs, l, (), pending) =
+        pending_on_a_cut_off_leader(|_| (), |p| p.try_result().is_none());
+    let task = Arc::new(Task(Mutex::new(Some(pending))));
+    let waker = Waker::from(task.clone());
+    let polled = {
+        let mut handle = task.0.lock().unwrap();
+        let h = handle.as_mut().unwrap();
+        Future::poll(Pin::new(h), &mut Context::from_waker(&waker))
+    };
+    assert!(polled.is_pending());
+    // From here only the log's registered waker keeps the task (and the handle) alive.
+    drop(waker);
+    drop(task);
+    let commit = logs[l].commit_index();
+    cut(&net, l, true);
+    wait_for("the commit to move", || logs[l].commit_index() > commit);
+    let passes = logs[l].driver_passes_for_test();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while logs[l].driver_passes_for_test() == passes && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if logs[l].driver_passes_for_test() == passes {
+        // A hung driver would hang the logs' drop too: leave them.
+        std::mem::forget(logs);
+        panic!("the driver thread made no pass for 10 s after the wake");
+    }
+    assert_eq!(logs[l].pending_wakers_for_test(), 0);
     close_all(&stop, logs);
 }
 
