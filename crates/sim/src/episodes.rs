@@ -20,7 +20,8 @@
 //!   replaces the old suffix also moves the commit index over it, in one step: the caller's
 //!   pass there must not stop before the `Ready` that writes the new entries and cuts the old
 //!   ones (mutation `deposed-caller-stops-early`), or the log reads a superseded entry as
-//!   committed, which the checker's read of every committed entry after each step sees.
+//!   committed, which the read right after the caller's pass sees (the checker's read at
+//!   the end of the step comes after the next full pass mended the wal).
 //!
 //! With [`crate::Options::clean_stops`] an episode ends with its stalled followers stopped
 //! cleanly and restarted instead of woken: the close must keep what their NICs acknowledged
@@ -243,11 +244,14 @@ impl Run {
                 if commit > old.last_index && self.c.waiting.contains_key(&leader) =>
             {
                 self.heal_links();
-                self.event(format!(
-                    "a new leader committed {commit}, past node {leader}'s last index {}; \
-                     its links heal while its caller waits",
-                    old.last_index
-                ));
+                self.fault(
+                    Fault::DeposedHealed,
+                    format!(
+                        "a new leader committed {commit}, past node {leader}'s last index \
+                         {}; its links heal while its caller waits",
+                        old.last_index
+                    ),
+                );
                 if let Some(Episode::Deposed {
                     healed, until_ns, ..
                 }) = &mut self.episode

@@ -217,6 +217,9 @@ pub enum Fault {
     /// append is cut off until another node leads and commits past its log, then its links
     /// heal while the caller still waits (see `episodes`).
     DeposedWhileWaiting,
+    /// The cut-off leader of a [`Fault::DeposedWhileWaiting`] episode healed while its caller
+    /// still waited, after another node had committed past its log.
+    DeposedHealed,
 }
 
 /// What a run did.
