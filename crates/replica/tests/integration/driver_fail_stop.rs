@@ -138,6 +138,16 @@ fn refuses_everything_with(log: &Log<SimEndpoint>, is_cause: impl Fn(&ReplicaErr
     };
     let calls: Vec<(&str, Result<(), ReplicaError>)> = vec![
         ("read", log.read(1).map(drop)),
+        (
+            "wait_for_commit",
+            log.wait_for_commit(1, Duration::from_millis(10)),
+        ),
+        (
+            "subscribe",
+            log.subscribe(1)
+                .next_timeout(Duration::from_millis(10))
+                .map(drop),
+        ),
         ("read_index", log.read_index().map(drop)),
         ("append_batch", log.append_batch(&[b"x"]).map(drop)),
         ("open_session", log.open_session().map(drop)),
