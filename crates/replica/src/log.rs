@@ -242,12 +242,17 @@ impl<F: Fabric> Shared<F> {
     /// Fail-stop: records why the driver stopped, stops it, and wakes every waiter, which then
     /// gets [`ReplicaError::Poisoned`] with the cause.
     fn fail(&self, why: String) {
+        self.record_failure(why);
+        self.wake_all();
+    }
+
+    /// [`Shared::fail`] without the wake-up, for a caller that holds the replica's lock.
+    fn record_failure(&self, why: String) {
         self.failure
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get_or_insert(why);
         self.stop.store(true, Ordering::Release);
-        self.wake_all();
     }
 
     fn failure(&self) -> Option<String> {
@@ -305,16 +310,27 @@ impl<F: Fabric> Shared<F> {
     /// A caller waiting on `waiting` stops its pass at the events that resolve it
     /// ([`Replica::process_until_resolved`]); the next pass, its own or the driver's, does the
     /// rest.
-    fn caller_pass(&self, r: &mut Replica<F>, waiting: Option<Ticket>) -> Result<(), ReplicaError> {
+    ///
+    /// `then` runs on the replica after the pass, still under its lock; the waiters are woken
+    /// after the lock is released, for a waker may poll a handle at once, on this thread.
+    fn caller_pass<T>(
+        &self,
+        mut r: MutexGuard<'_, Replica<F>>,
+        waiting: Option<Ticket>,
+        then: impl FnOnce(&mut Replica<F>) -> T,
+    ) -> Result<T, ReplicaError> {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match waiting {
             Some(t) => r.process_until_resolved(t),
             None => r.process(),
         }));
         let why = match result {
             Ok(Ok(())) => {
-                self.publish_commit(r.commit_index());
-                self.publish_reads(r.reads_confirmed());
-                return Ok(());
+                let (commit, reads) = (r.commit_index(), r.reads_confirmed());
+                let out = then(&mut r);
+                drop(r);
+                self.publish_commit(commit);
+                self.publish_reads(reads);
+                return Ok(out);
             }
             Ok(Err(e)) => e.to_string(),
             Err(panic) => {
@@ -325,15 +341,19 @@ impl<F: Fabric> Shared<F> {
                 )
             }
         };
-        self.fail(why.clone());
+        // Recorded before the lock is released (no call may find the replica unrefused),
+        // woken after.
+        self.record_failure(why.clone());
+        drop(r);
+        self.wake_all();
         Err(ReplicaError::Poisoned(why))
     }
 
     /// After a proposal, with the replica still locked: under `Busy` the caller's own pass
     /// writes it into the ring and posts it; otherwise the driver is woken to do so.
-    fn after_propose(&self, mut r: MutexGuard<'_, Replica<F>>) -> Result<(), ReplicaError> {
+    fn after_propose(&self, r: MutexGuard<'_, Replica<F>>) -> Result<(), ReplicaError> {
         if self.poll == PollMode::Busy {
-            return self.caller_pass(&mut r, None);
+            return self.caller_pass(r, None, |_| ());
         }
         drop(r);
         self.kick();
@@ -1176,13 +1196,12 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
             return self.status();
         }
         // A failed or closed log is not driven: the status says what became of the entry.
-        let Ok(mut r) = s.lock_live() else {
+        let Ok(r) = s.lock_live() else {
             return self.status();
         };
-        match s.caller_pass(&mut r, Some(self.ticket)) {
-            Ok(()) => r.ticket_status(self.ticket),
-            Err(e) => Some(Err(e)),
-        }
+        let t = self.ticket;
+        s.caller_pass(r, Some(t), |r| r.ticket_status(t))
+            .unwrap_or_else(|e| Some(Err(e)))
     }
 
     /// Between two steps of a wait: the driving caller polls on (spinning a little, then

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use fabric::NodeId;
 use fabric::sim::{SimConfig, SimEndpoint, SimNet};
 use replica::retention::Retention;
-use replica::{AppendHandle, CheckpointPause, Log, LogOptions, ReplicaConfig, ReplicaError, Role};
+use replica::{
+    AppendHandle, CheckpointPause, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role,
+};
 use wal::fs::{FaultFs, FileSystem};
 
 fn cluster() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
@@ -28,6 +30,10 @@ fn cluster() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>) {
 type Disks = Vec<Arc<FaultFs>>;
 
 fn cluster_with_disks() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, Disks) {
+    cluster_polling(LogOptions::default())
+}
+
+fn cluster_polling(options: LogOptions) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, Disks) {
     let net = SimNet::new(SimConfig::default(), 7);
     let stop = Arc::new(AtomicBool::new(false));
     net.run_realtime(stop.clone());
@@ -38,7 +44,7 @@ fn cluster_with_disks() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, Disk
             cfg.ring_bytes = 2 << 20;
             cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
             let disk: Arc<dyn FileSystem> = disks[id as usize - 1].clone();
-            Log::open(cfg, net.add_node(NodeId(id)), disk, LogOptions::default()).unwrap()
+            Log::open(cfg, net.add_node(NodeId(id)), disk, options).unwrap()
         })
         .collect();
     (net, stop, logs, disks)
@@ -462,6 +468,70 @@ fn a_failed_device_fails_the_log_stop_with_its_cause() {
         others
             .iter()
             .any(|&k| logs[k].status().role == Role::Leader)
+    });
+    close_all(&stop, logs);
+}
+
+/// A waker that asks another handle for its outcome when woken, as an executor that polls
+/// the woken task at once, on the waking thread, does.
+struct AsksAtOnce(Mutex<Option<AppendHandle<SimEndpoint>>>);
+
+impl Wake for AsksAtOnce {
+    fn wake(self: Arc<Self>) {
+        if let Some(h) = self.0.lock().unwrap().as_ref() {
+            let _ = h.try_result();
+        }
+    }
+}
+
+#[test]
+fn a_busy_callers_wake_may_poll_a_handle_at_once() {
+    // Under `Busy` the caller's own pass publishes the commit and wakes the futures' wakers.
+    // Woken with the replica still locked, a waker that polls a handle at once, on the
+    // caller's thread, took the same lock again: the caller hung for good.
+    let options = LogOptions {
+        poll: PollMode::Busy,
+        ..LogOptions::default()
+    };
+    let (_net, stop, logs, _) = cluster_polling(options);
+    let mut l = 0;
+    wait_for("an election", || {
+        match logs.iter().position(|g| g.status().role == Role::Leader) {
+            Some(k) => {
+                l = k;
+                true
+            }
+            None => false,
+        }
+    });
+    // Only this thread drives the leader from here: the wake comes from its pass.
+    logs[l].hold_driver_for_test(true);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let outcome = (|| {
+                let other = logs[l].append(b"asked by the waker")?;
+                let waker = Arc::new(AsksAtOnce(Mutex::new(Some(other))));
+                let mut first = logs[l].append(b"awaited")?;
+                let _ = Future::poll(
+                    Pin::new(&mut first),
+                    &mut Context::from_waker(&Waker::from(waker)),
+                );
+                logs[l].append(b"driven")?.wait(Duration::from_secs(10))
+            })();
+            let _ = done.send(outcome);
+        });
+        match finished.recv_timeout(Duration::from_secs(20)) {
+            Ok(outcome) => {
+                logs[l].hold_driver_for_test(false);
+                assert!(outcome.is_ok(), "the driven append: {outcome:?}");
+            }
+            Err(_) => {
+                // The caller's thread hung holding the replica: nothing can stop the logs.
+                eprintln!("the busy caller hung in its own wake-up");
+                std::process::exit(101);
+            }
+        }
     });
     close_all(&stop, logs);
 }
