@@ -752,8 +752,8 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// Why the log stopped working, once its driver failed (a storage error poisoned the
     /// replica, or a pass panicked, on the driver thread or a caller's): every pending handle
     /// and subscription, and every later call that reads the log or changes it (appends,
-    /// reads, checkpoints, trims, retention, membership and leadership changes), fails with
-    /// this cause. [`Log::status`], [`Log::commit_index`], [`Log::leader`] and
+    /// reads, waits for a commit, checkpoints, trims, retention, membership and leadership
+    /// changes), fails with this cause. [`Log::status`], [`Log::commit_index`], [`Log::leader`] and
     /// [`Log::latest_checkpoint`] go on answering, from the state at the failure. A server
     /// should exit non-zero so that its supervisor restarts it.
     pub fn failure(&self) -> Option<String> {
@@ -792,7 +792,8 @@ impl<F: Fabric + Send + 'static> Log<F> {
             .store(hold, Ordering::Release);
     }
 
-    /// Test-only: whether a panicked driver waits at [`Log::hold_fail_stop_for_test`].
+    /// Test-only: whether a driver whose pass panicked or failed waits at
+    /// [`Log::hold_fail_stop_for_test`].
     #[doc(hidden)]
     pub fn fail_stop_held_for_test(&self) -> bool {
         self.shared.fail_stop_held_for_test.load(Ordering::Acquire)

@@ -61,6 +61,21 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     panic!("{what} did not happen within 20 s");
 }
 
+/// The position of a leader among `logs`, once one leads.
+fn wait_for_leader(logs: &[Log<SimEndpoint>]) -> usize {
+    let mut l = 0;
+    wait_for("an election", || {
+        match logs.iter().position(|g| g.status().role == Role::Leader) {
+            Some(k) => {
+                l = k;
+                true
+            }
+            None => false,
+        }
+    });
+    l
+}
+
 #[test]
 fn a_driver_panic_fails_every_waiter_with_its_cause() {
     let (net, stop, logs) = cluster();
@@ -71,16 +86,7 @@ fn a_driver_panic_fails_every_waiter_with_its_cause() {
     let (l, pending) = loop {
         attempt += 1;
         assert!(attempt <= 10, "no leader took an append in 10 tries");
-        let mut l = 0;
-        wait_for("an election", || {
-            match logs.iter().position(|g| g.status().role == Role::Leader) {
-                Some(k) => {
-                    l = k;
-                    true
-                }
-                None => false,
-            }
-        });
+        let l = wait_for_leader(&logs);
         let committed = logs[l]
             .append(b"before")
             .and_then(|h| h.wait(Duration::from_secs(5)));
@@ -200,16 +206,7 @@ fn leader_with_two_entries_and_disks() -> (
 ) {
     let (net, stop, logs, disks) = cluster_with_disks();
     for _ in 0..10 {
-        let mut l = 0;
-        wait_for("an election", || {
-            match logs.iter().position(|g| g.status().role == Role::Leader) {
-                Some(k) => {
-                    l = k;
-                    true
-                }
-                None => false,
-            }
-        });
+        let l = wait_for_leader(&logs);
         let two = logs[l]
             .append(b"one")
             .and_then(|h| h.wait(Duration::from_secs(5)))
@@ -494,16 +491,7 @@ fn a_busy_callers_wake_may_poll_a_handle_at_once() {
         ..LogOptions::default()
     };
     let (_net, stop, logs, _) = cluster_polling(options);
-    let mut l = 0;
-    wait_for("an election", || {
-        match logs.iter().position(|g| g.status().role == Role::Leader) {
-            Some(k) => {
-                l = k;
-                true
-            }
-            None => false,
-        }
-    });
+    let l = wait_for_leader(&logs);
     // Only this thread drives the leader from here: the wake comes from its pass.
     logs[l].hold_driver_for_test(true);
     let (done, finished) = std::sync::mpsc::channel();
