@@ -253,8 +253,9 @@ pub struct RdmaEndpoint {
     /// The CQs' completion channels and a wake-up rung by the connection threads (and by the
     /// owner's other threads, through [`Fabric::waiter`]).
     wait: Arc<WaitSet>,
-    /// Why the endpoint failed for good (a completion queue could not be polled), once it
-    /// did: it then polls nothing more and has reported [`Event::Failed`].
+    /// Why the endpoint failed for good (a completion queue could not be polled, or the
+    /// device reported a fatal error), once it did: it then polls nothing more and has
+    /// reported [`Event::Failed`].
     failed: Option<String>,
     /// Test-only: the next poll of the send CQ fails (see [`RdmaEndpoint::fail_cq_poll_for_test`]).
     cq_poll_fails_for_test: bool,
@@ -493,7 +494,8 @@ impl RdmaEndpoint {
     }
 
     /// The endpoint failed for good: a completion queue could not be polled (`ibv_poll_cq`
-    /// fails only when the device or the CQ is broken). Nothing more completes, so the owner
+    /// fails only when the device or the CQ is broken), or the device reported a fatal error
+    /// ([`RdmaEndpoint::on_async_event`]). Nothing more completes, so the owner
     /// is told once ([`Event::Failed`]) and the endpoint polls nothing more, rather than
     /// logging the same error at every poll (a busy poller's rate).
     fn fail(&mut self, why: String) {

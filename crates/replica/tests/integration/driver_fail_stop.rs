@@ -233,21 +233,31 @@ fn between_a_panic_and_its_fail_stop_nothing_reads_or_cuts_the_log() {
     let (_net, stop, logs, l, _) = leader_with_two_entries();
     logs[l].hold_fail_stop_for_test(true);
     logs[l].inject_driver_panic();
-    wait_for("the panic", || logs[l].fail_stop_held_for_test());
-    assert_eq!(logs[l].failure(), None, "the fail-stop is held");
+    refuses_everything_while_held(
+        &logs[l],
+        |e| matches!(e, ReplicaError::Poisoned(why) if why.contains("panicked")),
+    );
+    close_all(&stop, logs);
+}
+
+/// With `log`'s fail-stop held after its pass failed or panicked (within 20 s), before the
+/// failure is recorded: [`refuses_everything_with`]; then the fail-stop is let go and seen.
+fn refuses_everything_while_held(log: &Log<SimEndpoint>, is_cause: impl Fn(&ReplicaError) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !log.fail_stop_held_for_test() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        refuses_everything_with(
-            &logs[l],
-            |e| matches!(e, ReplicaError::Poisoned(why) if why.contains("panicked")),
-        )
+        assert!(log.fail_stop_held_for_test(), "no pass failed in 20 s");
+        assert_eq!(log.failure(), None, "the fail-stop is held");
+        refuses_everything_with(log, is_cause)
     }));
     // Released before any assertion fails: a held driver would hang the logs' drop.
-    logs[l].hold_fail_stop_for_test(false);
+    log.hold_fail_stop_for_test(false);
     if let Err(failed) = refused {
         std::panic::resume_unwind(failed);
     }
-    wait_for("the fail-stop", || logs[l].failure().is_some());
-    close_all(&stop, logs);
+    wait_for("the fail-stop", || log.failure().is_some());
 }
 
 #[test]
@@ -259,20 +269,7 @@ fn between_a_failed_pass_and_its_fail_stop_nothing_reads_or_cuts_the_log() {
     logs[l].hold_fail_stop_for_test(true);
     disks[l].fail_next_sync();
     let _ = logs[l].append(b"its fdatasync fails");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !logs[l].fail_stop_held_for_test() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        assert!(logs[l].fail_stop_held_for_test(), "no pass failed in 20 s");
-        assert_eq!(logs[l].failure(), None, "the fail-stop is held");
-        refuses_everything_with(&logs[l], |e| matches!(e, ReplicaError::Poisoned(_)))
-    }));
-    logs[l].hold_fail_stop_for_test(false);
-    if let Err(failed) = refused {
-        std::panic::resume_unwind(failed);
-    }
-    wait_for("the fail-stop", || logs[l].failure().is_some());
+    refuses_everything_while_held(&logs[l], |e| matches!(e, ReplicaError::Poisoned(_)));
     close_all(&stop, logs);
 }
 
