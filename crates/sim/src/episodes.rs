@@ -114,12 +114,17 @@ impl Run {
         }
     }
 
-    fn start_episode(&mut self) {
-        // Everyone up and awake, so the episode's faults are the only ones.
+    /// The leader an episode may start on: one leads, and everyone is up and awake, so the
+    /// episode's faults are the only ones.
+    fn episode_leader(&self) -> Option<u64> {
         if !self.down.is_empty() || !self.c.paused.is_empty() || self.recovering() > 0 {
-            return;
+            return None;
         }
-        let Some(leader) = self.leader() else {
+        self.leader()
+    }
+
+    fn start_episode(&mut self) {
+        let Some(leader) = self.episode_leader() else {
             return;
         };
         let voters = self.c.node(leader).status().voters;
@@ -179,10 +184,7 @@ impl Run {
 
     /// Starts an [`Episode::Deposed`] on the leader, if every node is up and awake.
     fn start_deposed(&mut self) {
-        if !self.down.is_empty() || !self.c.paused.is_empty() || self.recovering() > 0 {
-            return;
-        }
-        let Some(leader) = self.leader() else {
+        let Some(leader) = self.episode_leader() else {
             return;
         };
         let term = self.c.node(leader).status().term;

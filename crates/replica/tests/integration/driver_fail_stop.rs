@@ -93,17 +93,10 @@ fn a_driver_panic_fails_every_waiter_with_its_cause() {
         if committed.is_err() {
             continue;
         }
-        let me = NodeId(l as u64 + 1);
-        let cut = |up: bool| {
-            for other in (1..=3).map(NodeId).filter(|&o| o != me) {
-                net.set_link(me, other, up);
-                net.set_link(other, me, up);
-            }
-        };
-        cut(false);
+        cut(&net, l, false);
         match logs[l].append(b"pending") {
             Ok(pending) => break (l, pending),
-            Err(ReplicaError::NotLeader { .. }) => cut(true),
+            Err(ReplicaError::NotLeader { .. }) => cut(&net, l, true),
             Err(e) => panic!("the cut-off leader refused an append: {e}"),
         }
     };
