@@ -406,6 +406,7 @@ fn main() -> anyhow::Result<()> {
             "skip-revoke" => replica::Mutation::SkipRevoke,
             "private-ring" => replica::Mutation::PrivateRing,
             "no-recovering-guard" => replica::Mutation::NoRecoveringGuard,
+            "trust-new-data-dir" => replica::Mutation::TrustNewDataDir,
             other => bail!("unknown RDMALOG_NODE_MUTATION `{other}`"),
         };
         tracing::warn!(

@@ -160,6 +160,14 @@ pub struct ReplicaConfig {
     pub id: u64,
     /// The initial voters, this node included, used only when the data dir is new.
     pub voters: Vec<u64>,
+    /// Used only when the data dir is new: the caller asserts that this start creates a
+    /// member of a new cluster, one in which no member ever voted, so the node votes at once.
+    /// Off (the default, and the only way `rdmalog-server` starts), a node on a new data dir
+    /// is unproven until every other voter has told it its term, because a member whose data
+    /// dir was emptied or replaced looks the same ([`recovering::Unproven`]). Never set it
+    /// for a node that ran before: it may vote twice in a term, or vote away entries it
+    /// acknowledged.
+    pub new_cluster: bool,
     /// Cluster id: frames and segments of another cluster are refused.
     pub cluster_id: u64,
     /// What an acknowledged append survives.
@@ -227,6 +235,10 @@ pub enum Mutation {
     /// Under `Durability::Memory`, come back from a start that lost the shared-memory ring as
     /// a normal voter (no recovering guard): the node may vote away entries it acknowledged.
     NoRecoveringGuard,
+    /// A node whose data dir is new votes at once, as at the cluster's first start (no term
+    /// query, see [`crate::recovering::Unproven`]): a member restarted on an emptied data dir
+    /// may vote twice in a term, or vote away entries it acknowledged.
+    TrustNewDataDir,
     /// Under `Durability::Memory`, a follower acknowledges a fast append's entries although
     /// their ring records failed their checks (length, crc32c, index chain, term).
     AckBeforeCrc,
@@ -357,6 +369,7 @@ impl ReplicaConfig {
         ReplicaConfig {
             id,
             voters,
+            new_cluster: false,
             cluster_id,
             durability: Durability::Fsync,
             election_tick: 10,

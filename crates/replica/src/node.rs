@@ -57,6 +57,7 @@ mod checkpoint;
 pub(crate) use checkpoint::Plan;
 mod direct;
 mod fast;
+mod identity;
 mod open;
 mod peer_input;
 mod propose;
@@ -497,6 +498,9 @@ pub struct Replica<F: Fabric> {
     fast_epoch: (u64, bool),
     /// `Some` while recovering from lost acknowledgements (see [`crate::recovering`]).
     recovering: Option<Recovering>,
+    /// `Some` while this node's data dir was new and not every other voter has told it its
+    /// term (see [`crate::recovering::Unproven`]).
+    unproven: Option<crate::recovering::Unproven>,
     work: u64,
     /// Whether some peer's outbox may hold frames: set when one is queued, recomputed by
     /// `flush_outboxes`, so that a pass with nothing queued does not walk the peers.
@@ -627,7 +631,8 @@ impl<F: Fabric> Replica<F> {
     }
 
     /// Advances raft's logical clock by one tick and retries broken connections. A recovering
-    /// node's election timer does not run: it must not campaign.
+    /// or unproven node's election timer does not run: it must not campaign. An unproven node
+    /// asks the voters that have not answered for their terms again.
     pub fn tick(&mut self) {
         self.ticks += 1;
         if self.poisoned.is_none() && self.cfg.mutation == crate::Mutation::TickOutsideFailStop {
@@ -643,21 +648,20 @@ impl<F: Fabric> Replica<F> {
                 // Raft's quorum check counts a follower active by its responses.
                 r.step_deferred();
                 r.step_nic_acks();
-                if r.recovering.is_none() {
+                if !r.holds_back_votes() {
                     r.raw.tick();
                 }
                 Ok(())
             });
         }
         self.maintain_connections();
+        self.ask_terms(None);
     }
 
-    /// Starts an election now (tests and operators); refused while recovering.
+    /// Starts an election now (tests and operators); refused while recovering or unproven.
     pub fn campaign(&mut self) -> Result<(), ReplicaError> {
-        if let Some(r) = self.recovering {
-            return Err(ReplicaError::Recovering(
-                r.reason(self.leader(), self.commit_index()),
-            ));
+        if let Some(why) = self.held_back_because() {
+            return Err(ReplicaError::Recovering(why));
         }
         self.fail_stop_on_read_error(|r| {
             r.step_deferred();
@@ -711,11 +715,18 @@ impl<F: Fabric> Replica<F> {
                     matched: self.raw.raft.prs().get(id).map_or(0, |pr| pr.matched),
                 })
                 .collect(),
-            recovering: self
-                .recovering
-                .map(|rec| rec.reason(self.leader(), r.raft_log.committed)),
+            recovering: self.held_back_because(),
             failure: self.poisoned.clone(),
         }
+    }
+
+    /// Why this node does not vote or campaign, if it does not: unproven, or recovering.
+    fn held_back_because(&self) -> Option<String> {
+        if let Some(u) = &self.unproven {
+            return Some(u.reason());
+        }
+        self.recovering
+            .map(|rec| rec.reason(self.leader(), self.raw.raft.raft_log.committed))
     }
 
     /// Counters.
@@ -1072,6 +1083,7 @@ impl<F: Fabric> Replica<F> {
                 self.work += 1;
                 if let Err(e) = self
                     .handle_ready()
+                    .and_then(|()| self.prove_if_answered())
                     .and_then(|()| self.leave_recovery_if_caught_up())
                 {
                     if self.poisoned.is_none() {
@@ -1184,6 +1196,7 @@ impl<F: Fabric> Replica<F> {
                     self.granted = None;
                 }
                 self.update_fencing();
+                self.ask_terms(Some(peer.0));
             }
             Event::Disconnected { peer, .. } => {
                 if self
@@ -1361,6 +1374,8 @@ impl<F: Fabric> Replica<F> {
                 }
                 self.step(m);
             }
+            Frame::TermQuery => self.answer_term_query(peer),
+            Frame::TermAnswer { term } => self.on_term_answer(peer, term)?,
         }
         Ok(())
     }
@@ -1416,7 +1431,7 @@ impl<F: Fabric> Replica<F> {
 
     fn step(&mut self, mut m: Message) {
         let t = m.get_msg_type();
-        if self.recovering.is_some() && Recovering::refuses(t) {
+        if self.holds_back_votes() && Recovering::refuses(t) {
             self.stats.refused_while_recovering += 1;
             return;
         }

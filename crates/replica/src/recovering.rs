@@ -34,6 +34,21 @@
 //! A recovering node with no leader to learn from waits, and says so in its status: when a
 //! majority of voters lost their rings at once, acknowledged entries may be gone from every
 //! copy, and the cluster stalls rather than serve a log without them.
+//!
+//! A whole data dir lost (emptied, or replaced by a new disk) takes the term and vote too, so
+//! a start on a new data dir cannot tell a member that lost everything from the cluster's
+//! first start. Such a node starts [`Unproven`]: it neither votes nor campaigns (as in 3), and
+//! asks every other voter of its configured membership for its current term. Every vote or
+//! acknowledgement this node gave that counted (an election won, an entry committed) was
+//! counted by a quorum whose other members made that term durable first, and terms only
+//! grow; so once all of them answered, their highest term `t` bounds every term this node may
+//! have voted or acknowledged in (unless a majority lost their data dirs: beyond what any
+//! copy can restore). `t = 0` means no member ever voted: a first start, and the node is a
+//! normal voter. Otherwise it goes on as in 2, recovering above `t`, with its own term moved
+//! to `t + 1` in one durable write. The flag is durable from the data dir's first write, so
+//! a crash while unproven comes back unproven.
+
+use std::collections::BTreeMap;
 
 use raft::prelude::MessageType;
 
@@ -57,6 +72,9 @@ pub enum LostRing {
     /// An earlier process of this data dir found one of the above; this one started while the
     /// node was still recovering (the state file records the term, not the cause).
     Earlier,
+    /// The data dir was new at this node's start, and other voters answered terms above 0: it
+    /// may be a member whose data dir was emptied or replaced (see [`Unproven`]).
+    NewDataDir,
 }
 
 impl LostRing {
@@ -69,7 +87,10 @@ impl LostRing {
                 "the shared-memory ring it used before held records past its segment files that failed their checks (torn or damaged memory), and they were not taken"
             }
             LostRing::Earlier => {
-                "an earlier start of this data dir found its shared-memory ring gone or failing its checks, and this process started while the node was still recovering"
+                "an earlier start of this data dir found that it had lost state (its shared-memory ring, or the whole data dir), and this process started while the node was still recovering"
+            }
+            LostRing::NewDataDir => {
+                "its data dir was new at its start while other voters had terms above 0 (the data dir of a member that was emptied or replaced, or a member that started after the others had elected)"
             }
         }
     }
@@ -110,6 +131,88 @@ impl Recovering {
             "recovering: {}, so this node may have lost entries it acknowledged in term {} or earlier; it does not vote or campaign until it has caught up; {waiting}",
             self.cause.says(),
             self.lost_term
+        )
+    }
+}
+
+/// A node whose data dir was new at its start, until every other voter of its membership
+/// has told it its term (see the module's documentation). The membership is the configured
+/// one, then whatever the log teaches the node (a voter removed since is not waited for; its
+/// answer, if it came, still counts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unproven {
+    /// Each other voter, and the term it answered once it did.
+    answers: BTreeMap<u64, Option<u64>>,
+    /// The highest term any voter answered.
+    top: u64,
+}
+
+/// What the answers of every other voter decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proven {
+    /// Every other voter is at term 0: no member ever voted, this is the cluster's first start.
+    FirstStart,
+    /// The highest term another voter answered: this node may have voted or acknowledged in
+    /// any term up to it.
+    Above(u64),
+}
+
+impl Unproven {
+    /// Node `me` with `voters` as its membership; `None` when it is the only voter (nothing
+    /// to ask; a single node that lost its data dir lost the whole log anyway).
+    pub fn new(me: u64, voters: impl IntoIterator<Item = u64>) -> Option<Self> {
+        let answers: BTreeMap<u64, Option<u64>> = voters
+            .into_iter()
+            .filter(|&v| v != me)
+            .map(|v| (v, None))
+            .collect();
+        (!answers.is_empty()).then_some(Unproven { answers, top: 0 })
+    }
+
+    /// The voters that have not answered yet.
+    pub fn waiting_for(&self) -> impl Iterator<Item = u64> + '_ {
+        self.answers
+            .iter()
+            .filter(|(_, t)| t.is_none())
+            .map(|(&v, _)| v)
+    }
+
+    /// Records `peer`'s answer (ignored from a node that is not an other voter); the verdict
+    /// once every other voter has answered.
+    pub fn answer(&mut self, peer: u64, term: u64) -> Option<Proven> {
+        if let Some(slot) = self.answers.get_mut(&peer) {
+            *slot = Some(slot.map_or(term, |t| t.max(term)));
+            self.top = self.top.max(term);
+        }
+        self.verdict()
+    }
+
+    /// Follows a new membership of node `me`: waits for its other voters (those that already
+    /// answered keep their answer; none may be left to wait for, see [`Unproven::verdict`]).
+    pub fn follow(&mut self, me: u64, voters: &[u64]) {
+        self.answers.retain(|v, _| voters.contains(v));
+        for &v in voters.iter().filter(|&&v| v != me) {
+            self.answers.entry(v).or_insert(None);
+        }
+    }
+
+    /// The verdict, once every other voter has answered.
+    pub fn verdict(&self) -> Option<Proven> {
+        if self.waiting_for().next().is_some() {
+            return None;
+        }
+        Some(match self.top {
+            0 => Proven::FirstStart,
+            t => Proven::Above(t),
+        })
+    }
+
+    /// Why the node does not vote yet, as a sentence for `status`.
+    pub fn reason(&self) -> String {
+        let waiting: Vec<String> = self.waiting_for().map(|v| v.to_string()).collect();
+        format!(
+            "unproven: this node's data dir was new at its start, which cannot be told from a member whose data dir was emptied or replaced; it does not vote or campaign until every other voter has told it its term (waiting for {}): all at term 0 means the cluster's first start, else it rejoins recovering above the highest term",
+            waiting.join(", ")
         )
     }
 }
@@ -162,8 +265,42 @@ mod tests {
         assert!(with(LostRing::Missing).contains("was gone (a machine crash"));
         assert!(with(LostRing::Corrupt).contains("failed their checks"));
         assert!(with(LostRing::Earlier).contains("an earlier start"));
-        for c in [LostRing::Missing, LostRing::Corrupt, LostRing::Earlier] {
+        assert!(with(LostRing::NewDataDir).contains("emptied or replaced"));
+        for c in [
+            LostRing::Missing,
+            LostRing::Corrupt,
+            LostRing::Earlier,
+            LostRing::NewDataDir,
+        ] {
             assert!(with(c).contains("in term 7 or earlier"), "{c:?}");
         }
+    }
+
+    #[test]
+    fn unproven_waits_for_every_other_voter_and_takes_the_highest_term() {
+        assert_eq!(Unproven::new(1, [1]), None);
+        let mut u = Unproven::new(2, [1, 2, 3]).unwrap();
+        assert_eq!(u.waiting_for().collect::<Vec<_>>(), vec![1, 3]);
+        assert!(u.reason().contains("waiting for 1, 3"));
+        assert_eq!(u.answer(1, 5), None);
+        // Not a voter: does not count; a lower second answer: the higher stays.
+        assert_eq!(u.answer(4, 9), None);
+        assert_eq!(u.answer(1, 0), None);
+        assert_eq!(u.answer(3, 2), Some(Proven::Above(5)));
+        let mut first = Unproven::new(1, [1, 2, 3]).unwrap();
+        assert_eq!(first.answer(2, 0), None);
+        assert_eq!(first.answer(3, 0), Some(Proven::FirstStart));
+    }
+
+    #[test]
+    fn unproven_follows_the_membership_it_learns() {
+        let mut u = Unproven::new(1, [1, 2, 3]).unwrap();
+        assert_eq!(u.answer(2, 7), None);
+        // Node 4 joins: it must answer too.
+        u.follow(1, &[1, 2, 3, 4]);
+        assert_eq!(u.answer(4, 0), None);
+        // Node 3, removed, is not waited for; node 2's answer still counts.
+        u.follow(1, &[1, 4]);
+        assert_eq!(u.verdict(), Some(Proven::Above(7)));
     }
 }

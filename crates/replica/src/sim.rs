@@ -136,6 +136,9 @@ impl SimCluster {
             // Distinct, seed-chosen timeouts: equal ones would split every vote forever.
             let base = cfg.election_tick + offsets[(id - 1) as usize % offsets.len()];
             cfg.election_window = Some((base, base + 1));
+            // A new cluster: every node votes from the start (a test that wants the first
+            // start proven by the term exchange turns it off in `tune`).
+            cfg.new_cluster = true;
             tune(&mut cfg);
             let disk = Arc::new(FaultFs::new());
             let ep = c.net.add_node(NodeId(id));
@@ -387,6 +390,23 @@ impl SimCluster {
     /// last fdatasync survives or not at random (a torn unsynced tail).
     pub fn restart_torn(&mut self, id: u64, tear_seed: Option<u64>) -> Result<(), ReplicaError> {
         self.disks[&id].reboot(tear_seed);
+        self.restart_killed(id)
+    }
+
+    /// Crashes node `id`'s machine and restarts it under its old id on a new, empty disk: its
+    /// data dir emptied or replaced (see [`crate::recovering::Unproven`]).
+    pub fn wipe(&mut self, id: u64) -> Result<(), ReplicaError> {
+        self.crash(id);
+        self.restart_on_new_disk(id)
+    }
+
+    /// Restarts crashed node `id` under its old id on a new, empty disk (no longer a new
+    /// cluster's first start: it ran before).
+    pub fn restart_on_new_disk(&mut self, id: u64) -> Result<(), ReplicaError> {
+        self.disks.insert(id, Arc::new(FaultFs::new()));
+        if let Some(cfg) = self.configs.get_mut(&id) {
+            cfg.new_cluster = false;
+        }
         self.restart_killed(id)
     }
 

@@ -288,6 +288,10 @@ pub struct Guard {
     /// have lost was given in a term at or below `t`. It does not vote or campaign until its
     /// committed log holds an entry of a term above `t`.
     pub recovering_above_term: Option<u64>,
+    /// Written `true` in the first store of a data dir that was new while this node is one of
+    /// several voters, `false` once every other voter told it its term
+    /// ([`crate::recovering::Unproven`]): until then it does not vote or campaign.
+    pub unproven: bool,
 }
 
 impl Default for Guard {
@@ -297,6 +301,7 @@ impl Default for Guard {
         Guard {
             ring_in_use: true,
             recovering_above_term: None,
+            unproven: false,
         }
     }
 }
@@ -333,6 +338,7 @@ impl StateFile {
             guard: Guard {
                 ring_in_use: false,
                 recovering_above_term: None,
+                unproven: false,
             },
         }
     }
@@ -425,12 +431,13 @@ impl StateFile {
         let guard = if version >= 3 {
             let flags = r.u64()?;
             let term = r.u64()?;
-            if flags & !3 != 0 {
+            if flags & !7 != 0 {
                 return Err(format!("raft-state has unknown guard flags {flags:#x}"));
             }
             Guard {
                 ring_in_use: flags & 1 != 0,
                 recovering_above_term: (flags & 2 != 0).then_some(term),
+                unproven: flags & 4 != 0,
             }
         } else {
             Guard::default()
@@ -465,7 +472,9 @@ impl StateFile {
             encode_conf(cs, &mut body);
         }
         let g = self.guard;
-        let flags = u64::from(g.ring_in_use) | (u64::from(g.recovering_above_term.is_some()) << 1);
+        let flags = u64::from(g.ring_in_use)
+            | (u64::from(g.recovering_above_term.is_some()) << 1)
+            | (u64::from(g.unproven) << 2);
         body.extend_from_slice(&flags.to_le_bytes());
         body.extend_from_slice(&g.recovering_above_term.unwrap_or(0).to_le_bytes());
         let mut buf = Vec::with_capacity(body.len() + 12);
@@ -1182,6 +1191,7 @@ mod tests {
         let guard = Guard {
             ring_in_use: true,
             recovering_above_term: Some(3),
+            unproven: true,
         };
         sf.store_guard(guard, &hs, &four, &history).unwrap();
         let mut fresh = StateFile::new(fs.clone(), dir);

@@ -26,8 +26,9 @@ pub use codec::{Frame, decode_frame, encode_fast_append, encode_fast_append_last
 /// The protocol version this build speaks. Version 2 added snapshot transfer
 /// ([`Body::SnapshotChunk`], [`Body::Snapshot`]); version 3 the session entries and the
 /// session table in a snapshot's data ([`crate::sessions`]), which a version 2 node would
-/// misread, so the two refuse each other.
-pub const WIRE_VERSION: u8 = 3;
+/// misread, so the two refuse each other; version 4 the term exchange of a node on a new data
+/// dir ([`Body::TermQuery`], [`Body::TermAnswer`], see [`crate::recovering::Unproven`]).
+pub const WIRE_VERSION: u8 = 4;
 
 /// Application state bytes in one [`Body::SnapshotChunk`]: half a frame, so a chunk always
 /// fits with its header and fields.
@@ -150,6 +151,14 @@ pub enum Body {
         msg: WireMessage,
         /// The snapshot's metadata.
         meta: WireSnapshotMeta,
+    },
+    /// Asks the receiver for its current term: sent by a node whose data dir was new at its
+    /// start until every other voter has answered (see [`crate::recovering::Unproven`]).
+    TermQuery,
+    /// The answer to a [`Body::TermQuery`]: the sender's current term.
+    TermAnswer {
+        /// The sender's term when it answered.
+        term: u64,
     },
 }
 
@@ -477,7 +486,7 @@ mod tests {
                 data_len: 3 * SNAPSHOT_CHUNK_BYTES as u64,
             },
         };
-        for body in [chunk, snap] {
+        for body in [chunk, snap, Body::TermQuery, Body::TermAnswer { term: 41 }] {
             let mut buf = Vec::new();
             encode(7, &body, &mut buf).unwrap();
             assert!(buf.len() <= fabric::MAX_MESSAGE_BYTES);

@@ -236,7 +236,7 @@ pub enum WalError {
     /// deleted, lost or not restored. Recovery refuses to open the log and deletes nothing,
     /// because the log from `end` on would otherwise be served without the entries before it.
     #[error(
-        "the segment files in {dir} leave a gap: nothing holds {start} to {end}, between {before} and {after}, and no interrupted prefix truncation explains it, so the entries there are missing; nothing was deleted. Restore the missing segment file; otherwise remove this node from the cluster on the leader (rdmalog members remove), delete the data directory and add the node back as a new member (a node restarted on an empty data directory under its old id could vote away entries it had acknowledged)"
+        "the segment files in {dir} leave a gap: nothing holds {start} to {end}, between {before} and {after}, and no interrupted prefix truncation explains it, so the entries there are missing; nothing was deleted. Restore the missing segment file; otherwise remove this node from the cluster on the leader (rdmalog members remove), delete the data directory and add the node back as a new member (or restart it on the emptied directory under its old id: it then waits for every other voter's term before it votes, and catches up from the leader)"
     )]
     SegmentGap {
         /// The log directory.
@@ -255,7 +255,7 @@ pub enum WalError {
     /// but no segment from there on exists. Recovery refuses to open the log and deletes
     /// nothing.
     #[error(
-        "{path} records an interrupted prefix truncation that keeps the log from {keep}, but no segment file from there on exists; nothing was deleted. Restore the missing segment files; otherwise remove this node from the cluster on the leader (rdmalog members remove), delete the data directory and add the node back as a new member (a node restarted on an empty data directory under its old id could vote away entries it had acknowledged)"
+        "{path} records an interrupted prefix truncation that keeps the log from {keep}, but no segment file from there on exists; nothing was deleted. Restore the missing segment files; otherwise remove this node from the cluster on the leader (rdmalog members remove), delete the data directory and add the node back as a new member (or restart it on the emptied directory under its old id: it then waits for every other voter's term before it votes, and catches up from the leader)"
     )]
     TruncationKeepMissing {
         /// The marker file.

@@ -537,8 +537,9 @@ fn walk(
 fn hole_corruption(hole: Hole, kept: &[Listed], keep_from: usize, last_good: Index) -> Corruption {
     const REFUSED: &str = "recovery refuses to open the log and deletes nothing; restore the \
                            missing file, or else remove the node from the cluster, delete its \
-                           data directory and add it back as a new member (under its old id \
-                           an empty node could vote away entries it acknowledged)";
+                           data directory and add it back as a new member (or restart it on the \
+                           emptied directory under its old id: it then waits for every other \
+                           voter's term before it votes, and catches up from the leader)";
     let header = |i: usize| {
         kept[i - keep_from]
             .header

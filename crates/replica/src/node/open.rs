@@ -4,7 +4,7 @@
 use super::*;
 
 /// What an operator does with a node whose data dir lost a file no copy elsewhere restores.
-const REPLACE_NODE: &str = "remove the node from the cluster (rdmalog members remove), clear the directory and add it back";
+const REPLACE_NODE: &str = "remove the node from the cluster (rdmalog members remove), clear the directory and add it back; or clear the directory and restart the node under its id: it then waits for every other voter's term before it votes, and catches up from the leader";
 
 impl<F: Fabric> Replica<F> {
     /// Opens (or creates) the replica's data dir, recovers the log, registers the ring with
@@ -82,6 +82,7 @@ impl<F: Fabric> Replica<F> {
             lost,
             persistent,
         )?;
+        let unproven = Self::unproven_at_open(&cfg, state_file.guard(), &cs);
         let (ring_local, remote) = fabric.register(fabric_memory)?;
         let ring_files = persistent.then(|| {
             let ring = cfg.ring_file();
@@ -148,6 +149,7 @@ impl<F: Fabric> Replica<F> {
             events: vec![dummy; POLL_BATCH],
             fast_epoch: (0, false),
             recovering,
+            unproven,
             work: 0,
             outboxes_queued: false,
             quiet: None,
@@ -282,8 +284,15 @@ impl<F: Fabric> Replica<F> {
                 let mut cs = ConfState::default();
                 cs.voters = cfg.voters.clone();
                 let history = ConfHistory::new(0, cs.clone());
+                // A new data dir cannot be told from a member's emptied one: the node is
+                // unproven from the first write on, so a crash before it is proven comes back
+                // unproven (see `crate::recovering::Unproven`).
+                let guard = Guard {
+                    unproven: Self::starts_unproven(cfg, &cs),
+                    ..state_file.guard()
+                };
                 state_file
-                    .store(&hs, &cs, &history)
+                    .store_guard(guard, &hs, &cs, &history)
                     .map_err(ReplicaError::Poisoned)?;
                 (hs, cs, history)
             }
@@ -293,9 +302,9 @@ impl<F: Fabric> Replica<F> {
 
     /// A data dir without `raft-state` is a new one, unless it holds a log: the first open
     /// stores `raft-state` before it creates any segment, so segments or a snapshot without
-    /// it mean it was deleted or lost. Starting anew would forget this node's term and vote
-    /// (it could vote twice in a term, and two leaders be elected in it) and treat the
-    /// configured voters as the membership: refused, naming what to do.
+    /// it mean it was deleted or lost. Starting anew would keep a log whose terms and
+    /// membership nothing vouches for beside a term and vote started over: refused, naming
+    /// what to do (a cleared data dir starts unproven, see `crate::recovering::Unproven`).
     fn refuse_a_log_without_state(
         cfg: &ReplicaConfig,
         fs: &Arc<dyn FileSystem>,
@@ -313,7 +322,7 @@ impl<F: Fabric> Replica<F> {
             field: "data_dir",
             reason: format!(
                 "{} holds a log ({} files, {:?} first) but no raft-state: this node's term and \
-                 vote are lost, and starting anew could vote twice in a term. Restore \
+                 vote are lost, and the log cannot be trusted without them. Restore \
                  raft-state, or {REPLACE_NODE}",
                 cfg.data_dir.display(),
                 log.len(),

@@ -134,6 +134,7 @@ impl<F: Fabric> Replica<F> {
         self.sessions_through = meta.index;
         self.pending_sessions = Pending::default();
         self.sync_peers(&members_of(&cs));
+        self.unproven_follows(&cs);
         self.stats.snapshots_installed += 1;
         tracing::info!(
             node = self.cfg.id,
@@ -502,8 +503,9 @@ impl<F: Fabric> Replica<F> {
             self.raw.raft.become_follower(term, raft::INVALID_ID);
         }
         let members = members_of(&cs);
-        self.raw.mut_store().set_conf_state(cs);
+        self.raw.mut_store().set_conf_state(cs.clone());
         self.sync_peers(&members);
+        self.unproven_follows(&cs);
         Ok(())
     }
 

@@ -150,7 +150,7 @@ impl<F: Fabric> Replica<F> {
         );
     }
 
-    fn send_body(&mut self, to: u64, body: &Body) {
+    pub(super) fn send_body(&mut self, to: u64, body: &Body) {
         let cluster_id = self.cfg.cluster_id;
         self.send_frame(to, |buf| wire::encode(cluster_id, body, buf));
     }

@@ -30,6 +30,8 @@ const RAFT: u32 = 0;
 const FAST_APPEND: u32 = 1;
 const SNAPSHOT_CHUNK: u32 = 2;
 const SNAPSHOT: u32 = 3;
+const TERM_QUERY: u32 = 4;
+const TERM_ANSWER: u32 = 5;
 
 /// The fewest bytes one entry takes in a frame: its type, term, index and data length.
 const MIN_ENTRY_BYTES: usize = 4;
@@ -73,6 +75,13 @@ pub enum Frame {
         /// The snapshot's metadata.
         meta: WireSnapshotMeta,
     },
+    /// [`Body::TermQuery`].
+    TermQuery,
+    /// [`Body::TermAnswer`].
+    TermAnswer {
+        /// The sender's term.
+        term: u64,
+    },
 }
 
 impl Frame {
@@ -110,6 +119,8 @@ impl Frame {
                 msg: super::from_wire(msg)?,
                 meta,
             },
+            Body::TermQuery => Frame::TermQuery,
+            Body::TermAnswer { term } => Frame::TermAnswer { term },
         })
     }
 }
@@ -230,8 +241,11 @@ pub fn decode_frame(cluster_id: u64, frame: &[u8]) -> Result<Frame, WireError> {
             lsn_start: r.u64()?,
             lsn_end: r.u64()?,
         },
-        // Snapshots are rare and large: the derived decoder, then the conversion.
-        SNAPSHOT_CHUNK | SNAPSHOT => return Frame::from_body(super::decode(cluster_id, frame)?),
+        // Snapshots are rare and large, the term exchange rare and small: the derived
+        // decoder, then the conversion.
+        SNAPSHOT_CHUNK | SNAPSHOT | TERM_QUERY | TERM_ANSWER => {
+            return Frame::from_body(super::decode(cluster_id, frame)?);
+        }
         _ => return Err(WireError::Body("unknown body variant".into())),
     };
     if r.pos != body.len() {
@@ -772,7 +786,9 @@ mod tests {
             msg: to_wire(&m, false),
             meta,
         };
-        for body in [chunk, snap] {
+        let query = Body::TermQuery;
+        let answer = Body::TermAnswer { term: u64::MAX };
+        for body in [chunk, snap, query, answer] {
             let mut buf = Vec::new();
             encode(CLUSTER, &body, &mut buf).unwrap();
             assert!(same_verdict(&buf));

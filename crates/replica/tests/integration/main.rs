@@ -30,6 +30,7 @@ mod peer_input;
 mod queued_proposals;
 mod removal_survives_restart;
 mod removed_leader;
+mod replaced_data_dir;
 mod replicated_durability;
 mod restart_after_truncation;
 mod retention;

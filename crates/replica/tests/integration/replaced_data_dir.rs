@@ -1,0 +1,234 @@
+//! Scenario: a member restarted under its old id on an empty or replaced data dir (a new
+//! disk, `rm -rf` by mistake, a re-provisioned machine). Its term, its vote and its log are
+//! gone, so nothing on its disk tells it from the cluster's first start. Voting as a member
+//! that never voted, it may vote twice in a term, and with a node that lacks entries it
+//! acknowledged it can elect a leader without them.
+//!
+//! A node on a new data dir starts *unproven* (`replica::recovering::Unproven`): it does not
+//! vote or campaign until every other voter has told it its term; all at term 0 is a first
+//! start, else it rejoins recovering above the highest term.
+//!
+//! Method: a 3-node `SimCluster`; C is cut off while A (leader) and B commit entries; B's
+//! machine is replaced (`SimCluster::wipe`: a new, empty disk under the same id). The cases:
+//! - A is killed: B and C must not elect a leader (B waits for A's term); once A restarts,
+//!   every acknowledged entry is committed on all three, B rejoined and votes again;
+//! - with the guard removed (`Mutation::TrustNewDataDir`) the same case loses acknowledged
+//!   entries, so the test can tell;
+//! - the cluster's first start (not told it is one, as `rdmalog-server` starts): every node is
+//!   unproven until every voter answered term 0, then votes; a first start with a voter
+//!   unreachable waits for it, and a crash while unproven comes back unproven (the flag is in
+//!   the data dir's first write). With `ReplicaConfig::new_cluster` (the `SimCluster`
+//!   default) a first start votes at once.
+
+use fabric::NodeId;
+use fabric::sim::SimConfig;
+use replica::sim::SimCluster;
+use replica::{Mutation, ReplicaConfig};
+
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// Acknowledged entries: (index, payload).
+type Acked = Vec<(u64, Vec<u8>)>;
+
+fn cluster(seed: u64, mutation: Mutation) -> SimCluster {
+    SimCluster::new(3, seed, SimConfig::default(), |cfg: &mut ReplicaConfig| {
+        cfg.mutation = mutation;
+    })
+    .unwrap()
+}
+
+fn cut(c: &mut SimCluster, id: u64, on: bool) {
+    for other in (1..=3).filter(|&o| o != id) {
+        c.net.set_link(NodeId(id), NodeId(other), on);
+        c.net.set_link(NodeId(other), NodeId(id), on);
+    }
+}
+
+fn append(c: &mut SimCluster, from: u64, n: u64) -> Acked {
+    (from..from + n)
+        .map(|i| {
+            let data = format!("entry-{i}").into_bytes();
+            (c.append(&data).unwrap(), data)
+        })
+        .collect()
+}
+
+/// A (leader) and B commit entries C, cut off, lacks; B's data dir is replaced by an empty
+/// one and B restarts under its id. Returns (a, b, c) and the acknowledged entries.
+fn replace_b_data_dir(c: &mut SimCluster) -> ((u64, u64, u64), Acked) {
+    let a = c.elect().unwrap();
+    let mut acked = append(c, 0, 5);
+    let b = (1..=3).find(|&id| id != a).unwrap();
+    let cc = (1..=3).find(|&id| id != a && id != b).unwrap();
+    cut(c, cc, false);
+    acked.extend(append(c, 5, 10));
+    c.wipe(b).unwrap();
+    let s = c.node(b).status();
+    assert_eq!((s.term, s.last_index), (0, 0), "B starts with nothing");
+    let guarded = c.configs[&b].mutation != Mutation::TrustNewDataDir;
+    assert_eq!(
+        s.recovering.is_some(),
+        guarded,
+        "B's data dir is new: it must start unproven (unless the guard is removed): {s:?}"
+    );
+    cut(c, cc, true);
+    ((a, b, cc), acked)
+}
+
+fn assert_all_hold(c: &mut SimCluster, acked: &[(u64, Vec<u8>)]) {
+    let last = acked.last().unwrap().0;
+    let ok = c
+        .run_until(60 * SECOND_NS, |c| {
+            (1..=3).all(|id| c.node(id).status().commit >= last)
+        })
+        .unwrap();
+    assert!(ok, "the cluster did not commit past {last} on every node");
+    for id in 1..=3 {
+        let by_index: std::collections::BTreeMap<u64, Vec<u8>> =
+            c.committed_log(id).unwrap().into_iter().collect();
+        for (index, data) in acked {
+            assert_eq!(
+                by_index.get(index),
+                Some(data),
+                "node {id} lost or changed acknowledged entry {index}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_member_on_a_replaced_data_dir_does_not_let_the_others_elect_without_its_entries() {
+    let mut c = cluster(31, Mutation::None);
+    let ((a, b, cc), acked) = replace_b_data_dir(&mut c);
+    c.kill(a);
+    let elected = c
+        .run_until(10 * SECOND_NS, |c| c.leader().is_some())
+        .unwrap();
+    assert!(!elected, "a leader was elected without A's entries");
+    let s = c.node(b).status();
+    let why = s.recovering.expect("B still unproven");
+    assert!(why.contains(&format!("waiting for {a})")), "{why}");
+    assert!(s.stats.refused_while_recovering > 0, "{:?}", s.stats);
+    assert!(c.node(b).campaign().is_err(), "an unproven node campaigns");
+    c.restart_killed(a).unwrap();
+    assert_all_hold(&mut c, &acked);
+    let rejoined = c
+        .run_until(10 * SECOND_NS, |c| c.node(b).status().recovering.is_none())
+        .unwrap();
+    assert!(rejoined, "B never rejoined: {:?}", c.node(b).status());
+    // Proven and caught up, B votes again: with A down, B and C elect a leader.
+    c.kill(a);
+    c.kill(c.leader().unwrap_or(a));
+    for id in [b, cc] {
+        if c.nodes[&id].is_none() {
+            c.restart_killed(id).unwrap();
+        }
+    }
+    c.elect().unwrap();
+    c.restart_killed(a).unwrap();
+    assert_all_hold(&mut c, &acked);
+}
+
+#[test]
+fn a_replaced_data_dir_under_a_live_leader_rejoins_recovering_above_its_term() {
+    let mut c = cluster(32, Mutation::None);
+    let ((a, b, _), mut acked) = replace_b_data_dir(&mut c);
+    let term = c.node(a).status().term;
+    // B asks A and C, learns `term`, and moves past it: A steps down on its first answer.
+    let moved = c
+        .run_until(10 * SECOND_NS, |c| c.node(b).status().term > term)
+        .unwrap();
+    assert!(
+        moved,
+        "B did not move past term {term}: {:?}",
+        c.node(b).status()
+    );
+    let why = c.node(b).status().recovering.expect("B recovering");
+    assert!(why.contains("data dir was new"), "{why}");
+    assert!(why.contains(&format!("in term {term} or earlier")), "{why}");
+    let ok = c
+        .run_until(20 * SECOND_NS, |c| {
+            c.leader().is_some() && c.node(b).status().recovering.is_none()
+        })
+        .unwrap();
+    assert!(ok, "B did not rejoin: {:?}", c.node(b).status());
+    acked.extend(append(&mut c, 15, 5));
+    assert_all_hold(&mut c, &acked);
+}
+
+#[test]
+fn trusting_a_new_data_dir_loses_acknowledged_entries() {
+    let mut c = cluster(31, Mutation::TrustNewDataDir);
+    let ((a, b, _), acked) = replace_b_data_dir(&mut c);
+    c.kill(a);
+    let elected = c
+        .run_until(10 * SECOND_NS, |c| c.leader().is_some())
+        .unwrap();
+    assert!(
+        elected,
+        "B and C should elect a leader when B votes as a member that never voted"
+    );
+    let leader = c.leader().unwrap();
+    assert_ne!(leader, a);
+    assert_eq!(
+        c.node(b).status().recovering,
+        None,
+        "B trusted its new data dir"
+    );
+    // The new leader's log lacks the entries C never had.
+    let mut buf = Vec::new();
+    let held = acked.iter().all(|(i, d)| {
+        matches!(
+            c.node(leader).read_persisted(*i, &mut buf),
+            Ok(Some(_)) if buf.get(1..) == Some(&d[..])
+        )
+    });
+    assert!(
+        !held,
+        "the mutation should lose acknowledged entries, or the guard test proves nothing"
+    );
+}
+
+#[test]
+fn the_first_start_waits_for_every_voter_and_a_crash_meanwhile_stays_unproven() {
+    // As `rdmalog-server` starts: not told that this is a new cluster.
+    let mut c = SimCluster::new(3, 33, SimConfig::default(), |cfg: &mut ReplicaConfig| {
+        cfg.new_cluster = false;
+    })
+    .unwrap();
+    for id in 1..=3 {
+        let why = c.node(id).status().recovering.expect("unproven at first");
+        assert!(why.starts_with("unproven"), "{why}");
+    }
+    cut(&mut c, 3, false);
+    let elected = c
+        .run_until(5 * SECOND_NS, |c| c.leader().is_some())
+        .unwrap();
+    assert!(!elected, "elected before node 3 told its term");
+    for id in 1..=2 {
+        let why = c.node(id).status().recovering.expect("still unproven");
+        assert!(why.contains("waiting for 3)"), "{why}");
+    }
+    // The flag is durable from the data dir's first write.
+    c.crash(1);
+    c.restart(1).unwrap();
+    let why = c
+        .node(1)
+        .status()
+        .recovering
+        .expect("unproven after a crash");
+    assert!(why.starts_with("unproven"), "{why}");
+    cut(&mut c, 3, true);
+    c.elect().unwrap();
+    for id in 1..=3 {
+        let s = c.node(id).status();
+        assert_eq!(
+            s.recovering, None,
+            "node {id} did not prove a first start: {s:?}"
+        );
+    }
+    // Proven for good: a restart does not ask again.
+    c.crash(2);
+    c.restart(2).unwrap();
+    assert_eq!(c.node(2).status().recovering, None);
+}
