@@ -108,6 +108,12 @@ pub struct Options {
     /// rings. The seed family of `tests/clean_stops.rs`; off by default, so the CI seeds'
     /// runs stay as they were.
     pub clean_stops: bool,
+    /// Half the restarts of a crashed machine come back on a new, empty disk under the node's
+    /// old id ([`Fault::DataDirReplaced`]: its data dir emptied or replaced), while no other
+    /// node is unproven or recovering and the membership is the one the nodes were configured
+    /// with. The seed family of `tests/replaced_data_dirs.rs`; off by default, so the CI
+    /// seeds' runs stay as they were.
+    pub wipes: bool,
 }
 
 /// How many seeds a seed family's test runs: `SIM_SEEDS` if set, else `default`.
@@ -137,6 +143,7 @@ impl Default for Options {
             callers_drive: false,
             reads: false,
             clean_stops: false,
+            wipes: false,
         }
     }
 }
@@ -202,6 +209,9 @@ pub enum Fault {
     /// A node refused to start on a rotten record; the operator removes it and adds a fresh
     /// node in its place (ops/GUIDE.md).
     DiskReplaced,
+    /// A crashed machine restarted under its old id on a new, empty disk (its data dir
+    /// emptied or replaced; [`Options::wipes`]).
+    DataDirReplaced,
     /// Replicated seeds: a follower's CPU stalled while its NIC acknowledged, with the leader
     /// cut off from everyone else, then the leader was killed (see `episodes`).
     StalledFollowerQuorum,
@@ -336,6 +346,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("skip-revoke", Mutation::SkipRevoke),
     ("private-ring", Mutation::PrivateRing),
     ("no-recovering-guard", Mutation::NoRecoveringGuard),
+    ("trust-new-data-dir", Mutation::TrustNewDataDir),
     ("ack-before-crc", Mutation::AckBeforeCrc),
     ("snapshot-own-lsn", Mutation::SnapshotOwnLsn),
     ("unchecked-reads", Mutation::UncheckedReads),
@@ -406,6 +417,7 @@ fn replay_flags(o: &Options) -> String {
         (o.callers_drive, " --callers-drive"),
         (o.reads, " --reads"),
         (o.clean_stops, " --clean-stops"),
+        (o.wipes, " --wipes"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
         (
             o.callers_drive && !o.deposed_episodes,
@@ -478,6 +490,9 @@ struct Run {
     rotted: BTreeMap<u64, BTreeSet<u64>>,
     /// Nodes that refused to start on a rotten record, waiting for the operator's removal.
     lost: BTreeSet<u64>,
+    /// Nodes restarted on a new disk ([`Fault::DataDirReplaced`]) that may not have caught up
+    /// yet: down, unproven or recovering.
+    wiped: BTreeSet<u64>,
     /// Fresh nodes added in place of lost ones.
     replaced: u64,
     /// When the removal of each lost node was last proposed (virtual ns).
@@ -755,6 +770,20 @@ impl Run {
             }
             return Ok(());
         }
+        if self.options.wipes && self.rng.below(2) == 0 && self.may_wipe(id) {
+            self.c
+                .restart_on_new_disk(id)
+                .map_err(|e| format!("node {id} cannot start on a new disk: {e}"))?;
+            self.wiped.insert(id);
+            self.down.remove(&id);
+            self.checker.node_restarted(id);
+            *self.incarnations.entry(id).or_default() += 1;
+            self.fault(
+                Fault::DataDirReplaced,
+                format!("node {id} restarts on a new, empty disk under its old id"),
+            );
+            return Ok(());
+        }
         let tear = self.rng.next_u64();
         match self.c.restart_torn(id, Some(tear)) {
             Ok(()) => {}
@@ -772,6 +801,28 @@ impl Run {
             format!("node {id} restarts (tear {tear:#x})"),
         );
         Ok(())
+    }
+
+    /// Whether crashed node `id` may come back on an empty disk: it was configured as one of
+    /// the voters, every live node still counts exactly those, and no node is unproven or
+    /// recovering, nor down since it came back on a new disk (two data dirs lost of three is a majority's loss, which no guard can
+    /// undo; a joiner is configured with no voters and is trusted as new, see
+    /// ARCHITECTURE.md).
+    fn may_wipe(&mut self, id: u64) -> bool {
+        let caught_up = |r: &Option<replica::Replica<_>>| {
+            r.as_ref().is_some_and(|r| r.status().recovering.is_none())
+        };
+        let nodes = &self.c.nodes;
+        self.wiped.retain(|w| !nodes.get(w).is_some_and(caught_up));
+        let configured = &self.c.configs[&id].voters;
+        self.wiped.is_empty()
+            && configured.contains(&id)
+            && self.lost.is_empty()
+            && self.removed.is_empty()
+            && self.c.nodes.values().flatten().all(|r| {
+                let s = r.status();
+                s.recovering.is_none() && s.voters == *configured
+            })
     }
 
     fn inject_faults(&mut self) -> Result<(), Violation> {
@@ -1970,7 +2021,12 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     // is small enough that a rotten record has valid ones beyond it, so recovery can tell rot
     // from a torn tail (docs/FORMAT.md, crash case 9: within the last window it cannot).
     let mut rot_rng = SplitMix64::new(seed ^ 0x0d15_c0de_b17e_5eed);
-    let rots = durability == Durability::Fsync && options.rates.is_none() && rot_rng.below(2) == 0;
+    // Not with wipes: a node that refuses to start on rot while another's data dir is new
+    // is two data dirs lost of three, which no guard can undo.
+    let rots = durability == Durability::Fsync
+        && options.rates.is_none()
+        && !options.wipes
+        && rot_rng.below(2) == 0;
     if rots {
         rates.rot_ppm = 5_000 + rot_rng.below(15_001);
     }
@@ -2043,6 +2099,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         kill_op_rng,
         rotted: BTreeMap::new(),
         lost: BTreeSet::new(),
+        wiped: BTreeSet::new(),
         replaced: 0,
         removal_asked: BTreeMap::new(),
         episode: None,

@@ -69,6 +69,10 @@ struct Args {
     /// stalled followers stopped cleanly (the seed family of tests/clean_stops.rs).
     #[arg(long)]
     clean_stops: bool,
+    /// Half the restarts of a crashed machine come back on a new, empty disk under the old id
+    /// (the seed family of tests/replaced_data_dirs.rs).
+    #[arg(long)]
+    wipes: bool,
     /// Never kill a process in the middle of a disk operation (the schedule seeds had before
     /// that fault existed).
     #[arg(long)]
@@ -110,6 +114,7 @@ fn main() -> anyhow::Result<()> {
         callers_drive: args.callers_drive,
         reads: args.reads,
         clean_stops: args.clean_stops,
+        wipes: args.wipes,
         kill_mid_op: !args.no_kill_mid_op,
         deposed_episodes: !args.no_deposed_episodes,
         ..sim::Options::default()

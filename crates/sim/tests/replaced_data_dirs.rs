@@ -1,0 +1,73 @@
+//! The seed family of replaced data dirs: seeds 1..=N where half the restarts of a crashed
+//! machine come back on a new, empty disk under the node's old id (`Fault::DataDirReplaced`:
+//! its data dir emptied, or the disk replaced), one node at a time, while the membership is the
+//! configured one. Such a node has lost its term, its vote and every entry it acknowledged;
+//! it must prove itself (every other voter tells it its term) before it votes. With the proof
+//! taken away (`Mutation::TrustNewDataDir`: a new data dir votes at once, as at a first start)
+//! a seed of the family fails in each durability mode; the default families never restart a
+//! node on an empty disk, so none of their seeds could.
+//!
+//! `SIM_SEEDS=N` changes the number of seeds.
+
+use replica::{Durability, Mutation};
+
+fn seeds() -> u64 {
+    sim::seeds_from_env(300)
+}
+
+fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
+    sim::Options {
+        wipes: true,
+        mutation,
+        durability,
+        ..sim::Options::default()
+    }
+}
+
+#[test]
+fn every_seed_holds_with_replaced_data_dirs() {
+    let started = std::time::Instant::now();
+    let (mut acked, mut wipes) = (0, 0);
+    for seed in 1..=seeds() {
+        match sim::run(seed, options(Mutation::None, None), false) {
+            Ok(s) => {
+                acked += s.acked;
+                wipes += s
+                    .faults
+                    .get(&sim::Fault::DataDirReplaced)
+                    .copied()
+                    .unwrap_or(0);
+            }
+            Err(f) => panic!("\n{f}\n"),
+        }
+    }
+    eprintln!(
+        "{} seeds with replaced data dirs passed in {:.1} s: {acked} acknowledged, {wipes} data dirs replaced",
+        seeds(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(wipes > 0, "no data dir replaced: the family tests nothing");
+}
+
+#[test]
+fn trusting_a_new_data_dir_is_caught_in_every_durability_mode() {
+    for durability in [
+        Durability::Fsync,
+        Durability::Memory,
+        Durability::Replicated,
+    ] {
+        let caught = sim::first_catch(
+            options(Mutation::TrustNewDataDir, Some(durability)),
+            1..=seeds(),
+        )
+        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
+        .map(|c| (c.seed, c.failure.to_string()));
+        let Some((seed, failure)) = caught else {
+            panic!(
+                "trust-new-data-dir: no seed of 1..={} caught it ({durability:?})",
+                seeds()
+            );
+        };
+        eprintln!("trust-new-data-dir caught at seed {seed} ({durability:?}):\n{failure}");
+    }
+}
