@@ -88,6 +88,12 @@ fn memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it()
 
 #[test]
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it() {
+    s::a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it(&Setup::LAB_RDMA);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot() {
     s::a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot(&Setup::LAB_RDMA);
 }
@@ -182,6 +188,12 @@ fn tcp_memory_durability_survives_kill_9_of_every_process() {
 #[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
 fn tcp_memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it() {
     s::memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it(&Setup::LAB_TCP);
+}
+
+#[test]
+#[ignore = "lab: needs the Soft-RoCE lab; ops/test runs it"]
+fn tcp_a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it() {
+    s::a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it(&Setup::LAB_TCP);
 }
 
 #[test]

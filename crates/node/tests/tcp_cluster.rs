@@ -1,7 +1,7 @@
 //! Host tests: a 3-node cluster of `rdmalog-node` processes over TCP on this host, no lab and
 //! no RDMA. On loopback (`127.0.1.1-3`): kill -9 of a follower and of the leader, kill -9 of
 //! all three (fsync and memory durability), a machine crash of a follower under memory
-//! durability, a follower caught up by a snapshot, and a node with the wrong secret or cluster
+//! durability, a follower's data dir emptied, a follower caught up by a snapshot, and a node with the wrong secret or cluster
 //! id. In network namespaces (`node::netns`, one per node on a bridge): a SIGSTOPped leader
 //! behind a one-way block that wakes deposed, cable cuts of a follower and of the leader,
 //! packet loss on the leader's sends, `Replicated` durability through kills, a stopped leader,
@@ -61,6 +61,11 @@ fn memory_durability_survives_kill_9_of_every_process() {
 #[test]
 fn memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it() {
     run(s::memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it);
+}
+
+#[test]
+fn a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it() {
+    run(s::a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it);
 }
 
 #[test]

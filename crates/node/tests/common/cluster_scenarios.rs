@@ -869,6 +869,75 @@ pub fn memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_
     println!("verified: {v}");
 }
 
+/// A follower's data dir emptied (kill -9, then `rm -rf` of the directory: a replaced disk)
+/// while the third node lacks the latest entries: restarted under its old id, the node must
+/// not vote until every other voter told it its term, so it and the node that lacks the
+/// entries elect nobody while the leader is down; once the leader is back it rejoins and
+/// catches up, and every acknowledged append is on every node.
+pub fn a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it(setup: &Setup) {
+    let n = fault_appends();
+    let (_t, dir) = data_root("emptied");
+    let cfg = setup.config(dir, 9200);
+    let mut c = Cluster::start(cfg).unwrap();
+    let a = c.leader(Duration::from_secs(60)).unwrap();
+    let b = (1..=3).find(|&i| i != a).unwrap();
+    let cc = (1..=3).find(|&i| i != a && i != b).unwrap();
+    let w = mixed(n, 4 << 10);
+    let r = run_workload(&mut c, &w, |c, p| {
+        if p.done == n / 2 {
+            println!(
+                "injected: kill -9 of node {cc} after {} acknowledged appends",
+                p.done
+            );
+            c.kill(cc);
+        }
+        show(p);
+    })
+    .unwrap();
+    println!("{r}");
+    c.kill(b);
+    std::fs::remove_dir_all(c.data_dir(b)).unwrap();
+    println!("injected: kill -9 of node {b} and its data dir deleted");
+    c.start_node(b).unwrap();
+    let s = c.status_within(b, Duration::from_secs(60)).unwrap();
+    // Off-CI check that this test has teeth: with RDMALOG_NODE_MUTATION=trust-new-data-dir
+    // node b votes as a member that never voted, and the election check below fails.
+    if std::env::var("RDMALOG_NODE_MUTATION").as_deref() != Ok("trust-new-data-dir") {
+        assert!(
+            s.recovering,
+            "node {b} started on an empty data dir but is not unproven: {s:?}"
+        );
+    }
+    c.kill(a);
+    println!("injected: kill -9 of leader {a}; restart of node {cc}");
+    c.start_node(cc).unwrap();
+    c.status_within(cc, Duration::from_secs(60)).unwrap();
+    let elected = c.leader_among(&[b, cc], Duration::from_secs(15));
+    assert!(
+        elected.is_err(),
+        "nodes {b} and {cc} elected a leader without the entries only {a} holds: {elected:?}"
+    );
+    let s = c.status(b).unwrap();
+    assert!(
+        s.recovering,
+        "node {b} voted without hearing from {a}: {s:?}"
+    );
+    println!("verified: no leader among {b} (unproven) and {cc} for 15 s");
+    c.start_node(a).unwrap();
+    let last = r.acks.iter().map(|k| k.index).max().unwrap();
+    for i in 1..=3 {
+        c.wait_commit(i, last, Duration::from_secs(120)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.status(b).is_none_or(|s| s.recovering) {
+        assert!(Instant::now() < deadline, "node {b} never rejoined");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("node {b} proved itself, caught up and votes again");
+    let v = c.verify(&r.acks).unwrap();
+    println!("verified: {v}");
+}
+
 pub fn a_follower_behind_a_checkpoint_is_caught_up_by_a_snapshot(setup: &Setup) {
     let n = fault_appends();
     let (_t, dir) = data_root("snapshot");
