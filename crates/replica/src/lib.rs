@@ -239,6 +239,9 @@ pub enum Mutation {
     /// query, see [`crate::recovering::Unproven`]): a member restarted on an emptied data dir
     /// may vote twice in a term, or vote away entries it acknowledged.
     TrustNewDataDir,
+    /// An unproven node steps raft messages (appends, heartbeats, snapshots) as a follower
+    /// would: with its term gone back, it acknowledges a deposed leader's appends.
+    UnprovenSteps,
     /// Under `Durability::Memory`, a follower acknowledges a fast append's entries although
     /// their ring records failed their checks (length, crc32c, index chain, term).
     AckBeforeCrc,

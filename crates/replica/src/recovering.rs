@@ -37,20 +37,34 @@
 //!
 //! A whole data dir lost (emptied, or replaced by a new disk) takes the term and vote too, so
 //! a start on a new data dir cannot tell a member that lost everything from the cluster's
-//! first start. Such a node starts [`Unproven`]: it neither votes nor campaigns (as in 3), and
-//! asks every other voter of its configured membership for its current term. Every vote or
+//! first start. Such a node starts [`Unproven`]: it neither votes nor campaigns (as in 3), steps
+//! no raft message at all (its term went back: it would acknowledge a deposed leader), and
+//! asks every other voter of the newest membership it hears of for its current term. Every vote or
 //! acknowledgement this node gave that counted (an election won, an entry committed) was
 //! counted by a quorum whose other members made that term durable first, and terms only
 //! grow; so once all of them answered, their highest term `t` bounds every term this node may
 //! have voted or acknowledged in (unless a majority lost their data dirs: beyond what any
-//! copy can restore). `t = 0` means no member ever voted: a first start, and the node is a
+//! copy can restore). `t = 0` (its own term 0 too) means no member ever voted: a first start, and the node is a
 //! normal voter. Otherwise it goes on as in 2, recovering above `t`, with its own term moved
 //! to `t + 1` in one durable write. The flag is durable from the data dir's first write, so
 //! a crash while unproven comes back unproven.
 
 use std::collections::BTreeMap;
 
-use raft::prelude::MessageType;
+use raft::prelude::{HardState, MessageType};
+
+use crate::storage::Guard;
+
+/// Step 2 of the protocol, on the state about to be written: moves `hs` past `lost_term` (term
+/// `lost_term + 1`, no vote) and returns `guard` recording it; both go in one durable write.
+pub fn move_past(hs: &mut HardState, lost_term: u64, guard: Guard) -> Guard {
+    hs.term = lost_term + 1;
+    hs.vote = 0;
+    Guard {
+        recovering_above_term: Some(lost_term),
+        ..guard
+    }
+}
 
 /// The state of a node recovering from lost acknowledgements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,73 +149,83 @@ impl Recovering {
     }
 }
 
-/// A node whose data dir was new at its start, until every other voter of its membership
-/// has told it its term (see the module's documentation). The membership is the configured
-/// one, then whatever the log teaches the node (a voter removed since is not waited for; its
-/// answer, if it came, still counts).
+/// A node whose data dir was new at its start, until every other voter of the newest
+/// membership it knows of has told it its term (see the module's documentation). That
+/// membership is the configured one until an answer reports a newer one: each answer carries
+/// the membership its sender applied and the log index it is as of, and the newest wins (a
+/// stale configuration, or one the cluster changed since, is left behind as soon as one current
+/// member answers). The log the node replays is not used: it passes through older memberships,
+/// and one in which the node was alone would leave nobody to wait for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unproven {
-    /// Each other voter, and the term it answered once it did.
-    answers: BTreeMap<u64, Option<u64>>,
-    /// The highest term any voter answered.
-    top: u64,
+    me: u64,
+    /// The membership waited for: the index it is as of (0: the configured one) and its voters.
+    wait: (u64, Vec<u64>),
+    /// Every node that answered, with the highest term it answered.
+    answered: BTreeMap<u64, u64>,
 }
 
 /// What the answers of every other voter decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proven {
-    /// Every other voter is at term 0: no member ever voted, this is the cluster's first start.
+    /// Every other voter, and this node, are at term 0: no member ever voted, this is the
+    /// cluster's first start.
     FirstStart,
-    /// The highest term another voter answered: this node may have voted or acknowledged in
-    /// any term up to it.
+    /// The highest term answered (or this node's own, if higher): this node may have voted or
+    /// acknowledged in any term up to it.
     Above(u64),
 }
 
 impl Unproven {
-    /// Node `me` with `voters` as its membership; `None` when it is the only voter (nothing
-    /// to ask; a single node that lost its data dir lost the whole log anyway).
-    pub fn new(me: u64, voters: impl IntoIterator<Item = u64>) -> Option<Self> {
-        let answers: BTreeMap<u64, Option<u64>> = voters
-            .into_iter()
-            .filter(|&v| v != me)
-            .map(|v| (v, None))
-            .collect();
-        (!answers.is_empty()).then_some(Unproven { answers, top: 0 })
+    /// Node `me` with `voters` as its configured membership; `None` when it is the only voter
+    /// (nothing to ask; a single node that lost its data dir lost the whole log anyway).
+    pub fn new(me: u64, voters: &[u64]) -> Option<Self> {
+        voters.iter().any(|&v| v != me).then(|| Unproven {
+            me,
+            wait: (0, voters.to_vec()),
+            answered: BTreeMap::new(),
+        })
     }
 
     /// The voters that have not answered yet.
     pub fn waiting_for(&self) -> impl Iterator<Item = u64> + '_ {
-        self.answers
+        self.wait
+            .1
             .iter()
-            .filter(|(_, t)| t.is_none())
-            .map(|(&v, _)| v)
+            .copied()
+            .filter(|&v| v != self.me && !self.answered.contains_key(&v))
     }
 
-    /// Records `peer`'s answer (ignored from a node that is not an other voter); the verdict
-    /// once every other voter has answered.
-    pub fn answer(&mut self, peer: u64, term: u64) -> Option<Proven> {
-        if let Some(slot) = self.answers.get_mut(&peer) {
-            *slot = Some(slot.map_or(term, |t| t.max(term)));
-            self.top = self.top.max(term);
-        }
-        self.verdict()
+    /// Whether `peer` has answered.
+    pub fn answered(&self, peer: u64) -> bool {
+        self.answered.contains_key(&peer)
     }
 
-    /// Follows a new membership of node `me`: waits for its other voters (those that already
-    /// answered keep their answer; none may be left to wait for, see [`Unproven::verdict`]).
-    pub fn follow(&mut self, me: u64, voters: &[u64]) {
-        self.answers.retain(|v, _| voters.contains(v));
-        for &v in voters.iter().filter(|&&v| v != me) {
-            self.answers.entry(v).or_insert(None);
+    /// Records `peer`'s answer: its term, and the membership it applied, as of `conf_as_of`.
+    /// Any node's answer counts (every answer was given after this node lost its data dir);
+    /// a newer membership replaces the one waited for.
+    pub fn answer(&mut self, peer: u64, term: u64, conf_as_of: u64, voters: &[u64]) {
+        let t = self.answered.entry(peer).or_insert(term);
+        *t = (*t).max(term);
+        if conf_as_of > self.wait.0 && !voters.is_empty() {
+            self.wait = (conf_as_of, voters.to_vec());
         }
     }
 
-    /// The verdict, once every other voter has answered.
-    pub fn verdict(&self) -> Option<Proven> {
+    /// The verdict once every other voter has answered; `own_term` is this node's current
+    /// term (a leader's message may have raised it meanwhile).
+    pub fn verdict(&self, own_term: u64) -> Option<Proven> {
         if self.waiting_for().next().is_some() {
             return None;
         }
-        Some(match self.top {
+        let top = self
+            .answered
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(own_term);
+        Some(match top {
             0 => Proven::FirstStart,
             t => Proven::Above(t),
         })
@@ -278,29 +302,37 @@ mod tests {
 
     #[test]
     fn unproven_waits_for_every_other_voter_and_takes_the_highest_term() {
-        assert_eq!(Unproven::new(1, [1]), None);
-        let mut u = Unproven::new(2, [1, 2, 3]).unwrap();
+        assert_eq!(Unproven::new(1, &[1]), None);
+        let mut u = Unproven::new(2, &[1, 2, 3]).unwrap();
         assert_eq!(u.waiting_for().collect::<Vec<_>>(), vec![1, 3]);
         assert!(u.reason().contains("waiting for 1, 3"));
-        assert_eq!(u.answer(1, 5), None);
-        // Not a voter: does not count; a lower second answer: the higher stays.
-        assert_eq!(u.answer(4, 9), None);
-        assert_eq!(u.answer(1, 0), None);
-        assert_eq!(u.answer(3, 2), Some(Proven::Above(5)));
-        let mut first = Unproven::new(1, [1, 2, 3]).unwrap();
-        assert_eq!(first.answer(2, 0), None);
-        assert_eq!(first.answer(3, 0), Some(Proven::FirstStart));
+        u.answer(1, 5, 0, &[1, 2, 3]);
+        assert_eq!(u.verdict(0), None);
+        // A node outside the membership counts toward the bound, not the wait; a lower second
+        // answer keeps the higher.
+        u.answer(4, 9, 0, &[1, 2, 3]);
+        u.answer(1, 0, 0, &[1, 2, 3]);
+        assert_eq!(u.verdict(0), None);
+        u.answer(3, 2, 0, &[1, 2, 3]);
+        assert_eq!(u.verdict(0), Some(Proven::Above(9)));
+        let mut first = Unproven::new(1, &[1, 2, 3]).unwrap();
+        first.answer(2, 0, 0, &[1, 2, 3]);
+        first.answer(3, 0, 0, &[1, 2, 3]);
+        assert_eq!(first.verdict(0), Some(Proven::FirstStart));
+        // Its own term above 0 means some leader or candidate reached it: not a first start.
+        assert_eq!(first.verdict(1), Some(Proven::Above(1)));
     }
 
     #[test]
-    fn unproven_follows_the_membership_it_learns() {
-        let mut u = Unproven::new(1, [1, 2, 3]).unwrap();
-        assert_eq!(u.answer(2, 7), None);
-        // Node 4 joins: it must answer too.
-        u.follow(1, &[1, 2, 3, 4]);
-        assert_eq!(u.answer(4, 0), None);
-        // Node 3, removed, is not waited for; node 2's answer still counts.
-        u.follow(1, &[1, 4]);
-        assert_eq!(u.verdict(), Some(Proven::Above(7)));
+    fn unproven_waits_for_the_newest_membership_an_answer_reports() {
+        // Configured with 1, 2, 3; the cluster has since removed 1 and 2 and added 4 and 5.
+        let mut u = Unproven::new(3, &[1, 2, 3]).unwrap();
+        u.answer(4, 7, 40, &[3, 4, 5]);
+        assert_eq!(u.waiting_for().collect::<Vec<_>>(), vec![5]);
+        // An older membership (a lagging node's) does not replace the newer one.
+        u.answer(2, 3, 10, &[2, 3]);
+        assert_eq!(u.waiting_for().collect::<Vec<_>>(), vec![5]);
+        u.answer(5, 6, 40, &[3, 4, 5]);
+        assert_eq!(u.verdict(0), Some(Proven::Above(7)));
     }
 }

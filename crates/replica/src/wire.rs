@@ -155,10 +155,16 @@ pub enum Body {
     /// Asks the receiver for its current term: sent by a node whose data dir was new at its
     /// start until every other voter has answered (see [`crate::recovering::Unproven`]).
     TermQuery,
-    /// The answer to a [`Body::TermQuery`]: the sender's current term.
+    /// The answer to a [`Body::TermQuery`]: the sender's current term and the membership it
+    /// has applied.
     TermAnswer {
         /// The sender's term when it answered.
         term: u64,
+        /// The index its membership is as of (the latest change it applied, or its
+        /// checkpoint's).
+        conf_as_of: u64,
+        /// That membership's voters (both halves of a joint one; at most [`MAX_MEMBERS`]).
+        voters: Vec<u64>,
     },
 }
 
@@ -486,7 +492,12 @@ mod tests {
                 data_len: 3 * SNAPSHOT_CHUNK_BYTES as u64,
             },
         };
-        for body in [chunk, snap, Body::TermQuery, Body::TermAnswer { term: 41 }] {
+        let answer = Body::TermAnswer {
+            term: 41,
+            conf_as_of: 9,
+            voters: vec![1, 2, 3],
+        };
+        for body in [chunk, snap, Body::TermQuery, answer] {
             let mut buf = Vec::new();
             encode(7, &body, &mut buf).unwrap();
             assert!(buf.len() <= fabric::MAX_MESSAGE_BYTES);

@@ -347,6 +347,7 @@ pub const MUTATIONS: &[(&str, Mutation)] = &[
     ("private-ring", Mutation::PrivateRing),
     ("no-recovering-guard", Mutation::NoRecoveringGuard),
     ("trust-new-data-dir", Mutation::TrustNewDataDir),
+    ("unproven-steps", Mutation::UnprovenSteps),
     ("ack-before-crc", Mutation::AckBeforeCrc),
     ("snapshot-own-lsn", Mutation::SnapshotOwnLsn),
     ("unchecked-reads", Mutation::UncheckedReads),
@@ -804,10 +805,12 @@ impl Run {
     }
 
     /// Whether crashed node `id` may come back on an empty disk: it was configured as one of
-    /// the voters, every live node still counts exactly those, and no node is unproven or
-    /// recovering, nor down since it came back on a new disk (two data dirs lost of three is a majority's loss, which no guard can
-    /// undo; a joiner is configured with no voters and is trusted as new, see
-    /// ARCHITECTURE.md).
+    /// the voters (a joiner is configured with none and is trusted as new, see
+    /// ARCHITECTURE.md), every live node still counts it a voter (the membership may have
+    /// changed otherwise: the node is configured with the first one, and must learn the
+    /// current one from the answers), no removal is in flight, and no node is unproven or
+    /// recovering, nor down since it came back on a new disk (two data dirs lost of three is
+    /// a majority's loss, which no guard can undo).
     fn may_wipe(&mut self, id: u64) -> bool {
         let caught_up = |r: &Option<replica::Replica<_>>| {
             r.as_ref().is_some_and(|r| r.status().recovering.is_none())
@@ -821,7 +824,7 @@ impl Run {
             && self.removed.is_empty()
             && self.c.nodes.values().flatten().all(|r| {
                 let s = r.status();
-                s.recovering.is_none() && s.voters == *configured
+                s.recovering.is_none() && s.voters.contains(&id)
             })
     }
 

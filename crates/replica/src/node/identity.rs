@@ -2,18 +2,27 @@
 //! voter for its term before it votes (see [`crate::recovering::Unproven`]).
 
 use super::*;
-use crate::recovering::{Proven, Unproven};
+use crate::recovering::{self, Proven, Unproven};
+
+/// The voters of `cs`, both halves of a joint membership.
+fn all_voters(cs: &ConfState) -> Vec<u64> {
+    let mut v: Vec<u64> = cs
+        .voters
+        .iter()
+        .chain(&cs.voters_outgoing)
+        .copied()
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
 
 impl<F: Fabric> Replica<F> {
-    /// The unproven state a start finds: the guard's flag, with the voters of `cs` to ask.
-    pub(super) fn unproven_at_open(
-        cfg: &ReplicaConfig,
-        guard: Guard,
-        cs: &ConfState,
-    ) -> Option<Unproven> {
-        guard
-            .unproven
-            .then(|| Unproven::new(cfg.id, cs.voters.iter().copied()))
+    /// The unproven state of a data dir: `None` unless `flagged`, or when this node is the
+    /// only voter of `cs` (nothing to ask).
+    pub(super) fn unproven(cfg: &ReplicaConfig, flagged: bool, cs: &ConfState) -> Option<Unproven> {
+        flagged
+            .then(|| Unproven::new(cfg.id, &all_voters(cs)))
             .flatten()
     }
 
@@ -21,10 +30,8 @@ impl<F: Fabric> Replica<F> {
     /// voters, so a new data dir may be a member's emptied or replaced one, unless the caller
     /// said this is a new cluster's first start.
     pub(super) fn starts_unproven(cfg: &ReplicaConfig, cs: &ConfState) -> bool {
-        !cfg.new_cluster
-            && cfg.mutation != crate::Mutation::TrustNewDataDir
-            && cs.voters.contains(&cfg.id)
-            && Unproven::new(cfg.id, cs.voters.iter().copied()).is_some()
+        let asserted = cfg.new_cluster || cfg.mutation == crate::Mutation::TrustNewDataDir;
+        cs.voters.contains(&cfg.id) && Self::unproven(cfg, !asserted, cs).is_some()
     }
 
     /// Whether this node holds back its vote and its campaigns: recovering, or unproven.
@@ -32,56 +39,72 @@ impl<F: Fabric> Replica<F> {
         self.recovering.is_some() || self.unproven.is_some()
     }
 
-    /// Asks `peer` for its term if this node is unproven and still waits for that voter's
-    /// answer; with `None`, every voter it waits for (at each tick: a query sent while the
-    /// connection was down is lost).
+    /// Asks for terms if this node is unproven: `Some(peer)` (a new connection) asks that
+    /// peer, member or not, unless it answered; `None` (each tick: a query sent while a
+    /// connection was down is lost) every voter it still waits for.
     pub(super) fn ask_terms(&mut self, peer: Option<u64>) {
         let Some(u) = &self.unproven else {
             return;
         };
-        let ask: Vec<u64> = u
-            .waiting_for()
-            .filter(|&v| peer.is_none_or(|p| p == v))
-            .filter(|&v| self.fabric.conn_state(NodeId(v)) == ConnState::Up)
-            .collect();
+        let ask: Vec<u64> = match peer {
+            Some(p) if !u.answered(p) => vec![p],
+            Some(_) => Vec::new(),
+            None => u
+                .waiting_for()
+                .filter(|&v| self.fabric.conn_state(NodeId(v)) == ConnState::Up)
+                .collect(),
+        };
         for v in ask {
             self.send_body(v, &Body::TermQuery);
         }
     }
 
-    /// Answers a peer's term query with this node's current term (an unproven node answers
-    /// too: its term says it never voted, which is what the asker needs to know).
+    /// Answers a peer's term query with this node's current term and the membership it
+    /// applied (an unproven node answers too: its term says it never voted, which is what the
+    /// asker needs to know).
     pub(super) fn answer_term_query(&mut self, peer: u64) {
-        let term = self.raw.raft.term;
-        self.send_body(peer, &Body::TermAnswer { term });
+        let answer = Body::TermAnswer {
+            term: self.raw.raft.term,
+            conf_as_of: self.conf_history.as_of(),
+            voters: self.raw.raft.prs().conf().voters().ids().iter().collect(),
+        };
+        self.send_body(peer, &answer);
     }
 
-    /// Takes `peer`'s term. Once every other voter answered, the node is proven: a normal
-    /// voter at the cluster's first start, else recovering above the highest term, its own
-    /// term moved past it in the same durable write (see `prove`).
-    pub(super) fn on_term_answer(&mut self, peer: u64, term: u64) -> Result<(), ReplicaError> {
-        match self.unproven.as_mut().and_then(|u| u.answer(peer, term)) {
+    /// Takes `peer`'s answer. Once every other voter of the newest membership known answered,
+    /// the node is proven: a normal voter at the cluster's first start, else recovering above
+    /// the highest term, its own term moved past it in the same durable write.
+    pub(super) fn on_term_answer(
+        &mut self,
+        peer: u64,
+        term: u64,
+        conf_as_of: u64,
+        voters: &[u64],
+    ) -> Result<(), ReplicaError> {
+        let own = self.raw.raft.term;
+        let Some(u) = self.unproven.as_mut() else {
+            return Ok(());
+        };
+        u.answer(peer, term, conf_as_of, voters);
+        match u.verdict(own) {
             Some(verdict) => self.prove(verdict),
-            None => Ok(()),
-        }
-    }
-
-    /// Follows a membership the log taught this node while it is unproven: it waits for that
-    /// membership's voters (and may have none left to wait for: the pass's end proves it).
-    pub(super) fn unproven_follows(&mut self, cs: &ConfState) {
-        let me = self.cfg.id;
-        if let Some(u) = self.unproven.as_mut() {
-            u.follow(me, &cs.voters);
-            self.ask_terms(None);
-        }
-    }
-
-    /// After a `Ready`, where a term may change: proves the node if a membership it learned
-    /// left no voter to wait for.
-    pub(super) fn prove_if_answered(&mut self) -> Result<(), ReplicaError> {
-        match self.unproven.as_ref().and_then(|u| u.verdict()) {
-            Some(verdict) => self.prove(verdict),
-            None => Ok(()),
+            None => {
+                // A newer membership may name voters this node does not know: it connects to
+                // them (a peer that takes this node's link for alive may never dial it,
+                // when the two never exchange a message), and asks them.
+                let unknown: Vec<u64> = u
+                    .waiting_for()
+                    .filter(|v| !self.peers.contains_key(v))
+                    .collect();
+                if !unknown.is_empty() {
+                    for v in unknown {
+                        self.peers.entry(v).or_default();
+                    }
+                    self.maintain_connections();
+                }
+                self.ask_terms(None);
+                Ok(())
+            }
         }
     }
 
@@ -100,37 +123,21 @@ impl<F: Fabric> Replica<F> {
                 );
             }
             Proven::Above(top) => {
-                let lost_term = top
-                    .max(self.raw.raft.term)
-                    .max(self.recovering.map_or(0, |r| r.lost_term));
+                let lost_term = top.max(self.recovering.map_or(0, |r| r.lost_term));
                 // Revoke first, as for any higher term: a leader's grant on our ring ends
                 // before the term that refuses it.
                 self.fence_ring();
                 let mut hs = self.raw.store().hard_state().clone();
-                hs.term = lost_term + 1;
-                hs.vote = 0;
-                let cs = self.raw.store().conf_state().clone();
-                self.state_file
-                    .store_guard(
-                        Guard {
-                            recovering_above_term: Some(lost_term),
-                            ..guard
-                        },
-                        &hs,
-                        &cs,
-                        &self.conf_history,
-                    )
-                    .map_err(|e| {
-                        ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e))
-                    })?;
+                let guard = recovering::move_past(&mut hs, lost_term, guard);
+                self.store_guard_with(guard, &hs)?;
                 self.raw.mut_store().set_hard_state(hs.clone());
                 self.persisted_hs = hs;
-                self.raw
-                    .raft
-                    .become_follower(lost_term + 1, raft::INVALID_ID);
+                let term = self.persisted_hs.term;
+                self.raw.raft.become_follower(term, raft::INVALID_ID);
                 self.recovering = Some(Recovering {
                     lost_term,
-                    cause: LostRing::NewDataDir,
+                    // A ring lost at this start says more than the data dir being new.
+                    cause: self.recovering.map_or(LostRing::NewDataDir, |r| r.cause),
                 });
                 tracing::warn!(
                     node = self.cfg.id,

@@ -82,7 +82,7 @@ impl<F: Fabric> Replica<F> {
             lost,
             persistent,
         )?;
-        let unproven = Self::unproven_at_open(&cfg, state_file.guard(), &cs);
+        let unproven = Self::unproven(&cfg, state_file.guard().unproven, &cs);
         let (ring_local, remote) = fabric.register(fabric_memory)?;
         let ring_files = persistent.then(|| {
             let ring = cfg.ring_file();
@@ -557,12 +557,14 @@ impl<F: Fabric> Replica<F> {
             ring_in_use: persistent,
             ..before
         };
-        let guarded = lost.is_some() && cfg.mutation != crate::Mutation::NoRecoveringGuard;
+        let lost_term = hs.term.max(before.recovering_above_term.unwrap_or(0));
+        // Nothing is acknowledged in term 0 (no leader has it): a ring lost before any
+        // election lost nothing, and recovering above 0 would only take a voter away from
+        // the cluster's first election.
+        let guarded =
+            lost.is_some() && lost_term > 0 && cfg.mutation != crate::Mutation::NoRecoveringGuard;
         if guarded {
-            let lost_term = hs.term.max(before.recovering_above_term.unwrap_or(0));
-            guard.recovering_above_term = Some(lost_term);
-            hs.term = lost_term + 1;
-            hs.vote = 0;
+            guard = crate::recovering::move_past(&mut hs, lost_term, guard);
             tracing::warn!(
                 node = cfg.id,
                 lost_term,

@@ -134,7 +134,6 @@ impl<F: Fabric> Replica<F> {
         self.sessions_through = meta.index;
         self.pending_sessions = Pending::default();
         self.sync_peers(&members_of(&cs));
-        self.unproven_follows(&cs);
         self.stats.snapshots_installed += 1;
         tracing::info!(
             node = self.cfg.id,
@@ -503,18 +502,26 @@ impl<F: Fabric> Replica<F> {
             self.raw.raft.become_follower(term, raft::INVALID_ID);
         }
         let members = members_of(&cs);
-        self.raw.mut_store().set_conf_state(cs.clone());
+        self.raw.mut_store().set_conf_state(cs);
         self.sync_peers(&members);
-        self.unproven_follows(&cs);
         Ok(())
     }
 
     /// Persists the raft state with a new amnesia guard.
     pub(super) fn store_guard(&mut self, guard: Guard) -> Result<(), ReplicaError> {
         let hs = self.raw.store().hard_state().clone();
+        self.store_guard_with(guard, &hs)
+    }
+
+    /// Persists the raft state with a new amnesia guard and hard state `hs`, in one write.
+    pub(super) fn store_guard_with(
+        &mut self,
+        guard: Guard,
+        hs: &HardState,
+    ) -> Result<(), ReplicaError> {
         let cs = self.raw.store().conf_state().clone();
         self.state_file
-            .store_guard(guard, &hs, &cs, &self.conf_history)
+            .store_guard(guard, hs, &cs, &self.conf_history)
             .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot persist the raft state", e)))
     }
 

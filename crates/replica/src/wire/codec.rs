@@ -81,6 +81,10 @@ pub enum Frame {
     TermAnswer {
         /// The sender's term.
         term: u64,
+        /// The index its membership is as of.
+        conf_as_of: u64,
+        /// That membership's voters.
+        voters: Vec<u64>,
     },
 }
 
@@ -120,7 +124,15 @@ impl Frame {
                 meta,
             },
             Body::TermQuery => Frame::TermQuery,
-            Body::TermAnswer { term } => Frame::TermAnswer { term },
+            Body::TermAnswer {
+                term,
+                conf_as_of,
+                voters,
+            } => Frame::TermAnswer {
+                term,
+                conf_as_of,
+                voters,
+            },
         })
     }
 }
@@ -787,7 +799,11 @@ mod tests {
             meta,
         };
         let query = Body::TermQuery;
-        let answer = Body::TermAnswer { term: u64::MAX };
+        let answer = Body::TermAnswer {
+            term: u64::MAX,
+            conf_as_of: 3,
+            voters: vec![1, 2, 3],
+        };
         for body in [chunk, snap, query, answer] {
             let mut buf = Vec::new();
             encode(CLUSTER, &body, &mut buf).unwrap();
