@@ -803,70 +803,21 @@ pub fn replicated_durability_through_kills_a_stopped_leader_loss_a_cut_and_a_kil
 /// killed; C comes back. B must not vote, so B and C elect no leader without A's entries. Once
 /// A is back, every acknowledged entry is committed on all three and B rejoins.
 pub fn memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_it(setup: &Setup) {
-    let n = fault_appends();
-    let (_t, dir) = data_root("amnesia");
-    let mut cfg = setup.config(dir, 8800);
-    cfg.durability = "memory".into();
-    let mut c = Cluster::start(cfg).unwrap();
-    let a = c.leader(Duration::from_secs(60)).unwrap();
-    let b = (1..=3).find(|&i| i != a).unwrap();
-    let cc = (1..=3).find(|&i| i != a && i != b).unwrap();
-    let w = mixed(n, 4 << 10);
-    let r = run_workload(&mut c, &w, |c, p| {
-        if p.done == n / 2 {
+    let loss = StateLoss {
+        dir: "amnesia",
+        port: 8800,
+        durability: Some("memory"),
+        held_back: "recovering",
+        mutation: "no-recovering-guard",
+        lose: |c, b| {
+            let removed = c.crash_machine(b).unwrap();
             println!(
-                "injected: kill -9 of node {cc} after {} acknowledged appends",
-                p.done
+                "injected: machine crash of node {b}: kill -9 and its ring files deleted: {removed:?}"
             );
-            c.kill(cc);
-        }
-        show(p);
-    })
-    .unwrap();
-    println!("{r}");
-    let removed = c.crash_machine(b).unwrap();
-    println!(
-        "injected: machine crash of node {b}: kill -9 and its ring files deleted: {removed:?}"
-    );
-    assert_eq!(removed.len(), 2, "node {b} had no ring files to lose");
-    c.start_node(b).unwrap();
-    let s = c.status_within(b, Duration::from_secs(60)).unwrap();
-    // Off-CI check that this test has teeth: with RDMALOG_NODE_MUTATION=no-recovering-guard
-    // node b votes as before, and the election check below fails.
-    if std::env::var("RDMALOG_NODE_MUTATION").as_deref() != Ok("no-recovering-guard") {
-        assert!(
-            s.recovering,
-            "node {b} lost its ring but is not recovering: {s:?}"
-        );
-    }
-    c.kill(a);
-    println!("injected: kill -9 of leader {a}; restart of node {cc}");
-    c.start_node(cc).unwrap();
-    c.status_within(cc, Duration::from_secs(60)).unwrap();
-    let elected = c.leader_among(&[b, cc], Duration::from_secs(15));
-    assert!(
-        elected.is_err(),
-        "nodes {b} and {cc} elected a leader without the entries only {a} holds: {elected:?}"
-    );
-    let s = c.status(b).unwrap();
-    assert!(
-        s.recovering,
-        "node {b} left recovery without a leader: {s:?}"
-    );
-    println!("verified: no leader among {b} (recovering) and {cc} for 15 s");
-    c.start_node(a).unwrap();
-    let last = r.acks.iter().map(|k| k.index).max().unwrap();
-    for i in 1..=3 {
-        c.wait_commit(i, last, Duration::from_secs(120)).unwrap();
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c.status(b).is_none_or(|s| s.recovering) {
-        assert!(Instant::now() < deadline, "node {b} never left recovery");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    println!("node {b} caught up and votes again");
-    let v = c.verify(&r.acks).unwrap();
-    println!("verified: {v}");
+            assert_eq!(removed.len(), 2, "node {b} had no ring files to lose");
+        },
+    };
+    a_follower_that_lost_state_does_not_let_the_others_elect_without_it(setup, &loss);
 }
 
 /// A follower's data dir emptied (kill -9, then `rm -rf` of the directory: a replaced disk)
@@ -875,9 +826,51 @@ pub fn memory_machine_crash_of_a_follower_does_not_let_the_others_elect_without_
 /// entries elect nobody while the leader is down; once the leader is back it rejoins and
 /// catches up, and every acknowledged append is on every node.
 pub fn a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_it(setup: &Setup) {
+    let loss = StateLoss {
+        dir: "emptied",
+        port: 9200,
+        durability: None,
+        held_back: "unproven",
+        mutation: "trust-new-data-dir",
+        lose: |c, b| {
+            c.kill(b);
+            std::fs::remove_dir_all(c.data_dir(b)).unwrap();
+            println!("injected: kill -9 of node {b} and its data dir deleted");
+        },
+    };
+    a_follower_that_lost_state_does_not_let_the_others_elect_without_it(setup, &loss);
+}
+
+/// How a scenario takes a follower's state away.
+struct StateLoss {
+    /// The data root's name.
+    dir: &'static str,
+    /// The cluster's base port.
+    port: u16,
+    /// The durability mode, if not the default.
+    durability: Option<&'static str>,
+    /// What the follower is while it does not vote (for the messages).
+    held_back: &'static str,
+    /// The `RDMALOG_NODE_MUTATION` that lets it vote anyway (off CI: the test then fails).
+    mutation: &'static str,
+    /// Takes node `b`'s state (it is stopped afterwards).
+    lose: fn(&mut Cluster, u64),
+}
+
+/// A (leader) and B commit entries C lacks (C is killed halfway); B loses its state as `loss`
+/// says and restarts; A is killed and C restarts. B must not vote, so B and C elect no leader
+/// without A's entries; once A is back, every acknowledged entry is committed on all three
+/// and B votes again.
+fn a_follower_that_lost_state_does_not_let_the_others_elect_without_it(
+    setup: &Setup,
+    loss: &StateLoss,
+) {
     let n = fault_appends();
-    let (_t, dir) = data_root("emptied");
-    let cfg = setup.config(dir, 9200);
+    let (_t, dir) = data_root(loss.dir);
+    let mut cfg = setup.config(dir, loss.port);
+    if let Some(d) = loss.durability {
+        cfg.durability = d.into();
+    }
     let mut c = Cluster::start(cfg).unwrap();
     let a = c.leader(Duration::from_secs(60)).unwrap();
     let b = (1..=3).find(|&i| i != a).unwrap();
@@ -895,17 +888,16 @@ pub fn a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_i
     })
     .unwrap();
     println!("{r}");
-    c.kill(b);
-    std::fs::remove_dir_all(c.data_dir(b)).unwrap();
-    println!("injected: kill -9 of node {b} and its data dir deleted");
+    (loss.lose)(&mut c, b);
     c.start_node(b).unwrap();
     let s = c.status_within(b, Duration::from_secs(60)).unwrap();
-    // Off-CI check that this test has teeth: with RDMALOG_NODE_MUTATION=trust-new-data-dir
-    // node b votes as a member that never voted, and the election check below fails.
-    if std::env::var("RDMALOG_NODE_MUTATION").as_deref() != Ok("trust-new-data-dir") {
+    // Off-CI check that this test has teeth: with the mutation node b votes as if it had lost
+    // nothing, and the election check below fails.
+    if std::env::var("RDMALOG_NODE_MUTATION").as_deref() != Ok(loss.mutation) {
         assert!(
             s.recovering,
-            "node {b} started on an empty data dir but is not unproven: {s:?}"
+            "node {b} lost its state but is not {}: {s:?}",
+            loss.held_back
         );
     }
     c.kill(a);
@@ -918,11 +910,11 @@ pub fn a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_i
         "nodes {b} and {cc} elected a leader without the entries only {a} holds: {elected:?}"
     );
     let s = c.status(b).unwrap();
-    assert!(
-        s.recovering,
-        "node {b} voted without hearing from {a}: {s:?}"
+    assert!(s.recovering, "node {b} votes again without a leader: {s:?}");
+    println!(
+        "verified: no leader among {b} ({}) and {cc} for 15 s",
+        loss.held_back
     );
-    println!("verified: no leader among {b} (unproven) and {cc} for 15 s");
     c.start_node(a).unwrap();
     let last = r.acks.iter().map(|k| k.index).max().unwrap();
     for i in 1..=3 {
@@ -930,10 +922,10 @@ pub fn a_follower_on_an_emptied_data_dir_does_not_let_the_others_elect_without_i
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while c.status(b).is_none_or(|s| s.recovering) {
-        assert!(Instant::now() < deadline, "node {b} never rejoined");
+        assert!(Instant::now() < deadline, "node {b} never voted again");
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("node {b} proved itself, caught up and votes again");
+    println!("node {b} caught up and votes again");
     let v = c.verify(&r.acks).unwrap();
     println!("verified: {v}");
 }

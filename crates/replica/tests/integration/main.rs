@@ -39,4 +39,5 @@ mod sim_add_node;
 mod snapshot_transfer;
 mod stale_branch_after_a_failed_cut;
 mod stale_suffix;
+mod three_nodes;
 mod woken_leader_after_reconnect;

@@ -26,7 +26,7 @@ use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
 use replica::{Durability, Mutation, ReplicaConfig, Role};
 
-const SECOND_NS: u64 = 1_000_000_000;
+use crate::three_nodes::{Acked, SECOND_NS, append, assert_all_hold, cut};
 
 fn cluster(seed: u64, mutation: Mutation) -> SimCluster {
     SimCluster::new(3, seed, SimConfig::default(), |cfg: &mut ReplicaConfig| {
@@ -39,28 +39,8 @@ fn cluster(seed: u64, mutation: Mutation) -> SimCluster {
     .unwrap()
 }
 
-fn cut(c: &mut SimCluster, id: u64, on: bool) {
-    for other in (1..=3).filter(|&o| o != id) {
-        c.net.set_link(NodeId(id), NodeId(other), on);
-        c.net.set_link(NodeId(other), NodeId(id), on);
-    }
-}
-
-/// Appends `n` entries one at a time on the leader; returns the acknowledged (index, data).
-fn append(c: &mut SimCluster, from: u64, n: u64) -> Acked {
-    (from..from + n)
-        .map(|i| {
-            let data = format!("entry-{i}").into_bytes();
-            (c.append(&data).unwrap(), data)
-        })
-        .collect()
-}
-
 /// A (leader) and B commit entries that C, cut off, does not have; then B's machine crashes
 /// and restarts. Returns (a, b, c) and the acknowledged entries.
-/// Acknowledged entries: (index, payload).
-type Acked = Vec<(u64, Vec<u8>)>;
-
 fn lose_b_ring(c: &mut SimCluster) -> ((u64, u64, u64), Acked) {
     let a = c.elect().unwrap();
     let mut acked = append(c, 0, 20);
@@ -87,27 +67,6 @@ fn lose_b_ring(c: &mut SimCluster) -> ((u64, u64, u64), Acked) {
     );
     cut(c, cc, true);
     ((a, b, cc), acked)
-}
-
-fn assert_all_hold(c: &mut SimCluster, acked: &[(u64, Vec<u8>)]) {
-    let last = acked.last().unwrap().0;
-    let ok = c
-        .run_until(60 * SECOND_NS, |c| {
-            (1..=3).all(|id| c.node(id).status().commit >= last)
-        })
-        .unwrap();
-    assert!(ok, "the cluster did not commit past {last} on every node");
-    for id in 1..=3 {
-        let log = c.committed_log(id).unwrap();
-        let by_index: std::collections::BTreeMap<u64, Vec<u8>> = log.into_iter().collect();
-        for (index, data) in acked {
-            assert_eq!(
-                by_index.get(index),
-                Some(data),
-                "node {id} lost or changed acknowledged entry {index}"
-            );
-        }
-    }
 }
 
 #[test]

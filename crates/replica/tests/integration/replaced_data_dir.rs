@@ -25,32 +25,13 @@ use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
 use replica::{Mutation, ReplicaConfig};
 
-const SECOND_NS: u64 = 1_000_000_000;
-
-/// Acknowledged entries: (index, payload).
-type Acked = Vec<(u64, Vec<u8>)>;
+use crate::three_nodes::{Acked, SECOND_NS, append, assert_all_hold, cut, cut_among};
 
 fn cluster(seed: u64, mutation: Mutation) -> SimCluster {
     SimCluster::new(3, seed, SimConfig::default(), |cfg: &mut ReplicaConfig| {
         cfg.mutation = mutation;
     })
     .unwrap()
-}
-
-fn cut(c: &mut SimCluster, id: u64, on: bool) {
-    for other in (1..=3).filter(|&o| o != id) {
-        c.net.set_link(NodeId(id), NodeId(other), on);
-        c.net.set_link(NodeId(other), NodeId(id), on);
-    }
-}
-
-fn append(c: &mut SimCluster, from: u64, n: u64) -> Acked {
-    (from..from + n)
-        .map(|i| {
-            let data = format!("entry-{i}").into_bytes();
-            (c.append(&data).unwrap(), data)
-        })
-        .collect()
 }
 
 /// A (leader) and B commit entries C, cut off, lacks; B's data dir is replaced by an empty
@@ -73,27 +54,6 @@ fn replace_b_data_dir(c: &mut SimCluster) -> ((u64, u64, u64), Acked) {
     );
     cut(c, cc, true);
     ((a, b, cc), acked)
-}
-
-fn assert_all_hold(c: &mut SimCluster, acked: &[(u64, Vec<u8>)]) {
-    let last = acked.last().unwrap().0;
-    let ok = c
-        .run_until(60 * SECOND_NS, |c| {
-            (1..=3).all(|id| c.node(id).status().commit >= last)
-        })
-        .unwrap();
-    assert!(ok, "the cluster did not commit past {last} on every node");
-    for id in 1..=3 {
-        let by_index: std::collections::BTreeMap<u64, Vec<u8>> =
-            c.committed_log(id).unwrap().into_iter().collect();
-        for (index, data) in acked {
-            assert_eq!(
-                by_index.get(index),
-                Some(data),
-                "node {id} lost or changed acknowledged entry {index}"
-            );
-        }
-    }
 }
 
 #[test]
@@ -231,13 +191,6 @@ fn the_first_start_waits_for_every_voter_and_a_crash_meanwhile_stays_unproven() 
     c.crash(2);
     c.restart(2).unwrap();
     assert_eq!(c.node(2).status().recovering, None);
-}
-
-fn cut_among(c: &mut SimCluster, n: u64, id: u64, on: bool) {
-    for other in (1..=n).filter(|&o| o != id) {
-        c.net.set_link(NodeId(id), NodeId(other), on);
-        c.net.set_link(NodeId(other), NodeId(id), on);
-    }
 }
 
 /// Found by review: under `Memory`, a machine crash during a first start (as
