@@ -688,11 +688,7 @@ impl<F: Fabric> Replica<F> {
             log_bytes: self.log_bytes(),
             ring_used_bytes: self.producer.position().lsn.0 - self.consumer.head().0,
             ring_capacity_bytes: self.cfg.ring_bytes,
-            voters: {
-                let mut v: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
-                v.sort_unstable();
-                v
-            },
+            voters: self.voters(),
             conf_index: self.conf_history.last_change().unwrap_or(0),
             conf_as_of: self.conf_history.as_of(),
             stats: {
@@ -718,6 +714,13 @@ impl<F: Fabric> Replica<F> {
             recovering: self.held_back_because(),
             failure: self.poisoned.clone(),
         }
+    }
+
+    /// The voters of the membership raft counts with (both halves of a joint one), sorted.
+    fn voters(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+        v.sort_unstable();
+        v
     }
 
     /// Why this node does not vote or campaign, if it does not: unproven, or recovering.

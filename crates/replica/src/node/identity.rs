@@ -66,7 +66,7 @@ impl<F: Fabric> Replica<F> {
         let answer = Body::TermAnswer {
             term: self.raw.raft.term,
             conf_as_of: self.conf_history.as_of(),
-            voters: self.raw.raft.prs().conf().voters().ids().iter().collect(),
+            voters: self.voters(),
         };
         self.send_body(peer, &answer);
     }

@@ -422,7 +422,7 @@ impl<F: Fabric> Replica<F> {
         // the log) can adopt the real membership instead of applying the change to an empty
         // one. Only one change is pending at a time (raft refuses a second), so the current
         // configuration plus this change is exact.
-        let mut after_change: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+        let mut after_change = self.voters();
         after_change.retain(|&v| v != node);
         if add {
             after_change.push(node);
