@@ -25,7 +25,10 @@ use fabric::sim::SimConfig;
 use replica::sim::SimCluster;
 use replica::{Mutation, ReplicaConfig};
 
-use crate::three_nodes::{Acked, SECOND_NS, append, assert_all_hold, cut, cut_among};
+use crate::three_nodes::{
+    Acked, SECOND_NS, append, assert_all_hold, cut, cut_among, elects_without, held_back,
+    restart_and_rejoin,
+};
 
 fn cluster(seed: u64, mutation: Mutation) -> SimCluster {
     SimCluster::new(3, seed, SimConfig::default(), |cfg: &mut ReplicaConfig| {
@@ -60,22 +63,13 @@ fn replace_b_data_dir(c: &mut SimCluster) -> ((u64, u64, u64), Acked) {
 fn a_member_on_a_replaced_data_dir_does_not_let_the_others_elect_without_its_entries() {
     let mut c = cluster(31, Mutation::None);
     let ((a, b, cc), acked) = replace_b_data_dir(&mut c);
-    c.kill(a);
-    let elected = c
-        .run_until(10 * SECOND_NS, |c| c.leader().is_some())
-        .unwrap();
-    assert!(!elected, "a leader was elected without A's entries");
-    let s = c.node(b).status();
-    let why = s.recovering.expect("B still unproven");
+    assert!(
+        !elects_without(&mut c, a),
+        "a leader was elected without A's entries"
+    );
+    let why = held_back(&mut c, b);
     assert!(why.contains(&format!("waiting for {a})")), "{why}");
-    assert!(s.stats.refused_while_recovering > 0, "{:?}", s.stats);
-    assert!(c.node(b).campaign().is_err(), "an unproven node campaigns");
-    c.restart_killed(a).unwrap();
-    assert_all_hold(&mut c, &acked);
-    let rejoined = c
-        .run_until(10 * SECOND_NS, |c| c.node(b).status().recovering.is_none())
-        .unwrap();
-    assert!(rejoined, "B never rejoined: {:?}", c.node(b).status());
+    restart_and_rejoin(&mut c, a, b, &acked);
     // Proven and caught up, B votes again: with A down, B and C elect a leader.
     c.kill(a);
     c.kill(c.leader().unwrap_or(a));
@@ -120,12 +114,8 @@ fn a_replaced_data_dir_under_a_live_leader_rejoins_recovering_above_its_term() {
 fn trusting_a_new_data_dir_loses_acknowledged_entries() {
     let mut c = cluster(31, Mutation::TrustNewDataDir);
     let ((a, b, _), acked) = replace_b_data_dir(&mut c);
-    c.kill(a);
-    let elected = c
-        .run_until(10 * SECOND_NS, |c| c.leader().is_some())
-        .unwrap();
     assert!(
-        elected,
+        elects_without(&mut c, a),
         "B and C should elect a leader when B votes as a member that never voted"
     );
     let leader = c.leader().unwrap();

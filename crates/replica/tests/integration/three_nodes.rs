@@ -54,3 +54,30 @@ pub fn assert_all_hold(c: &mut SimCluster, acked: &[(u64, Vec<u8>)]) {
         }
     }
 }
+
+/// Kills `a` and runs 10 s of virtual time; whether the other two elected a leader.
+pub fn elects_without(c: &mut SimCluster, a: u64) -> bool {
+    c.kill(a);
+    c.run_until(10 * SECOND_NS, |c| c.leader().is_some())
+        .unwrap()
+}
+
+/// Node `b` lost state and is held back: it refused votes and refuses to campaign. Returns
+/// why it says it does not vote.
+pub fn held_back(c: &mut SimCluster, b: u64) -> String {
+    let s = c.node(b).status();
+    let why = s.recovering.expect("B still held back");
+    assert!(s.stats.refused_while_recovering > 0, "{:?}", s.stats);
+    assert!(c.node(b).campaign().is_err(), "a held-back node campaigns");
+    why
+}
+
+/// Restarts killed `a`, checks every node holds `acked`, and runs until `b` votes again.
+pub fn restart_and_rejoin(c: &mut SimCluster, a: u64, b: u64, acked: &[(u64, Vec<u8>)]) {
+    c.restart_killed(a).unwrap();
+    assert_all_hold(c, acked);
+    let rejoined = c
+        .run_until(10 * SECOND_NS, |c| c.node(b).status().recovering.is_none())
+        .unwrap();
+    assert!(rejoined, "B never voted again: {:?}", c.node(b).status());
+}
