@@ -23,6 +23,15 @@
 //!   committed, which the read right after the caller's pass sees (the checker's read at
 //!   the end of the step comes after the next full pass mended the wal).
 //!
+//! - [`Episode::WokenBesideNewDisk`] (seeds of [`crate::Options::wipes`], any durability,
+//!   three voters): a leader sleeps cut off from every other member until another node leads
+//!   and has committed past its log; then the member that does not lead restarts on a new
+//!   disk under its old id, the new leader is cut off from everyone, and the old leader wakes
+//!   with a link to the new disk's node only, with clients writing to it. The node on the new
+//!   disk has lost its term: it must step no raft message until every voter has told it
+//!   theirs (mutation `unproven-steps`), or it acknowledges the deposed leader's appends and
+//!   that leader commits over the entries the others committed without it.
+//!
 //! With [`crate::Options::clean_stops`] an episode ends with its stalled followers stopped
 //! cleanly and restarted instead of woken: the close must keep what their NICs acknowledged
 //! (mutation `close-without-fence`).
@@ -66,6 +75,17 @@ pub(crate) enum Episode {
         /// When the current phase gives up.
         until_ns: u64,
     },
+    /// `leader` (of `term`) sleeps cut off from every other member until another node leads
+    /// and has committed past its log (`woken: None`); then the other follower restarts on a
+    /// new disk, the new leader is cut off, and `leader` wakes linked to the new disk's node
+    /// only (`woken: Some(it)`), until `until_ns`.
+    WokenBesideNewDisk {
+        leader: u64,
+        term: u64,
+        woken: Option<u64>,
+        /// When the current phase gives up (or, once woken, ends).
+        until_ns: u64,
+    },
 }
 
 /// The phases of [`Episode::Reelection`].
@@ -85,6 +105,9 @@ const EPISODE_PPM: u64 = 15_000;
 /// Chance per step that an [`Episode::Deposed`] starts, in seeds where callers drive.
 const DEPOSED_PPM: u64 = 4_000;
 
+/// Chance per step that an [`Episode::WokenBesideNewDisk`] starts, in seeds with wipes.
+const WOKEN_PPM: u64 = 4_000;
+
 /// How long a phase that waits for an election may take before the episode is abandoned.
 const ELECTION_WAIT_NS: u64 = 60 * STEP_NS;
 
@@ -103,6 +126,11 @@ impl Run {
                     && self.callers_episode_rng.below(1_000_000) < DEPOSED_PPM
                 {
                     self.start_deposed();
+                } else if self.options.wipes
+                    && self.options.wipe_episodes
+                    && self.wipes_episode_rng.below(1_000_000) < WOKEN_PPM
+                {
+                    self.start_woken_beside_new_disk();
                 }
                 Ok(self.episode.is_some())
             }
@@ -273,9 +301,131 @@ impl Run {
         Ok(())
     }
 
+    /// Starts an [`Episode::WokenBesideNewDisk`] on the leader of three voters, if every node
+    /// is up and awake and either follower may restart on a new disk.
+    fn start_woken_beside_new_disk(&mut self) {
+        let Some(leader) = self.episode_leader() else {
+            return;
+        };
+        let voters = self.c.node(leader).status().voters;
+        if voters.len() != 3
+            || self.c.nodes.len() != 3
+            || !voters
+                .iter()
+                .filter(|&&v| v != leader)
+                .all(|&v| self.may_wipe(v))
+        {
+            return;
+        }
+        let term = self.c.node(leader).status().term;
+        self.c.paused.insert(leader);
+        self.cut_off_but(leader, &[]);
+        self.event(format!(
+            "leader {leader} (term {term}) sleeps, cut off, until another node commits past \
+             its log"
+        ));
+        self.episode = Some(Episode::WokenBesideNewDisk {
+            leader,
+            term,
+            woken: None,
+            until_ns: self.now() + ELECTION_WAIT_NS,
+        });
+    }
+
+    /// [`Episode::WokenBesideNewDisk`]: while `leader` sleeps, the new leader takes appends
+    /// until its commit index passes `leader`'s log; then the other follower restarts on a
+    /// new disk, the new leader is cut off and `leader` wakes beside the new disk's node,
+    /// taking appends until the episode ends with every link healed.
+    fn advance_woken_beside_new_disk(
+        &mut self,
+        leader: u64,
+        term: u64,
+        woken: Option<u64>,
+        until_ns: u64,
+    ) -> Result<(), Violation> {
+        let now = self.now();
+        if woken.is_some() {
+            if now >= until_ns || !self.live().contains(&leader) {
+                self.episode = None;
+                self.heal_links();
+            } else {
+                self.load(leader);
+            }
+            return Ok(());
+        }
+        let old_last = self
+            .c
+            .nodes
+            .get(&leader)
+            .and_then(Option::as_ref)
+            .map(|r| r.status().last_index);
+        let new = self.leader().filter(|&l| l != leader).and_then(|l| {
+            let s = self.c.nodes.get(&l).and_then(Option::as_ref)?.status();
+            (s.term > term).then_some((l, s.commit))
+        });
+        match (old_last, new) {
+            (Some(last), Some((l, commit))) if commit > last => {
+                let wiped = self
+                    .members()
+                    .into_iter()
+                    .find(|&m| m != leader && m != l)
+                    .filter(|&m| self.live().contains(&m) && self.may_wipe(m));
+                let Some(wiped) = wiped else {
+                    return self.give_up_woken(leader);
+                };
+                self.event(format!(
+                    "node {l} leads and committed {commit}, past node {leader}'s last index \
+                     {last}"
+                ));
+                self.crash(wiped, false);
+                self.restart_on_new_disk(wiped)?;
+                self.cut_off_but(l, &[]);
+                for (a, b) in [(leader, wiped), (wiped, leader)] {
+                    self.c.net.set_link(NodeId(a), NodeId(b), true);
+                }
+                self.fault(
+                    Fault::WokenBesideNewDisk,
+                    format!(
+                        "node {l} is cut off; node {leader} wakes with a link to node {wiped} \
+                         only"
+                    ),
+                );
+                self.episode = Some(Episode::WokenBesideNewDisk {
+                    leader,
+                    term,
+                    woken: Some(wiped),
+                    until_ns: now + (5 + self.wipes_episode_rng.below(26)) * STEP_NS,
+                });
+                self.resume(leader)?;
+            }
+            (Some(_), Some((l, _))) if now < until_ns => self.load(l),
+            (Some(_), _) if now < until_ns => {}
+            // No new leader in time, or the sleeping leader is gone: give up.
+            _ => self.give_up_woken(leader)?,
+        }
+        Ok(())
+    }
+
+    /// Abandons an [`Episode::WokenBesideNewDisk`] before its wake: heals every link and
+    /// wakes the sleeping leader.
+    fn give_up_woken(&mut self, leader: u64) -> Result<(), Violation> {
+        self.episode = None;
+        self.heal_links();
+        if self.c.paused.contains(&leader) {
+            self.resume(leader)?;
+        }
+        Ok(())
+    }
+
     fn advance_episode(&mut self, e: Episode) -> Result<(), Violation> {
         let now = self.now();
         match e {
+            Episode::WokenBesideNewDisk {
+                leader,
+                term,
+                woken,
+                until_ns,
+            } => return self.advance_woken_beside_new_disk(leader, term, woken, until_ns),
             Episode::Deposed {
                 leader,
                 term,

@@ -81,6 +81,10 @@ struct Args {
     /// family's seeds had before it existed).
     #[arg(long)]
     no_deposed_episodes: bool,
+    /// With --wipes, never draw the episode of a deposed leader waking beside a new disk (the
+    /// schedule the family's seeds had before it existed).
+    #[arg(long)]
+    no_wipe_episodes: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -117,6 +121,7 @@ fn main() -> anyhow::Result<()> {
         wipes: args.wipes,
         kill_mid_op: !args.no_kill_mid_op,
         deposed_episodes: !args.no_deposed_episodes,
+        wipe_episodes: !args.no_wipe_episodes,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {
