@@ -43,7 +43,7 @@ use crossbeam_utils::Backoff;
 use fabric::{Fabric, Waiter};
 use wal::fs::FileSystem;
 
-use crate::node::{Committed, Replica, Status, Ticket};
+use crate::node::{Committed, Released, Replica, Status, Ticket};
 use crate::reads::ReadTicket;
 use crate::{ReplicaConfig, ReplicaError};
 
@@ -121,7 +121,10 @@ impl Default for LogOptions {
 }
 
 struct Shared<F: Fabric> {
-    replica: Mutex<Replica<F>>,
+    /// The replica while the log is open; once it closed (or was dropped), only what its
+    /// handles may still ask ([`Released`]): the replica, its fabric and its peer links go at
+    /// the close, not with the last handle.
+    replica: Mutex<Slot<F>>,
     /// Signalled whenever the commit index moves or the driver stops.
     progress: Condvar,
     progress_lock: Mutex<u64>,
@@ -174,19 +177,86 @@ pub enum CheckpointPause {
     AfterReading,
 }
 
+/// The replica of an open log, or what remains of it once the log closed.
+enum Slot<F: Fabric> {
+    Open(Box<Replica<F>>),
+    Released(Released),
+}
+
+/// The replica of an open log, locked: a guard of a [`Slot::Open`] (only made from one).
+struct Locked<'a, F: Fabric>(MutexGuard<'a, Slot<F>>);
+
+impl<'a, F: Fabric> Locked<'a, F> {
+    /// The replica in `slot`, if the log has not released it.
+    fn open(slot: MutexGuard<'a, Slot<F>>) -> Option<Self> {
+        matches!(*slot, Slot::Open(_)).then_some(Locked(slot))
+    }
+}
+
+impl<F: Fabric> std::ops::Deref for Locked<'_, F> {
+    type Target = Replica<F>;
+
+    fn deref(&self) -> &Replica<F> {
+        match &*self.0 {
+            Slot::Open(r) => r,
+            Slot::Released(_) => unreachable!("a Locked guard is made of an open slot only"),
+        }
+    }
+}
+
+impl<F: Fabric> std::ops::DerefMut for Locked<'_, F> {
+    fn deref_mut(&mut self) -> &mut Replica<F> {
+        match &mut *self.0 {
+            Slot::Open(r) => r,
+            Slot::Released(_) => unreachable!("a Locked guard is made of an open slot only"),
+        }
+    }
+}
+
 impl<F: Fabric> Shared<F> {
-    fn lock(&self) -> MutexGuard<'_, Replica<F>> {
+    fn slot(&self) -> MutexGuard<'_, Slot<F>> {
         self.replica
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The replica, locked, for the log's own calls and its driver: they all end before the
+    /// log releases the replica ([`Log::close`], or a `Log` dropped), so it is there.
+    fn lock(&self) -> Locked<'_, F> {
+        Locked::open(self.slot())
+            .expect("the replica is released only once the log and its driver stopped")
+    }
+
+    /// Takes the replica out once the log stopped and leaves what its handles may still ask
+    /// ([`Replica::released`]; nothing when the log failed: they get the failure). The
+    /// replica is dropped outside the lock. Idempotent.
+    fn release(&self) {
+        let mut slot = self.slot();
+        if matches!(*slot, Slot::Released(_)) {
+            return;
+        }
+        let view = match &*slot {
+            Slot::Open(r) if self.failure().is_none() => r.released(),
+            _ => Released::default(),
+        };
+        let replica = std::mem::replace(&mut *slot, Slot::Released(view));
+        drop(slot);
+        drop(replica);
+        self.wake_all();
     }
 
     /// The replica, locked, for a call that reads it or changes it: refused with the cause
     /// once the log failed. That includes the moment between a pass that panicked holding the
     /// lock (the lock is poisoned then) and the fail-stop recording the panic: the replica's
     /// state is unknown from the panic on, and nothing may read or cut its log.
-    fn lock_unfailed(&self) -> Result<MutexGuard<'_, Replica<F>>, ReplicaError> {
-        let r = self.replica.lock().map_err(|_| {
+    fn lock_unfailed(&self) -> Result<Locked<'_, F>, ReplicaError> {
+        Locked::open(self.slot_unfailed()?).ok_or(ReplicaError::Closed)
+    }
+
+    /// [`Shared::lock_unfailed`]'s checks, for a handle that answers from the released state
+    /// too once the log closed.
+    fn slot_unfailed(&self) -> Result<MutexGuard<'_, Slot<F>>, ReplicaError> {
+        let slot = self.replica.lock().map_err(|_| {
             ReplicaError::Poisoned(self.failure().unwrap_or_else(|| {
                 "a pass panicked holding the replica; the log stopped and must be restarted".into()
             }))
@@ -196,14 +266,16 @@ impl<F: Fabric> Shared<F> {
         }
         // A pass that failed on a storage error or a failed device poisoned the replica and
         // released the lock before the driver records the failure: refused from then on too.
-        if let Some(p) = r.poisoned() {
-            return Err(ReplicaError::Poisoned(p.to_owned()));
+        if let Slot::Open(r) = &*slot {
+            if let Some(p) = r.poisoned() {
+                return Err(ReplicaError::Poisoned(p.to_owned()));
+            }
         }
-        Ok(r)
+        Ok(slot)
     }
 
     /// [`Shared::lock_unfailed`], also refused once the log is closed.
-    fn lock_live(&self) -> Result<MutexGuard<'_, Replica<F>>, ReplicaError> {
+    fn lock_live(&self) -> Result<Locked<'_, F>, ReplicaError> {
         let r = self.lock_unfailed()?;
         if self.stop.load(Ordering::Acquire) {
             return Err(ReplicaError::Closed);
@@ -315,7 +387,7 @@ impl<F: Fabric> Shared<F> {
     /// after the lock is released, for a waker may poll a handle at once, on this thread.
     fn caller_pass<T>(
         &self,
-        mut r: MutexGuard<'_, Replica<F>>,
+        mut r: Locked<'_, F>,
         waiting: Option<Ticket>,
         then: impl FnOnce(&mut Replica<F>) -> T,
     ) -> Result<T, ReplicaError> {
@@ -351,7 +423,7 @@ impl<F: Fabric> Shared<F> {
 
     /// After a proposal, with the replica still locked: under `Busy` the caller's own pass
     /// writes it into the ring and posts it; otherwise the driver is woken to do so.
-    fn after_propose(&self, r: MutexGuard<'_, Replica<F>>) -> Result<(), ReplicaError> {
+    fn after_propose(&self, r: Locked<'_, F>) -> Result<(), ReplicaError> {
         if self.poll == PollMode::Busy {
             return self.caller_pass(r, None, |_| ());
         }
@@ -429,7 +501,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
         let waiter = fabric.waiter();
         let replica = Replica::open(config, fabric, fs)?;
         let shared = Arc::new(Shared {
-            replica: Mutex::new(replica),
+            replica: Mutex::new(Slot::Open(Box::new(replica))),
             progress: Condvar::new(),
             progress_lock: Mutex::new(0),
             wakers: Mutex::new(std::collections::HashMap::new()),
@@ -736,17 +808,21 @@ impl<F: Fabric + Send + 'static> Log<F> {
         Ok(AppendHandle::new(&self.shared, ticket))
     }
 
-    /// Stops the driver, fails pending waits with [`ReplicaError::Closed`], and closes the wal.
-    /// After a failure of the driver (see [`Log::failure`]) it only stops: the replica's
-    /// state is not trusted to flush, and under `Durability::Memory` its ring files stay for
-    /// the next start to recover from; the error names the failure.
+    /// Stops the driver, fails pending waits with [`ReplicaError::Closed`], closes the wal,
+    /// and drops the replica: its fabric (the peer port, the links), its raft state and its
+    /// ring go now, even while handles and subscriptions of the log live on (they answer from
+    /// what was settled at the close: an entry committed before it resolves `Ok`, a pending
+    /// one `Closed`). After a failure of the driver (see [`Log::failure`]) it only stops:
+    /// the replica's state is not trusted to flush, and under `Durability::Memory` its ring
+    /// files stay for the next start to recover from; the error names the failure.
     pub fn close(mut self) -> Result<(), ReplicaError> {
         self.stop_driver();
-        if let Some(f) = self.shared.failure() {
-            return Err(ReplicaError::Poisoned(f));
-        }
-        let mut r = self.shared.lock();
-        r.flush()
+        let closed = match self.shared.failure() {
+            Some(f) => Err(ReplicaError::Poisoned(f)),
+            None => self.shared.lock().flush(),
+        };
+        self.shared.release();
+        closed
     }
 
     /// Why the log stopped working, once its driver failed (a storage error poisoned the
@@ -853,8 +929,10 @@ impl<F: Fabric + Send + 'static> Log<F> {
 impl<F: Fabric + Send + 'static> Drop for Log<F> {
     fn drop(&mut self) {
         if self.driver.is_some() {
-            // Fallback only: close() reports errors, Drop can just stop the thread.
+            // Fallback only: close() reports errors, Drop can just stop the thread, and drop
+            // the replica unflushed, as a process exit would.
             self.stop_driver();
+            self.shared.release();
         }
     }
 }
@@ -1068,8 +1146,11 @@ impl<F: Fabric + Send + 'static> ReadHandle<F> {
         if self.spent {
             return Some(Err(ReplicaError::Closed));
         }
-        let r = match self.shared.lock_unfailed() {
-            Ok(mut r) => r.read_status(self.ticket),
+        let r = match self.shared.slot_unfailed() {
+            Ok(mut slot) => match &mut *slot {
+                Slot::Open(r) => r.read_status(self.ticket),
+                Slot::Released(r) => r.read_status(self.ticket),
+            },
             Err(e) => return Some(Err(e)),
         };
         // A read confirmed before the log closed still resolves; one still pending is
@@ -1097,7 +1178,9 @@ impl<F: Fabric + Send + 'static> ReadHandle<F> {
 impl<F: Fabric + Send + 'static> Drop for ReadHandle<F> {
     fn drop(&mut self) {
         if !self.spent {
-            self.shared.lock().forget_read(self.ticket);
+            if let Slot::Open(r) = &mut *self.shared.slot() {
+                r.forget_read(self.ticket);
+            }
         }
     }
 }
@@ -1136,8 +1219,11 @@ impl<F: Fabric + Send + 'static> AppendHandle<F> {
     /// the ticket (an entry committed before [`Log::close`] resolves `Ok` after it too), and
     /// `Closed` for one still pending once the log closed.
     fn status(&self) -> Option<Result<u64, ReplicaError>> {
-        let r = match self.shared.lock_unfailed() {
-            Ok(r) => r.ticket_status(self.ticket),
+        let r = match self.shared.slot_unfailed() {
+            Ok(slot) => match &*slot {
+                Slot::Open(r) => r.ticket_status(self.ticket),
+                Slot::Released(r) => r.ticket_status(self.ticket),
+            },
             Err(e) => return Some(Err(e)),
         };
         match r {

@@ -31,6 +31,7 @@ use crate::wire::{self, Body, Frame, RingInfo, SNAPSHOT_CHUNK_BYTES, WireSnapsho
 use crate::{ReplicaConfig, ReplicaError};
 use direct::Deferred;
 use fast::{FastPeer, Inflight, NicAck};
+pub use released::Released;
 
 /// Marks a step of the entries `first..=last` on their way through this replica, for the
 /// per-step latency breakdown (`rdmalog-bench embedded --steps`): a `tracing` event at target
@@ -63,6 +64,7 @@ mod peer_input;
 mod propose;
 mod read;
 mod ready;
+mod released;
 mod send;
 
 /// How many fabric events one poll takes (the array is allocated once).

@@ -342,48 +342,13 @@ impl<F: Fabric> Replica<F> {
             }
             return None;
         }
-        let (last_compacted, prefix_term) = self.raw.store().prefix();
-        if t.index <= last_compacted {
-            // Compacted: committed, but raft-rs reports term 0 below its first index, so
-            // decide by the term of the last compacted entry. Terms never fall
-            // along the log, and a log holding term `t` at `first - 1` holds the term-`t`
-            // leader's entries (ours) before it; above `t` is unknown.
-            return Some(match prefix_term.cmp(&t.term) {
-                std::cmp::Ordering::Equal => Ok(t.index),
-                std::cmp::Ordering::Less => Err(ReplicaError::Superseded { index: t.index }),
-                std::cmp::Ordering::Greater => Err(ReplicaError::OutcomeUnknown { index: t.index }),
-            });
-        }
-        // Only what is committed decides. This node's log holding another entry at the
-        // ticket's index, or none, is no proof: a new leader's entry that replaced it here
-        // may never commit, and a node that still holds the ticket's entry may yet be
-        // elected and commit it (five voters: the old leader and one follower hold it, a
-        // new leader elected by the other three replaces it on the old leader only, then
-        // dies; the follower wins the next term).
-        let committed = log.committed;
-        if t.index <= committed {
-            return match log.term(t.index) {
-                Ok(term) if term == t.term => Some(Ok(t.index)),
-                // raft-rs says 0 below a snapshot it holds and this node has not installed
-                // yet: the install's prefix decides, in the compacted branch above.
-                Ok(0) => None,
-                Ok(_) => Some(Err(ReplicaError::Superseded { index: t.index })),
-                Err(_) => Some(Err(ReplicaError::OutcomeUnknown { index: t.index })),
-            };
-        }
-        // Past the commit index: the committed entry there is in every later leader's log,
-        // and terms never fall along a log, so if it is of a later term than the ticket's,
-        // no log that can commit anything holds the ticket's entry after it.
-        if self.cfg.mutation == crate::Mutation::SupersededUncommitted {
-            return match log.term(t.index) {
-                Ok(term) if term == t.term => None,
-                _ => Some(Err(ReplicaError::Superseded { index: t.index })),
-            };
-        }
-        match log.term(committed) {
-            Ok(term) if term > t.term => Some(Err(ReplicaError::Superseded { index: t.index })),
-            _ => None,
-        }
+        settled_status(
+            t,
+            log.committed,
+            self.raw.store().prefix(),
+            |i| log.term(i),
+            self.cfg.mutation,
+        )
     }
 
     /// Asks raft to hand leadership to `to`.
@@ -511,4 +476,57 @@ fn entry_of(data: Bytes) -> Entry {
     let mut e = Entry::default();
     e.data = data;
     e
+}
+
+/// How ticket `t` resolved, from what the log holds below and at the commit index, for a
+/// node that does not lead `t`'s term (or no longer runs: [`super::Released`]): `prefix` is
+/// the last compacted index and its term, `term` raft's term at an index (0 past the log).
+pub(crate) fn settled_status<E>(
+    t: Ticket,
+    committed: u64,
+    prefix: (u64, u64),
+    term: impl Fn(u64) -> Result<u64, E>,
+    mutation: crate::Mutation,
+) -> Option<Result<u64, ReplicaError>> {
+    let (last_compacted, prefix_term) = prefix;
+    if t.index <= last_compacted {
+        // Compacted: committed, but raft-rs reports term 0 below its first index, so
+        // decide by the term of the last compacted entry. Terms never fall
+        // along the log, and a log holding term `t` at `first - 1` holds the term-`t`
+        // leader's entries (ours) before it; above `t` is unknown.
+        return Some(match prefix_term.cmp(&t.term) {
+            std::cmp::Ordering::Equal => Ok(t.index),
+            std::cmp::Ordering::Less => Err(ReplicaError::Superseded { index: t.index }),
+            std::cmp::Ordering::Greater => Err(ReplicaError::OutcomeUnknown { index: t.index }),
+        });
+    }
+    // Only what is committed decides. This node's log holding another entry at the
+    // ticket's index, or none, is no proof: a new leader's entry that replaced it here
+    // may never commit, and a node that still holds the ticket's entry may yet be
+    // elected and commit it (five voters: the old leader and one follower hold it, a
+    // new leader elected by the other three replaces it on the old leader only, then
+    // dies; the follower wins the next term).
+    if t.index <= committed {
+        return match term(t.index) {
+            Ok(term) if term == t.term => Some(Ok(t.index)),
+            // raft-rs says 0 below a snapshot it holds and this node has not installed
+            // yet: the install's prefix decides, in the compacted branch above.
+            Ok(0) => None,
+            Ok(_) => Some(Err(ReplicaError::Superseded { index: t.index })),
+            Err(_) => Some(Err(ReplicaError::OutcomeUnknown { index: t.index })),
+        };
+    }
+    // Past the commit index: the committed entry there is in every later leader's log,
+    // and terms never fall along a log, so if it is of a later term than the ticket's,
+    // no log that can commit anything holds the ticket's entry after it.
+    if mutation == crate::Mutation::SupersededUncommitted {
+        return match term(t.index) {
+            Ok(term) if term == t.term => None,
+            _ => Some(Err(ReplicaError::Superseded { index: t.index })),
+        };
+    }
+    match term(committed) {
+        Ok(term) if term > t.term => Some(Err(ReplicaError::Superseded { index: t.index })),
+        _ => None,
+    }
 }

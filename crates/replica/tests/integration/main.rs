@@ -9,6 +9,7 @@ mod allocations;
 mod batch_and_tickets;
 mod caller_driven_pass;
 mod caller_misuse;
+mod closed_log;
 mod commit_broadcast;
 mod conditional_append;
 mod divergent_suffix;
