@@ -879,6 +879,21 @@ impl SimNet {
         n.fail_conn(b, a, None, DisconnectReason::PeerReset);
     }
 
+    /// Breaks the connection between `a` and `b` on both sides, as
+    /// [`SimNet::break_connection`], and lets the next packets of both directions go at once,
+    /// however long the broken connection's last ones were delayed
+    /// ([`SimNet::set_extra_delay`]): those belong to the broken connection and are dropped
+    /// when they arrive, so a new connection need not queue behind them (a wire is FIFO only
+    /// within a connection). A connect request among them would still arrive, late: delays
+    /// that long outlast a run.
+    pub fn break_connection_and_wires(&self, a: NodeId, b: NodeId) {
+        let mut n = self.net.lock_net();
+        n.fail_conn(a, b, None, DisconnectReason::PeerReset);
+        n.fail_conn(b, a, None, DisconnectReason::PeerReset);
+        n.last_delivery.remove(&(a, b));
+        n.last_delivery.remove(&(b, a));
+    }
+
     /// Fails `node`'s device for good, as a real one whose completion queue can no longer be
     /// polled: its endpoint reports [`Event::Failed`] at its next poll, and
     /// [`Fabric::failure`] gives `why`.

@@ -32,6 +32,14 @@
 //!   theirs (mutation `unproven-steps`), or it acknowledges the deposed leader's appends and
 //!   that leader commits over the entries the others committed without it.
 //!
+//! - [`Episode::StaleTicket`] (seeds of [`crate::Options::stale_tickets`], five voters): a
+//!   leader A's appends reach one follower X only; the other three elect a leader W whose
+//!   first entry replaces A's on A only (W is cut off from the two others at once), then W
+//!   dies and X, holding A's entries, is elected by the two others and commits them. While
+//!   W's entry stood in A's log at their indexes, A's clients asked for their tickets: only
+//!   the commit index may say an entry was superseded (mutation `superseded-uncommitted`, or
+//!   a client told "not committed" finds its entry committed).
+//!
 //! With [`crate::Options::clean_stops`] an episode ends with its stalled followers stopped
 //! cleanly and restarted instead of woken: the close must keep what their NICs acknowledged
 //! (mutation `close-without-fence`).
@@ -86,6 +94,35 @@ pub(crate) enum Episode {
         /// When the current phase gives up (or, once woken, ends).
         until_ns: u64,
     },
+    /// See the module doc: `leader` (A) of `term`, the follower `x`, the first index only A
+    /// and X hold, the new leader, and the phase.
+    StaleTicket {
+        leader: u64,
+        term: u64,
+        x: u64,
+        first_stale: u64,
+        winner: u64,
+        phase: StalePhase,
+        /// When the current phase gives up.
+        until_ns: u64,
+    },
+}
+
+/// The phases of [`Episode::StaleTicket`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StalePhase {
+    /// A's appends go to X only (A's messages to the three others are held on the wire, the
+    /// links staying up, so theirs to A still arrive): waiting until X holds A's last entry
+    /// and A has one past the others'.
+    Reach,
+    /// X is cut off from A too; waiting for one of the three to lead.
+    Elect,
+    /// The new leader `winner` is cut off from the two others; waiting until its entry
+    /// replaced A's at `first_stale` on A.
+    Replace,
+    /// The new leader is killed and A cut off; X and the two others are linked again:
+    /// waiting for X to lead and commit past `first_stale`.
+    Recommit,
 }
 
 /// The phases of [`Episode::Reelection`].
@@ -107,6 +144,19 @@ const DEPOSED_PPM: u64 = 4_000;
 
 /// Chance per step that an [`Episode::WokenBesideNewDisk`] starts, in seeds with wipes.
 const WOKEN_PPM: u64 = 4_000;
+
+/// Chance per step that an [`Episode::StaleTicket`] starts, in seeds of stale tickets.
+const STALE_PPM: u64 = 6_000;
+
+/// Delay between the three nodes that elect the new leader in [`Episode::StaleTicket`], so
+/// that its first entry is still on the wire to the two others when it is cut off from them.
+const STALE_ELECTORS_DELAY_NS: u64 = 30_000_000;
+
+/// How long [`Episode::StaleTicket`] holds A's messages to the three others: for good (the
+/// episode breaks those connections when it ends). Dropping them instead would fail A's side
+/// of each connection at its first credit return, and the new leader's entry could not reach
+/// A.
+const HELD_NS: u64 = 1_000 * 1_000_000_000;
 
 /// How long a phase that waits for an election may take before the episode is abandoned.
 const ELECTION_WAIT_NS: u64 = 60 * STEP_NS;
@@ -131,6 +181,10 @@ impl Run {
                     && self.wipes_episode_rng.below(1_000_000) < WOKEN_PPM
                 {
                     self.start_woken_beside_new_disk();
+                } else if self.options.stale_tickets
+                    && self.stale_episode_rng.below(1_000_000) < STALE_PPM
+                {
+                    self.start_stale_ticket();
                 }
                 Ok(self.episode.is_some())
             }
@@ -417,9 +471,225 @@ impl Run {
         Ok(())
     }
 
+    /// Starts an [`Episode::StaleTicket`] on the leader of five voters, if every node is up
+    /// and awake: A's messages to every follower but X are held on the wire from now on
+    /// (theirs to it still arrive, until A's operations on those connections time out), X is
+    /// cut off from the three others, and a client appends on A.
+    fn start_stale_ticket(&mut self) {
+        let Some(a) = self.episode_leader() else {
+            return;
+        };
+        let s = self.c.node(a).status();
+        if s.voters.len() != 5 || self.c.nodes.len() != 5 {
+            return;
+        }
+        let others: Vec<u64> = s.voters.iter().copied().filter(|&v| v != a).collect();
+        let x = others[self.stale_episode_rng.below(others.len() as u64) as usize];
+        for &o in others.iter().filter(|&&o| o != x) {
+            self.c.net.set_extra_delay(NodeId(a), NodeId(o), HELD_NS);
+            self.c.net.set_link(NodeId(x), NodeId(o), false);
+            self.c.net.set_link(NodeId(o), NodeId(x), false);
+        }
+        self.event(format!(
+            "leader {a} (term {}) reaches follower {x} only; {x} is cut off from the others",
+            s.term
+        ));
+        self.episode = Some(Episode::StaleTicket {
+            leader: a,
+            term: s.term,
+            x,
+            first_stale: 0,
+            winner: 0,
+            phase: StalePhase::Reach,
+            until_ns: self.now() + 10 * STEP_NS,
+        });
+        self.load(a);
+    }
+
+    /// [`Episode::StaleTicket`], one step (see [`StalePhase`]).
+    fn advance_stale_ticket(&mut self, mut e: Episode) -> Result<(), Violation> {
+        let Episode::StaleTicket {
+            leader: a,
+            term,
+            x,
+            ref mut first_stale,
+            ref mut winner,
+            ref mut phase,
+            ref mut until_ns,
+        } = e
+        else {
+            unreachable!("advance_stale_ticket takes a StaleTicket");
+        };
+        let now = self.now();
+        let status = |run: &Self, id: u64| {
+            run.c
+                .nodes
+                .get(&id)
+                .and_then(Option::as_ref)
+                .map(|r| r.status())
+        };
+        let electors: Vec<u64> = self
+            .members()
+            .into_iter()
+            .filter(|&m| m != a && m != x)
+            .collect();
+        let next = match *phase {
+            StalePhase::Reach => {
+                let (Some(sa), Some(sx)) = (status(self, a), status(self, x)) else {
+                    return self.end_stale_ticket(a, &electors);
+                };
+                let others_last = electors
+                    .iter()
+                    .filter_map(|&o| status(self, o))
+                    .map(|s| s.last_index)
+                    .max()
+                    .unwrap_or(0);
+                if sa.last_index > others_last && sx.last_index >= sa.last_index {
+                    *first_stale = others_last + 1;
+                    self.cut_off_but(x, &[]);
+                    for &i in &electors {
+                        for &j in electors.iter().filter(|&&j| j != i) {
+                            self.c.net.set_extra_delay(
+                                NodeId(i),
+                                NodeId(j),
+                                STALE_ELECTORS_DELAY_NS,
+                            );
+                        }
+                    }
+                    self.event(format!(
+                        "node {x} holds node {a}'s entries from {} to {}, which the others \
+                         lack; it is cut off from {a} too",
+                        *first_stale, sa.last_index
+                    ));
+                    Some((StalePhase::Elect, now + ELECTION_WAIT_NS))
+                } else {
+                    None
+                }
+            }
+            StalePhase::Elect => {
+                let w = electors.iter().copied().find(|&o| {
+                    status(self, o).is_some_and(|s| s.role == Role::Leader && s.term > term)
+                });
+                match w {
+                    Some(w) => {
+                        *winner = w;
+                        for &o in electors.iter().filter(|&&o| o != w) {
+                            self.c.net.set_link(NodeId(w), NodeId(o), false);
+                            self.c.net.set_link(NodeId(o), NodeId(w), false);
+                        }
+                        self.event(format!(
+                            "node {w} leads; it is cut off from the two others at once"
+                        ));
+                        Some((StalePhase::Replace, now + 20 * STEP_NS))
+                    }
+                    None => None,
+                }
+            }
+            StalePhase::Replace => {
+                let replaced = self
+                    .c
+                    .nodes
+                    .get(&a)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|r| r.persisted_term(*first_stale) != Some(term));
+                if replaced {
+                    let w = *winner;
+                    self.fault(
+                        Fault::ReplacedOnOldLeader,
+                        format!(
+                            "node {w}'s entry replaced node {a}'s at {} on {a} only; {w} dies, \
+                             {a} is cut off, {x} rejoins the two others",
+                            *first_stale
+                        ),
+                    );
+                    if self.live().contains(&w) {
+                        self.kill(w);
+                    }
+                    self.cut_off_but(a, &[]);
+                    for &o in electors.iter().filter(|&&o| o != w) {
+                        self.c.net.set_link(NodeId(x), NodeId(o), true);
+                        self.c.net.set_link(NodeId(o), NodeId(x), true);
+                    }
+                    self.clear_delays(&electors);
+                    Some((StalePhase::Recommit, now + ELECTION_WAIT_NS))
+                } else {
+                    None
+                }
+            }
+            StalePhase::Recommit => {
+                let done = status(self, x)
+                    .is_some_and(|s| s.role == Role::Leader && s.commit >= *first_stale);
+                if done {
+                    self.event(format!(
+                        "node {x} leads and committed past {}",
+                        *first_stale
+                    ));
+                    return self.end_stale_ticket(a, &electors);
+                }
+                None
+            }
+        };
+        match next {
+            Some((p, until)) => {
+                *phase = p;
+                *until_ns = until;
+                self.episode = Some(e);
+            }
+            // The step it waited for did not come in time: give up.
+            None if now >= *until_ns => return self.end_stale_ticket(a, &electors),
+            None => {
+                if *phase == StalePhase::Reach {
+                    self.load(a);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends an [`Episode::StaleTicket`]: every link heals, the electors' delays go, and A's
+    /// connections to them break, with what A's messages held on them.
+    fn end_stale_ticket(&mut self, a: u64, electors: &[u64]) -> Result<(), Violation> {
+        self.episode = None;
+        self.clear_delays(electors);
+        for &o in electors {
+            self.c.net.set_extra_delay(NodeId(a), NodeId(o), 0);
+            self.c.net.break_connection_and_wires(NodeId(a), NodeId(o));
+        }
+        self.heal_links();
+        Ok(())
+    }
+
+    /// When the faults stop: an [`Episode::StaleTicket`] still in progress breaks A's
+    /// connections that hold its messages (the repair heals the links and clears the delays,
+    /// but a wire stays FIFO behind what it holds). The other episodes need nothing beyond
+    /// the repair.
+    pub(crate) fn end_episode_at_repair(&mut self) -> Result<(), Violation> {
+        match self.episode.take() {
+            Some(Episode::StaleTicket { leader, x, .. }) => {
+                let electors: Vec<u64> = self
+                    .members()
+                    .into_iter()
+                    .filter(|&m| m != leader && m != x)
+                    .collect();
+                self.end_stale_ticket(leader, &electors)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes the extra delays between `nodes`.
+    fn clear_delays(&mut self, nodes: &[u64]) {
+        for &i in nodes {
+            for &j in nodes.iter().filter(|&&j| j != i) {
+                self.c.net.set_extra_delay(NodeId(i), NodeId(j), 0);
+            }
+        }
+    }
+
     fn advance_episode(&mut self, e: Episode) -> Result<(), Violation> {
         let now = self.now();
         match e {
+            e @ Episode::StaleTicket { .. } => return self.advance_stale_ticket(e),
             Episode::WokenBesideNewDisk {
                 leader,
                 term,

@@ -119,6 +119,12 @@ pub struct Options {
     /// family's regression seed found before the episode existed replays its old schedule
     /// with it off.
     pub wipe_episodes: bool,
+    /// Draws, in five-voter clusters, the episode of an old leader whose entry a new leader
+    /// replaced on it only ([`Fault::ReplacedOnOldLeader`]): the entry may still commit
+    /// through a follower that holds it, so the old leader's ticket must not say it was
+    /// superseded. Its seeds run five voters. The seed family of `tests/stale_tickets.rs`;
+    /// off by default, so the CI seeds' runs stay as they were.
+    pub stale_tickets: bool,
 }
 
 /// How many seeds a seed family's test runs: `SIM_SEEDS` if set, else `default`.
@@ -150,6 +156,7 @@ impl Default for Options {
             clean_stops: false,
             wipes: false,
             wipe_episodes: true,
+            stale_tickets: false,
         }
     }
 }
@@ -241,6 +248,11 @@ pub enum Fault {
     /// new leader was cut off, and the old leader woke with a link to the new disk's node
     /// only (see `episodes`; counted at the wake).
     WokenBesideNewDisk,
+    /// With [`Options::stale_tickets`]: a leader's entry reached one follower only; the
+    /// other three elected a leader whose first entry replaced it on the old leader only;
+    /// that leader died and the follower holding the entry was elected (see `episodes`;
+    /// counted at the replacement).
+    ReplacedOnOldLeader,
 }
 
 /// What a run did.
@@ -431,6 +443,7 @@ fn replay_flags(o: &Options) -> String {
         (o.clean_stops, " --clean-stops"),
         (o.wipes, " --wipes"),
         (o.wipes && !o.wipe_episodes, " --no-wipe-episodes"),
+        (o.stale_tickets, " --stale-tickets"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
         (
             o.callers_drive && !o.deposed_episodes,
@@ -522,6 +535,8 @@ struct Run {
     callers_episode_rng: SplitMix64,
     /// The seed's generator for the episodes of [`Options::wipes`].
     wipes_episode_rng: SplitMix64,
+    /// The seed's generator for the episodes of [`Options::stale_tickets`].
+    stale_episode_rng: SplitMix64,
     /// The clients of [`Options::sessions`].
     clients: Vec<SessionClient>,
     /// The nodes that acknowledged a client's append in this step's `drive_clients`, in
@@ -1891,6 +1906,7 @@ impl Run {
     /// Repairs every fault: heal links, clear delays, wake and restart everyone, lift disk
     /// limits.
     fn repair(&mut self) -> Result<(), Violation> {
+        self.end_episode_at_repair()?;
         self.heal_links();
         let ids: Vec<u64> = self.c.nodes.keys().copied().collect();
         for &a in &ids {
@@ -1983,9 +1999,13 @@ pub fn first_catch(
 pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Failure>> {
     let mut rng = SplitMix64::new(seed ^ 0x5157_0bad_cafe_f00d);
     let drawn = FaultRates::draw(&mut rng);
-    let nodes = options
-        .nodes
-        .unwrap_or(if rng.below(3) == 0 { 5 } else { 3 });
+    let drawn_nodes = if rng.below(3) == 0 { 5 } else { 3 };
+    // The family of stale tickets needs five voters: two hold an entry the other three lack.
+    let nodes = options.nodes.unwrap_or(if options.stale_tickets {
+        5
+    } else {
+        drawn_nodes
+    });
     let rates = options.rates.unwrap_or_else(|| {
         let mut r = drawn;
         r.draw_late(&mut rng);
@@ -2128,6 +2148,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0002),
         callers_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0003),
         wipes_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0004),
+        stale_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0005),
         acked_on: Vec::new(),
         reads: Vec::new(),
         read_rng: SplitMix64::new(seed ^ 0x4ead_1de0_0000_0003),

@@ -85,6 +85,10 @@ struct Args {
     /// schedule the family's seeds had before it existed).
     #[arg(long)]
     no_wipe_episodes: bool,
+    /// Five voters, and an episode where a new leader replaces an old leader's entry on it
+    /// only, while a follower still holds it (the seed family of tests/stale_tickets.rs).
+    #[arg(long)]
+    stale_tickets: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -122,6 +126,7 @@ fn main() -> anyhow::Result<()> {
         kill_mid_op: !args.no_kill_mid_op,
         deposed_episodes: !args.no_deposed_episodes,
         wipe_episodes: !args.no_wipe_episodes,
+        stale_tickets: args.stale_tickets,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {
