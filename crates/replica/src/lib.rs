@@ -318,9 +318,10 @@ pub enum Mutation {
     /// (or none), committed or not: a new leader's entry that replaced it here may never
     /// commit, and the ticket's own entry may yet commit through another node.
     SupersededUncommitted,
-    /// A snapshot install restarts the log at the snapshot before it stores the snapshot's
-    /// membership: a stop in between leaves a log that reads as a finished install, and the
-    /// node keeps the membership from before the snapshot.
+    /// A snapshot install (and the start that finishes one a stop interrupted) restarts the
+    /// log at the snapshot before it stores the snapshot's membership: a stop in between
+    /// leaves a log that reads as a finished install, and the node keeps the membership from
+    /// before the snapshot.
     MembershipAfterLogRestart,
     /// A restart applies again the membership changes its stored membership already holds,
     /// going back to older memberships until it reaches the latest again.
