@@ -40,6 +40,14 @@
 //!   the commit index may say an entry was superseded (mutation `superseded-uncommitted`, or
 //!   a client told "not committed" finds its entry committed).
 //!
+//! - [`Episode::StoppedInstall`] (seeds of [`crate::Options::stopped_installs`]): a
+//!   follower is killed, the leader adds a node and checkpoints past the follower's log
+//!   (small segments, so whole segments go); the follower restarts, is sent the checkpoint,
+//!   and the write of the snapshot's membership fails (EIO). Its next start must finish the
+//!   install with the snapshot's membership (mutation `membership-after-log-restart`: the log
+//!   restarted at the snapshot first, so the next start took the install for finished and
+//!   kept the membership from before it).
+//!
 //! With [`crate::Options::clean_stops`] an episode ends with its stalled followers stopped
 //! cleanly and restarted instead of woken: the close must keep what their NICs acknowledged
 //! (mutation `close-without-fence`).
@@ -94,6 +102,17 @@ pub(crate) enum Episode {
         /// When the current phase gives up (or, once woken, ends).
         until_ns: u64,
     },
+    /// See the module doc: the `follower` killed while `leader` added `added` and
+    /// checkpointed past the follower's last index `last`.
+    StoppedInstall {
+        leader: u64,
+        follower: u64,
+        added: u64,
+        last: u64,
+        phase: InstallPhase,
+        /// When the current phase gives up.
+        until_ns: u64,
+    },
     /// See the module doc: `leader` (A) of `term`, the follower `x`, the first index only A
     /// and X hold, the new leader, and the phase.
     StaleTicket {
@@ -125,6 +144,17 @@ pub(crate) enum StalePhase {
     Recommit,
 }
 
+/// The phases of [`Episode::StoppedInstall`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InstallPhase {
+    /// The follower is down; waiting until the added node counts and the leader has applied
+    /// past the change, then checkpointing until its log starts past the follower's.
+    Grow,
+    /// The follower restarted with the membership write armed to fail: waiting for the
+    /// install (and its fail-stop).
+    Install,
+}
+
 /// The phases of [`Episode::Reelection`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -144,6 +174,9 @@ const DEPOSED_PPM: u64 = 4_000;
 
 /// Chance per step that an [`Episode::WokenBesideNewDisk`] starts, in seeds with wipes.
 const WOKEN_PPM: u64 = 4_000;
+
+/// Chance per step that an [`Episode::StoppedInstall`] starts, in seeds of stopped installs.
+const INSTALL_PPM: u64 = 8_000;
 
 /// Chance per step that an [`Episode::StaleTicket`] starts, in seeds of stale tickets.
 const STALE_PPM: u64 = 6_000;
@@ -185,6 +218,10 @@ impl Run {
                     && self.stale_episode_rng.below(1_000_000) < STALE_PPM
                 {
                     self.start_stale_ticket();
+                } else if self.options.stopped_installs
+                    && self.install_episode_rng.below(1_000_000) < INSTALL_PPM
+                {
+                    self.start_stopped_install()?;
                 }
                 Ok(self.episode.is_some())
             }
@@ -659,6 +696,127 @@ impl Run {
         Ok(())
     }
 
+    /// Starts an [`Episode::StoppedInstall`], if every node is up and awake, the leader counts
+    /// fewer than five voters, and no other membership change, removal or lost disk is in the
+    /// way: kills a follower and has the leader add a node.
+    fn start_stopped_install(&mut self) -> Result<(), Violation> {
+        let Some(l) = self.episode_leader() else {
+            return Ok(());
+        };
+        let s = self.c.node(l).status();
+        if s.voters.len() >= 5
+            || s.commit < s.last_index
+            || !self.removed.is_empty()
+            || !self.lost.is_empty()
+            || self.rotted.keys().any(|id| !self.retired.contains(id))
+        {
+            return Ok(());
+        }
+        let followers: Vec<u64> = s.voters.iter().copied().filter(|&v| v != l).collect();
+        let f = followers[self.install_episode_rng.below(followers.len() as u64) as usize];
+        let last = self.c.node(f).status().last_index;
+        self.kill(f);
+        let added = self.next_node;
+        self.next_node += 1;
+        self.c
+            .add_node(added)
+            .map_err(|e| format!("cannot add node {added}: {e}"))?;
+        if let Err(e) = self.c.node(l).change_membership(added, true) {
+            self.event(format!("leader {l} cannot add node {added}: {e}"));
+            return self.restart(f);
+        }
+        self.fault(
+            Fault::AddVoter,
+            format!("leader {l} adds node {added} while follower {f} (last index {last}) is down"),
+        );
+        self.episode = Some(Episode::StoppedInstall {
+            leader: l,
+            follower: f,
+            added,
+            last,
+            phase: InstallPhase::Grow,
+            until_ns: self.now() + ELECTION_WAIT_NS,
+        });
+        Ok(())
+    }
+
+    /// [`Episode::StoppedInstall`], one step (see [`InstallPhase`]).
+    #[allow(clippy::too_many_arguments)]
+    fn advance_stopped_install(
+        &mut self,
+        leader: u64,
+        follower: u64,
+        added: u64,
+        last: u64,
+        phase: InstallPhase,
+        until_ns: u64,
+    ) -> Result<(), Violation> {
+        let now = self.now();
+        let status = self
+            .c
+            .nodes
+            .get(&leader)
+            .and_then(Option::as_ref)
+            .map(|r| r.status());
+        match phase {
+            InstallPhase::Grow => {
+                let Some(s) = status.filter(|s| s.role == Role::Leader) else {
+                    return self.end_stopped_install(follower);
+                };
+                if s.voters.contains(&added) && s.applied > s.conf_index {
+                    self.checkpoint(leader);
+                    let first = self.c.node(leader).first_index();
+                    if first > last + 1 {
+                        self.restart(follower)?;
+                        if self.c.nodes.get(&follower).is_some_and(Option::is_some) {
+                            self.c.disks[&follower].fail_next_sync_of("raft-state.tmp");
+                            self.event(format!(
+                                "node {follower} restarts behind node {leader}'s log (first \
+                                 index {first}); its next write of raft-state fails"
+                            ));
+                            self.episode = Some(Episode::StoppedInstall {
+                                leader,
+                                follower,
+                                added,
+                                last,
+                                phase: InstallPhase::Install,
+                                until_ns: now + ELECTION_WAIT_NS,
+                            });
+                            return Ok(());
+                        }
+                        return self.end_stopped_install(follower);
+                    }
+                }
+                if now >= until_ns {
+                    return self.end_stopped_install(follower);
+                }
+                self.load(leader);
+            }
+            InstallPhase::Install => {
+                if self.down.contains(&follower) {
+                    self.fault(
+                        Fault::InstallStopped,
+                        format!("node {follower} stopped inside its snapshot install"),
+                    );
+                    return self.end_stopped_install(follower);
+                }
+                if now >= until_ns {
+                    self.episode = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends an [`Episode::StoppedInstall`]: the follower restarts if it is down.
+    fn end_stopped_install(&mut self, follower: u64) -> Result<(), Violation> {
+        self.episode = None;
+        if self.down.contains(&follower) {
+            self.restart(follower)?;
+        }
+        Ok(())
+    }
+
     /// When the faults stop: an [`Episode::StaleTicket`] still in progress breaks A's
     /// connections that hold its messages (the repair heals the links and clears the delays,
     /// but a wire stays FIFO behind what it holds). The other episodes need nothing beyond
@@ -690,6 +848,17 @@ impl Run {
         let now = self.now();
         match e {
             e @ Episode::StaleTicket { .. } => return self.advance_stale_ticket(e),
+            Episode::StoppedInstall {
+                leader,
+                follower,
+                added,
+                last,
+                phase,
+                until_ns,
+            } => {
+                return self
+                    .advance_stopped_install(leader, follower, added, last, phase, until_ns);
+            }
             Episode::WokenBesideNewDisk {
                 leader,
                 term,

@@ -125,6 +125,13 @@ pub struct Options {
     /// superseded. Its seeds run five voters. The seed family of `tests/stale_tickets.rs`;
     /// off by default, so the CI seeds' runs stay as they were.
     pub stale_tickets: bool,
+    /// Draws the episode of a snapshot install stopped at its write of the membership
+    /// ([`Fault::InstallStopped`]): a follower is down while a node is added and the leader
+    /// checkpoints past the follower's log; it restarts, is sent the checkpoint, and the
+    /// write of the snapshot's membership fails. Its seeds run with small segments, so a
+    /// checkpoint deletes some. The seed family of `tests/stopped_installs.rs`; off by
+    /// default, so the CI seeds' runs stay as they were.
+    pub stopped_installs: bool,
 }
 
 /// How many seeds a seed family's test runs: `SIM_SEEDS` if set, else `default`.
@@ -157,6 +164,7 @@ impl Default for Options {
             wipes: false,
             wipe_episodes: true,
             stale_tickets: false,
+            stopped_installs: false,
         }
     }
 }
@@ -253,6 +261,10 @@ pub enum Fault {
     /// that leader died and the follower holding the entry was elected (see `episodes`;
     /// counted at the replacement).
     ReplacedOnOldLeader,
+    /// With [`Options::stopped_installs`]: a follower that missed a membership change and a
+    /// checkpoint restarted, and its snapshot install failed at the write of the membership
+    /// (see `episodes`; counted when the install failed).
+    InstallStopped,
 }
 
 /// What a run did.
@@ -444,6 +456,7 @@ fn replay_flags(o: &Options) -> String {
         (o.wipes, " --wipes"),
         (o.wipes && !o.wipe_episodes, " --no-wipe-episodes"),
         (o.stale_tickets, " --stale-tickets"),
+        (o.stopped_installs, " --stopped-installs"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
         (
             o.callers_drive && !o.deposed_episodes,
@@ -537,6 +550,8 @@ struct Run {
     wipes_episode_rng: SplitMix64,
     /// The seed's generator for the episodes of [`Options::stale_tickets`].
     stale_episode_rng: SplitMix64,
+    /// The seed's generator for the episodes of [`Options::stopped_installs`].
+    install_episode_rng: SplitMix64,
     /// The clients of [`Options::sessions`].
     clients: Vec<SessionClient>,
     /// The nodes that acknowledged a client's append in this step's `drive_clients`, in
@@ -2077,7 +2092,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
     if options.kill_mid_op && options.rates.is_none() && kill_op_rng.below(2) == 0 {
         rates.kill_mid_op_ppm = 1 + kill_op_rng.below(6_000);
     }
-    let (block_bytes, segment_bytes) = if rots {
+    let (block_bytes, segment_bytes) = if rots || options.stopped_installs {
         (16 << 10, 32 << 10)
     } else {
         (64 << 10, 512 << 10)
@@ -2149,6 +2164,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         callers_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0003),
         wipes_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0004),
         stale_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0005),
+        install_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0006),
         acked_on: Vec::new(),
         reads: Vec::new(),
         read_rng: SplitMix64::new(seed ^ 0x4ead_1de0_0000_0003),

@@ -89,6 +89,11 @@ struct Args {
     /// only, while a follower still holds it (the seed family of tests/stale_tickets.rs).
     #[arg(long)]
     stale_tickets: bool,
+    /// Small segments, and an episode where a follower that missed a membership change and a
+    /// checkpoint restarts and its snapshot install fails at the write of the membership (the
+    /// seed family of tests/stopped_installs.rs).
+    #[arg(long)]
+    stopped_installs: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -127,6 +132,7 @@ fn main() -> anyhow::Result<()> {
         deposed_episodes: !args.no_deposed_episodes,
         wipe_episodes: !args.no_wipe_episodes,
         stale_tickets: args.stale_tickets,
+        stopped_installs: args.stopped_installs,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {
