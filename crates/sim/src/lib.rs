@@ -22,6 +22,7 @@
 
 pub mod check;
 mod episodes;
+pub mod family;
 pub mod rates;
 mod reads;
 
@@ -33,6 +34,7 @@ use replica::sim::SimCluster;
 use replica::{Durability, Mutation, ReplicaError, Role};
 
 pub use check::{Attempt, Checker, Outcome, Violation};
+pub use family::{FamilyRun, catches_in_every_mode, run_family};
 pub use rates::FaultRates;
 
 /// Virtual nanoseconds per step: one raft tick.

@@ -29,24 +29,19 @@ fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
 
 #[test]
 fn every_seed_holds_with_replaced_data_dirs() {
-    let started = std::time::Instant::now();
-    let (mut acked, mut wipes, mut woken) = (0, 0, 0);
-    for seed in 1..=seeds() {
-        match sim::run(seed, options(Mutation::None, None), false) {
-            Ok(s) => {
-                let count = |f| s.faults.get(&f).copied().unwrap_or(0);
-                acked += s.acked;
-                wipes += count(sim::Fault::DataDirReplaced);
-                woken += count(sim::Fault::WokenBesideNewDisk);
-            }
-            Err(f) => panic!("\n{f}\n"),
-        }
-    }
-    eprintln!(
-        "{} seeds with replaced data dirs passed in {:.1} s: {acked} acknowledged, {wipes} data \
-         dirs replaced, {woken} deposed leaders woken beside one",
+    let r = sim::run_family(
+        options(Mutation::None, None),
         seeds(),
-        started.elapsed().as_secs_f64()
+        &[sim::Fault::DataDirReplaced, sim::Fault::WokenBesideNewDisk],
+    )
+    .unwrap_or_else(|f| panic!("\n{f}\n"));
+    let [wipes, woken] = r.counted[..] else {
+        unreachable!("two kinds counted")
+    };
+    eprintln!(
+        "{} seeds with replaced data dirs passed in {:.1?}: {} acknowledged, {wipes} data dirs \
+         replaced, {woken} deposed leaders woken beside one",
+        r.seeds, r.elapsed, r.acked
     );
     assert!(wipes > 0, "no data dir replaced: the family tests nothing");
     assert!(
@@ -57,24 +52,16 @@ fn every_seed_holds_with_replaced_data_dirs() {
 
 #[test]
 fn trusting_a_new_data_dir_is_caught_in_every_durability_mode() {
-    for durability in [
-        Durability::Fsync,
-        Durability::Memory,
-        Durability::Replicated,
-    ] {
-        let caught = sim::first_catch(
-            options(Mutation::TrustNewDataDir, Some(durability)),
-            1..=seeds(),
-        )
-        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
-        .map(|c| (c.seed, c.failure.to_string()));
-        let Some((seed, failure)) = caught else {
-            panic!(
-                "trust-new-data-dir: no seed of 1..={} caught it ({durability:?})",
-                seeds()
-            );
-        };
-        eprintln!("trust-new-data-dir caught at seed {seed} ({durability:?}):\n{failure}");
+    let catches = sim::catches_in_every_mode(
+        |mode| options(Mutation::TrustNewDataDir, Some(mode)),
+        seeds(),
+    )
+    .unwrap_or_else(|e| panic!("trust-new-data-dir: {e}"));
+    for (mode, c) in catches {
+        eprintln!(
+            "trust-new-data-dir caught at seed {} ({mode:?}):\n{}",
+            c.seed, c.failure
+        );
     }
 }
 
@@ -83,24 +70,14 @@ fn trusting_a_new_data_dir_is_caught_in_every_durability_mode() {
 /// checker sees two different entries committed at one index.
 #[test]
 fn an_unproven_node_stepping_raft_messages_is_caught_in_every_durability_mode() {
-    for durability in [
-        Durability::Fsync,
-        Durability::Memory,
-        Durability::Replicated,
-    ] {
-        let caught = sim::first_catch(
-            options(Mutation::UnprovenSteps, Some(durability)),
-            1..=seeds(),
-        )
-        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
-        .map(|c| (c.seed, c.failure.to_string()));
-        let Some((seed, failure)) = caught else {
-            panic!(
-                "unproven-steps: no seed of 1..={} caught it ({durability:?})",
-                seeds()
-            );
-        };
-        eprintln!("unproven-steps caught at seed {seed} ({durability:?}):\n{failure}");
+    let catches =
+        sim::catches_in_every_mode(|mode| options(Mutation::UnprovenSteps, Some(mode)), seeds())
+            .unwrap_or_else(|e| panic!("unproven-steps: {e}"));
+    for (mode, c) in catches {
+        eprintln!(
+            "unproven-steps caught at seed {} ({mode:?}):\n{}",
+            c.seed, c.failure
+        );
     }
 }
 

@@ -28,52 +28,34 @@ fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
 
 #[test]
 fn every_seed_holds_with_stale_tickets() {
-    let started = std::time::Instant::now();
-    let (mut acked, mut replaced) = (0, 0);
-    for seed in 1..=seeds() {
-        match sim::run(seed, options(Mutation::None, None), false) {
-            Ok(s) => {
-                acked += s.acked;
-                replaced += s
-                    .faults
-                    .get(&sim::Fault::ReplacedOnOldLeader)
-                    .copied()
-                    .unwrap_or(0);
-            }
-            Err(f) => panic!("\n{f}\n"),
-        }
-    }
-    eprintln!(
-        "{} seeds with stale tickets passed in {:.1} s: {acked} acknowledged, {replaced} old \
-         leaders' entries replaced on them only",
+    let r = sim::run_family(
+        options(Mutation::None, None),
         seeds(),
-        started.elapsed().as_secs_f64()
+        &[sim::Fault::ReplacedOnOldLeader],
+    )
+    .unwrap_or_else(|f| panic!("\n{f}\n"));
+    eprintln!(
+        "{} seeds with stale tickets passed in {:.1?}: {} acknowledged, {} old leaders' \
+         entries replaced on them only",
+        r.seeds, r.elapsed, r.acked, r.counted[0]
     );
     assert!(
-        replaced > 0,
+        r.counted[0] > 0,
         "no old leader's entry was replaced on it only: the family tests nothing"
     );
 }
 
 #[test]
 fn a_ticket_superseded_before_the_commit_index_says_so_is_caught_in_every_durability_mode() {
-    for durability in [
-        Durability::Fsync,
-        Durability::Memory,
-        Durability::Replicated,
-    ] {
-        let caught = sim::first_catch(
-            options(Mutation::SupersededUncommitted, Some(durability)),
-            1..=seeds(),
-        )
-        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
-        .map(|c| (c.seed, c.failure.to_string()));
-        let Some((seed, failure)) = caught else {
-            panic!(
-                "superseded-uncommitted: no seed of 1..={} caught it ({durability:?})",
-                seeds()
-            );
-        };
-        eprintln!("superseded-uncommitted caught at seed {seed} ({durability:?}):\n{failure}");
+    let catches = sim::catches_in_every_mode(
+        |mode| options(Mutation::SupersededUncommitted, Some(mode)),
+        seeds(),
+    )
+    .unwrap_or_else(|e| panic!("superseded-uncommitted: {e}"));
+    for (mode, c) in catches {
+        eprintln!(
+            "superseded-uncommitted caught at seed {} ({mode:?}):\n{}",
+            c.seed, c.failure
+        );
     }
 }

@@ -28,51 +28,34 @@ fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
 
 #[test]
 fn every_seed_holds_with_stopped_installs() {
-    let started = std::time::Instant::now();
-    let (mut acked, mut stopped) = (0, 0);
-    for seed in 1..=seeds() {
-        match sim::run(seed, options(Mutation::None, None), false) {
-            Ok(s) => {
-                acked += s.acked;
-                stopped += s
-                    .faults
-                    .get(&sim::Fault::InstallStopped)
-                    .copied()
-                    .unwrap_or(0);
-            }
-            Err(f) => panic!("\n{f}\n"),
-        }
-    }
-    eprintln!(
-        "{} seeds with stopped installs passed in {:.1} s: {acked} acknowledged, {stopped} \
-         installs stopped at their write of the membership",
+    let r = sim::run_family(
+        options(Mutation::None, None),
         seeds(),
-        started.elapsed().as_secs_f64()
+        &[sim::Fault::InstallStopped],
+    )
+    .unwrap_or_else(|f| panic!("\n{f}\n"));
+    eprintln!(
+        "{} seeds with stopped installs passed in {:.1?}: {} acknowledged, {} installs \
+         stopped at their write of the membership",
+        r.seeds, r.elapsed, r.acked, r.counted[0]
     );
-    assert!(stopped > 0, "no install stopped: the family tests nothing");
+    assert!(
+        r.counted[0] > 0,
+        "no install stopped: the family tests nothing"
+    );
 }
 
 #[test]
 fn the_membership_stored_after_the_log_restart_is_caught_in_every_durability_mode() {
-    for durability in [
-        Durability::Fsync,
-        Durability::Memory,
-        Durability::Replicated,
-    ] {
-        let caught = sim::first_catch(
-            options(Mutation::MembershipAfterLogRestart, Some(durability)),
-            1..=seeds(),
-        )
-        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
-        .map(|c| (c.seed, c.failure.to_string()));
-        let Some((seed, failure)) = caught else {
-            panic!(
-                "membership-after-log-restart: no seed of 1..={} caught it ({durability:?})",
-                seeds()
-            );
-        };
+    let catches = sim::catches_in_every_mode(
+        |mode| options(Mutation::MembershipAfterLogRestart, Some(mode)),
+        seeds(),
+    )
+    .unwrap_or_else(|e| panic!("membership-after-log-restart: {e}"));
+    for (mode, c) in catches {
         eprintln!(
-            "membership-after-log-restart caught at seed {seed} ({durability:?}):\n{failure}"
+            "membership-after-log-restart caught at seed {} ({mode:?}):\n{}",
+            c.seed, c.failure
         );
     }
 }
