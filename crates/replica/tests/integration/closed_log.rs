@@ -6,8 +6,9 @@
 //! Method: a one-voter log over the real TCP fabric on loopback, closed while an append's
 //! handle and a subscription live on, then opened again on the same port and data dir in the
 //! same process (the old endpoint used to keep the port bound); and, in a `SimCluster` whose
-//! nodes hold committed, superseded, stale and compacted entries of several terms, every
-//! ticket's answer from the released view compared with the replica's own.
+//! nodes hold committed, superseded, stale and compacted entries of several terms and
+//! confirmed, pending and foreign linearizable reads, every ticket's and read's answer from the
+//! released view compared with the replica's own.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -108,7 +109,7 @@ fn answer(r: Option<Result<u64, ReplicaError>>) -> String {
 }
 
 #[test]
-fn the_released_view_answers_every_ticket_as_the_replica_did() {
+fn the_released_view_answers_every_ticket_and_read_as_the_replica_did() {
     let mut c = SimCluster::new(3, 71, SimConfig::default(), |cfg: &mut ReplicaConfig| {
         cfg.ring_bytes = 1 << 20;
         cfg.block_bytes = 64 << 10;
@@ -145,6 +146,17 @@ fn the_released_view_answers_every_ticket_as_the_replica_did() {
     for _ in 0..5 {
         c.append(b"third term").unwrap();
     }
+    // Linearizable reads on the leader: two confirmed, one started as it is cut off (never
+    // confirmed), and the same tickets asked of the other nodes (not theirs).
+    let mut reads = Vec::new();
+    for _ in 0..2 {
+        reads.push(c.node(other).read_index().unwrap());
+    }
+    c.run_for(SECOND_NS / 10).unwrap();
+    let rest: Vec<u64> = (1..=3).filter(|&i| i != other).collect();
+    isolate(&mut c, other, &rest, false);
+    reads.push(c.node(other).read_index().unwrap());
+    c.run_for(SECOND_NS / 100).unwrap();
     let applied = c.node(b).status().applied;
     let first = c.node(b).checkpoint(applied, b"state").unwrap();
     assert!(
@@ -179,6 +191,25 @@ fn the_released_view_answers_every_ticket_as_the_replica_did() {
             );
         }
     }
+    // Reads: the view first, for the replica forgets a read it answered.
+    let mut read_kinds = [0usize; 3];
+    for id in 1..=3 {
+        let released = c.node(id).released();
+        for &t in &reads {
+            let view = released.read_status(t);
+            let live = c.node(id).read_status(t);
+            read_kinds[match &live {
+                Some(Ok(_)) => 0,
+                Some(Err(_)) => 1,
+                None => 2,
+            }] += 1;
+            assert_eq!(answer(view), answer(live), "node {id}, read {t:?}");
+        }
+    }
+    assert!(
+        read_kinds.iter().all(|&k| k > 0),
+        "confirmed, refused, pending reads: {read_kinds:?}; each must occur"
+    );
     assert!(
         kinds.iter().all(|&k| k > 0),
         "committed, superseded, unknown, pending, compacted: {kinds:?}; each must occur, or \
