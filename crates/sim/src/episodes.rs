@@ -336,13 +336,7 @@ impl Run {
         until_ns: u64,
     ) -> Result<(), Violation> {
         let now = self.now();
-        let Some(old) = self
-            .c
-            .nodes
-            .get(&leader)
-            .and_then(Option::as_ref)
-            .map(|r| r.status())
-        else {
+        let Some(old) = self.status_of(leader) else {
             self.episode = None;
             self.heal_links();
             return Ok(());
@@ -356,11 +350,7 @@ impl Run {
         if old.role == Role::Leader {
             self.load(leader);
         }
-        let new = self.leader().filter(|&l| l != leader).and_then(|l| {
-            let s = self.c.nodes.get(&l).and_then(Option::as_ref)?.status();
-            (s.term > term).then_some((l, s.commit))
-        });
-        match new {
+        match self.new_leader(leader, term) {
             Some((_, commit))
                 if commit > old.last_index && self.c.waiting.contains_key(&leader) =>
             {
@@ -444,17 +434,8 @@ impl Run {
             }
             return Ok(());
         }
-        let old_last = self
-            .c
-            .nodes
-            .get(&leader)
-            .and_then(Option::as_ref)
-            .map(|r| r.status().last_index);
-        let new = self.leader().filter(|&l| l != leader).and_then(|l| {
-            let s = self.c.nodes.get(&l).and_then(Option::as_ref)?.status();
-            (s.term > term).then_some((l, s.commit))
-        });
-        match (old_last, new) {
+        let old_last = self.status_of(leader).map(|s| s.last_index);
+        match (old_last, self.new_leader(leader, term)) {
             (Some(last), Some((l, commit))) if commit > last => {
                 let wiped = self
                     .members()
@@ -558,13 +539,6 @@ impl Run {
             unreachable!("advance_stale_ticket takes a StaleTicket");
         };
         let now = self.now();
-        let status = |run: &Self, id: u64| {
-            run.c
-                .nodes
-                .get(&id)
-                .and_then(Option::as_ref)
-                .map(|r| r.status())
-        };
         let electors: Vec<u64> = self
             .members()
             .into_iter()
@@ -572,12 +546,12 @@ impl Run {
             .collect();
         let next = match *phase {
             StalePhase::Reach => {
-                let (Some(sa), Some(sx)) = (status(self, a), status(self, x)) else {
+                let (Some(sa), Some(sx)) = (self.status_of(a), self.status_of(x)) else {
                     return self.end_stale_ticket(a, &electors);
                 };
                 let others_last = electors
                     .iter()
-                    .filter_map(|&o| status(self, o))
+                    .filter_map(|&o| self.status_of(o))
                     .map(|s| s.last_index)
                     .max()
                     .unwrap_or(0);
@@ -605,7 +579,8 @@ impl Run {
             }
             StalePhase::Elect => {
                 let w = electors.iter().copied().find(|&o| {
-                    status(self, o).is_some_and(|s| s.role == Role::Leader && s.term > term)
+                    self.status_of(o)
+                        .is_some_and(|s| s.role == Role::Leader && s.term > term)
                 });
                 match w {
                     Some(w) => {
@@ -654,7 +629,8 @@ impl Run {
                 }
             }
             StalePhase::Recommit => {
-                let done = status(self, x)
+                let done = self
+                    .status_of(x)
                     .is_some_and(|s| s.role == Role::Leader && s.commit >= *first_stale);
                 if done {
                     self.event(format!(
@@ -752,12 +728,7 @@ impl Run {
         until_ns: u64,
     ) -> Result<(), Violation> {
         let now = self.now();
-        let status = self
-            .c
-            .nodes
-            .get(&leader)
-            .and_then(Option::as_ref)
-            .map(|r| r.status());
+        let status = self.status_of(leader);
         match phase {
             InstallPhase::Grow => {
                 let Some(s) = status.filter(|s| s.role == Role::Leader) else {
@@ -891,13 +862,8 @@ impl Run {
                 until_ns,
             } => {
                 let leads = |run: &Self, id: u64| {
-                    run.c
-                        .nodes
-                        .get(&id)
-                        .and_then(Option::as_ref)
-                        .map(|r| r.status())
-                        .filter(|s| s.role == Role::Leader && s.term > term)
-                        .is_some()
+                    run.status_of(id)
+                        .is_some_and(|s| s.role == Role::Leader && s.term > term)
                 };
                 let next = match phase {
                     Phase::Away if leads(self, other) => {
@@ -963,6 +929,14 @@ impl Run {
         if self.live().contains(&leader) {
             self.start_op_on(leader);
         }
+    }
+
+    /// The node leading a term above `term` other than `old`, if one does, and its commit
+    /// index.
+    fn new_leader(&self, old: u64, term: u64) -> Option<(u64, u64)> {
+        let l = self.leader().filter(|&l| l != old)?;
+        let s = self.status_of(l)?;
+        (s.term > term).then_some((l, s.commit))
     }
 
     /// Blocks every link between `node` and the other members, both ways, except those of

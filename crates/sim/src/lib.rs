@@ -670,6 +670,15 @@ impl Run {
             .map(|(_, id)| id)
     }
 
+    /// The status of node `id`, if its process runs.
+    fn status_of(&self, id: u64) -> Option<replica::Status> {
+        self.c
+            .nodes
+            .get(&id)
+            .and_then(Option::as_ref)
+            .map(|r| r.status())
+    }
+
     fn crash(&mut self, id: u64, tear_writes: bool) {
         if tear_writes {
             let torn = self.c.net.crash_tearing_writes(NodeId(id));
