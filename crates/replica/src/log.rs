@@ -137,9 +137,6 @@ struct Shared<F: Fabric> {
     stop: AtomicBool,
     kick: Condvar,
     kick_lock: Mutex<bool>,
-    /// The fabric's event wait, when it has one: the driver sleeps on the completion channels
-    /// and a wake-up instead of a timer, and [`Shared::kick`] rings it.
-    waiter: Option<Arc<dyn Waiter>>,
     failure: Mutex<Option<String>>,
     /// Test-only: makes the driver panic at its next pass (see [`Log::inject_driver_panic`]).
     panic_for_test: AtomicBool,
@@ -228,16 +225,26 @@ impl<F: Fabric> Shared<F> {
     }
 
     /// Takes the replica out once the log stopped and leaves what its handles may still ask
-    /// ([`Replica::released`]; nothing when the log failed: they get the failure). The
-    /// replica is dropped outside the lock. Idempotent.
+    /// ([`Replica::released`]). A replica that poisoned itself (a close whose flush failed, a
+    /// call that failed after the driver's last pass) or whose lock a panic poisoned (a close
+    /// that panicked) is recorded as the log's failure first, and its handles get that, as
+    /// before the release. The replica is dropped outside the lock. Idempotent.
     fn release(&self) {
+        let lock_poisoned = self.replica.is_poisoned();
         let mut slot = self.slot();
-        if matches!(*slot, Slot::Released(_)) {
+        let Slot::Open(r) = &*slot else {
             return;
+        };
+        if let Some(p) = r.poisoned() {
+            self.record_failure(p.to_owned());
+        } else if lock_poisoned {
+            self.record_failure(
+                "a call panicked holding the replica; the log stopped and must be restarted".into(),
+            );
         }
-        let view = match &*slot {
-            Slot::Open(r) if self.failure().is_none() => r.released(),
-            _ => Released::default(),
+        let view = match self.failure() {
+            None => r.released(),
+            Some(_) => Released::default(),
         };
         let replica = std::mem::replace(&mut *slot, Slot::Released(view));
         drop(slot);
@@ -421,17 +428,6 @@ impl<F: Fabric> Shared<F> {
         Err(ReplicaError::Poisoned(why))
     }
 
-    /// After a proposal, with the replica still locked: under `Busy` the caller's own pass
-    /// writes it into the ring and posts it; otherwise the driver is woken to do so.
-    fn after_propose(&self, r: Locked<'_, F>) -> Result<(), ReplicaError> {
-        if self.poll == PollMode::Busy {
-            return self.caller_pass(r, None, |_| ());
-        }
-        drop(r);
-        self.kick();
-        Ok(())
-    }
-
     /// Polls `ready` until it gives a value, sleeping on progress in between (see
     /// [`Shared::wait_progress`]); `None` once `timeout` passed.
     fn wait_until<T>(&self, timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
@@ -460,13 +456,8 @@ impl<F: Fabric> Shared<F> {
             .wait_timeout(g, left.min(Duration::from_millis(10)));
     }
 
-    /// Wakes the driver: through the fabric's waiter when there is one (one `write(2)` per
-    /// append), else through the kick condvar. A driver that fell back to timed sleeps after a
-    /// waiter error still polls within 1 ms.
-    fn kick(&self) {
-        if let Some(w) = &self.waiter {
-            return w.wake();
-        }
+    /// Wakes a driver that waits on the kick condvar (no fabric waiter, or a waiter error).
+    fn kick_condvar(&self) {
         *self
             .kick_lock
             .lock()
@@ -479,6 +470,11 @@ impl<F: Fabric> Shared<F> {
 pub struct Log<F: Fabric + Send + 'static> {
     shared: Arc<Shared<F>>,
     driver: Option<JoinHandle<()>>,
+    /// The fabric's event wait, when it has one: the driver sleeps on the completion channels
+    /// and a wake-up instead of a timer, and [`Log::kick`] rings it. Held here and by the
+    /// driver thread, not by the handles: it keeps the device's completion queues, so it goes
+    /// with the log.
+    waiter: Option<Arc<dyn Waiter>>,
 }
 
 impl<F: Fabric + Send + 'static> std::fmt::Debug for Log<F> {
@@ -509,7 +505,6 @@ impl<F: Fabric + Send + 'static> Log<F> {
             stop: AtomicBool::new(false),
             kick: Condvar::new(),
             kick_lock: Mutex::new(false),
-            waiter,
             failure: Mutex::new(None),
             panic_for_test: AtomicBool::new(false),
             hold_for_test: AtomicBool::new(false),
@@ -527,7 +522,10 @@ impl<F: Fabric + Send + 'static> Log<F> {
         let s = shared.clone();
         let driver = std::thread::Builder::new()
             .name("rdmalog-driver".into())
-            .spawn(move || drive(s, options))
+            .spawn({
+                let waiter = waiter.clone();
+                move || drive(s, options, waiter)
+            })
             .map_err(|e| ReplicaError::Config {
                 field: "driver",
                 reason: format!("cannot start the driver thread: {e}"),
@@ -535,7 +533,29 @@ impl<F: Fabric + Send + 'static> Log<F> {
         Ok(Log {
             shared,
             driver: Some(driver),
+            waiter,
         })
+    }
+
+    /// Wakes the driver: through the fabric's waiter when there is one (one `write(2)` per
+    /// append), else through the kick condvar. A driver that fell back to timed sleeps after a
+    /// waiter error still polls within 1 ms.
+    fn kick(&self) {
+        match &self.waiter {
+            Some(w) => w.wake(),
+            None => self.shared.kick_condvar(),
+        }
+    }
+
+    /// After a proposal, with the replica still locked: under `Busy` the caller's own pass
+    /// writes it into the ring and posts it; otherwise the driver is woken to do so.
+    fn after_propose(&self, r: Locked<'_, F>) -> Result<(), ReplicaError> {
+        if self.shared.poll == PollMode::Busy {
+            return self.shared.caller_pass(r, None, |_| ());
+        }
+        drop(r);
+        self.kick();
+        Ok(())
     }
 
     /// Proposes one entry; the handle resolves to its index once committed. Under
@@ -543,7 +563,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     pub fn append(&self, data: &[u8]) -> Result<AppendHandle<F>, ReplicaError> {
         let mut r = self.shared.lock_live()?;
         let ticket = r.propose(data)?;
-        self.shared.after_propose(r)?;
+        self.after_propose(r)?;
         Ok(AppendHandle::new(&self.shared, ticket))
     }
 
@@ -596,7 +616,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     ) -> Result<Vec<AppendHandle<F>>, ReplicaError> {
         let mut r = self.shared.lock_live()?;
         let tickets = propose(&mut r)?;
-        self.shared.after_propose(r)?;
+        self.after_propose(r)?;
         Ok(tickets
             .into_iter()
             .map(|ticket| AppendHandle::new(&self.shared, ticket))
@@ -611,7 +631,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     pub fn read_index(&self) -> Result<ReadHandle<F>, ReplicaError> {
         let mut r = self.shared.lock_live()?;
         let ticket = r.read_index()?;
-        self.shared.after_propose(r)?;
+        self.after_propose(r)?;
         Ok(ReadHandle {
             shared: self.shared.clone(),
             ticket,
@@ -788,7 +808,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// Hands leadership to `to`; refused once the log failed or closed.
     pub fn transfer_leader(&self, to: u64) -> Result<(), ReplicaError> {
         self.shared.lock_live()?.transfer_leader(to);
-        self.shared.kick();
+        self.kick();
         Ok(())
     }
 
@@ -804,7 +824,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
 
     fn change_membership(&self, id: u64, add: bool) -> Result<AppendHandle<F>, ReplicaError> {
         let ticket = self.shared.lock_live()?.change_membership(id, add)?;
-        self.shared.kick();
+        self.kick();
         Ok(AppendHandle::new(&self.shared, ticket))
     }
 
@@ -817,9 +837,17 @@ impl<F: Fabric + Send + 'static> Log<F> {
     /// files stay for the next start to recover from; the error names the failure.
     pub fn close(mut self) -> Result<(), ReplicaError> {
         self.stop_driver();
-        let closed = match self.shared.failure() {
-            Some(f) => Err(ReplicaError::Poisoned(f)),
-            None => self.shared.lock().flush(),
+        let closed = {
+            // Checked under the lock: a `Busy` caller's pass may fail until the lock is ours.
+            let mut r = self.shared.lock();
+            match self
+                .shared
+                .failure()
+                .or_else(|| r.poisoned().map(str::to_owned))
+            {
+                Some(f) => Err(ReplicaError::Poisoned(f)),
+                None => r.flush(),
+            }
         };
         self.shared.release();
         closed
@@ -847,7 +875,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
     #[doc(hidden)]
     pub fn inject_driver_panic(&self) {
         self.shared.panic_for_test.store(true, Ordering::Release);
-        self.shared.kick();
+        self.kick();
     }
 
     /// Test-only: while `hold` is set the driver thread makes no pass (not even a tick), to
@@ -918,7 +946,7 @@ impl<F: Fabric + Send + 'static> Log<F> {
 
     fn stop_driver(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.kick();
+        self.kick();
         if let Some(d) = self.driver.take() {
             let _ = d.join();
         }
@@ -932,16 +960,21 @@ impl<F: Fabric + Send + 'static> Drop for Log<F> {
             // Fallback only: close() reports errors, Drop can just stop the thread, and drop
             // the replica unflushed, as a process exit would.
             self.stop_driver();
-            self.shared.release();
         }
+        // Also after a close that panicked before its release.
+        self.shared.release();
     }
 }
 
 /// The driver thread: [`drive_loop`], failing stop if it panics. A panic leaves the replica
 /// in an unknown state, so nothing may go on using it: pending handles and subscriptions get
 /// the cause, and the server exits.
-fn drive<F: Fabric + Send + 'static>(s: Arc<Shared<F>>, o: LogOptions) {
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive_loop(&s, o)));
+fn drive<F: Fabric + Send + 'static>(
+    s: Arc<Shared<F>>,
+    o: LogOptions,
+    waiter: Option<Arc<dyn Waiter>>,
+) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive_loop(&s, o, waiter)));
     if let Err(panic) = r {
         s.hold_fail_stop_if_asked();
         let what = panic_message(panic.as_ref());
@@ -985,7 +1018,11 @@ fn deadline_in(timeout: Duration) -> Instant {
 /// timeout's worth at the node's defaults (20 to 30 ticks).
 const STALL_TICKS: u32 = 10;
 
-fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
+fn drive_loop<F: Fabric + Send + 'static>(
+    s: &Shared<F>,
+    o: LogOptions,
+    mut waiter: Option<Arc<dyn Waiter>>,
+) {
     if let Some(core) = o.pin_core {
         let pinned = core < MAX_CORES && pin_current_thread(core);
         if !pinned {
@@ -996,7 +1033,6 @@ fn drive_loop<F: Fabric + Send + 'static>(s: &Shared<F>, o: LogOptions) {
     let mut next_tick = Instant::now() + o.tick;
     let mut idle_since: Option<Instant> = None;
     let backoff = Backoff::new();
-    let mut waiter = s.waiter.clone();
     let mut armed = false;
     while !s.stop.load(Ordering::Acquire) {
         if s.hold_for_test.load(Ordering::Acquire) {

@@ -95,12 +95,12 @@ impl Reads {
         }
     }
 
-    /// The read index of `t` once confirmed.
     /// Every confirmed read still remembered: (context, read index).
     pub(crate) fn resolved(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.resolved.iter().map(|(&ctx, &index)| (ctx, index))
     }
 
+    /// The read index of `t` once confirmed.
     pub(crate) fn index_of(&self, t: ReadTicket) -> Option<u64> {
         self.resolved.get(&t.ctx).copied()
     }

@@ -15,19 +15,19 @@ pub struct Released {
     committed: u64,
     /// The last compacted index and its term.
     prefix: (u64, u64),
-    /// The log's terms from its first index on, as runs: each run's first index and term, in
-    /// order; the last run ends at `last_index`.
-    runs: Vec<(u64, u64)>,
+    /// The log's terms from its first index on, as runs: each run's first index and term
+    /// (`None`: the read of that index's term failed, a run of one), in order; the last run
+    /// ends at `last_index`.
+    runs: Vec<(u64, Option<u64>)>,
     last_index: u64,
-    /// Terms are known up to here: a read of a term failed past it.
-    known_to: u64,
     /// The term this node led at the close, if it led.
     leader_term: Option<u64>,
     leader_hint: Option<u64>,
-    /// A ticket of the term this node led that a caller was told committed on its write
-    /// completions (`Durability::Replicated`): (term, index).
+    /// Up to where the entries of the term this node led count as committed on the write
+    /// completions of a majority (`Durability::Replicated`), past raft's commit index: what a
+    /// caller was told, or what the completions reached at the close: (term, index).
     nic_promised: (u64, u64),
-    /// Linearizable reads confirmed at or below the commit index, by context.
+    /// Confirmed linearizable reads, by context: their read index.
     reads: BTreeMap<u64, u64>,
     mutation: crate::Mutation,
 }
@@ -55,7 +55,8 @@ impl Released {
     /// still pending then.
     pub fn read_status(&self, t: ReadTicket) -> Option<Result<u64, ReplicaError>> {
         if let Some(&index) = self.reads.get(&t.ctx) {
-            return Some(Ok(index));
+            // Confirmed above the commit index here: pending, as the replica said.
+            return (index <= self.committed).then_some(Ok(index));
         }
         if self.leader_term != Some(t.term) {
             return Some(Err(ReplicaError::NotLeader {
@@ -74,11 +75,8 @@ impl Released {
         if i < self.prefix.0 || i > self.last_index {
             return Ok(0);
         }
-        if i > self.known_to {
-            return Err(());
-        }
         let k = self.runs.partition_point(|&(first, _)| first <= i);
-        Ok(self.runs[k - 1].1)
+        self.runs[k - 1].1.ok_or(())
     }
 }
 
@@ -92,45 +90,59 @@ impl<F: Fabric> Replica<F> {
         let prefix = self.raw.store().prefix();
         let last_index = log.last_index();
         let mut runs = Vec::new();
-        let mut known_to = last_index;
         let mut first = prefix.0 + 1;
         while first <= last_index {
             let Ok(term) = log.term(first) else {
-                known_to = first - 1;
-                break;
+                // A failed read is that index's answer only; the next one starts a run.
+                runs.push((first, None));
+                first += 1;
+                continue;
             };
             // The last index of `term`'s run: the highest in [first, last_index] whose term
-            // is at most `term` (a failed read counts as past it).
-            let (mut lo, mut hi) = (first, last_index);
-            while lo < hi {
-                let mid = lo + (hi - lo).div_ceil(2);
-                if log.term(mid).is_ok_and(|m| m <= term) {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            runs.push((first, term));
-            first = lo + 1;
+            // is at most `term` (a failed read counts as past it, and gets its own run).
+            let last = last_where(first, last_index, |i| log.term(i).is_ok_and(|m| m <= term));
+            runs.push((first, Some(term)));
+            first = last + 1;
         }
         let committed = log.committed;
-        let reads = self
-            .reads
-            .resolved()
-            .filter(|&(_, index)| index <= committed)
-            .collect();
         let leads = raft.state == StateRole::Leader;
+        // A caller's pass may have stopped at the write completions that made a quorum,
+        // before raft stepped them: the tickets they cover resolve `Ok` on the replica,
+        // asked or not.
+        let mut nic_promised = self.nic_promised.get();
+        if leads && self.nic_quorum_reaches(Index(committed + 1)) {
+            // Up to the last entry proposed here, raft's log or ahead of it.
+            let reached = last_where(committed + 1, self.last_index(), |i| {
+                self.nic_quorum_reaches(Index(i))
+            });
+            if nic_promised.0 != raft.term || nic_promised.1 < reached {
+                nic_promised = (raft.term, reached);
+            }
+        }
         Released {
             committed,
             prefix,
             runs,
             last_index,
-            known_to,
             leader_term: leads.then_some(raft.term),
             leader_hint: self.leader(),
-            nic_promised: self.nic_promised.get(),
-            reads,
+            nic_promised,
+            reads: self.reads.resolved().collect(),
             mutation: self.cfg.mutation,
         }
     }
+}
+
+/// The highest `i` in `[lo, hi]` for which `holds` is true, given that it holds at `lo` and,
+/// past some index, at none.
+fn last_where(mut lo: u64, mut hi: u64, holds: impl Fn(u64) -> bool) -> u64 {
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if holds(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }

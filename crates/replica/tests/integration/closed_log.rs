@@ -216,3 +216,27 @@ fn the_released_view_answers_every_ticket_and_read_as_the_replica_did() {
          this test proves less"
     );
 }
+
+/// Under `Replicated` a caller's pass may stop at the write completions that made a quorum,
+/// before raft steps them: every ticket they cover is committed on the replica, asked or not.
+/// The view says so too (here the second entry of a batch whose first a caller waited on).
+#[test]
+fn the_released_view_counts_the_write_completions_raft_has_not_stepped() {
+    use crate::caller_driven_pass::{cluster_with, drive_until_resolved};
+    let (mut c, leader) = cluster_with(replica::Durability::Replicated, replica::Mutation::None);
+    let tickets = c
+        .node(leader)
+        .propose_batch(&[b"first".as_slice(), b"second".as_slice()])
+        .unwrap();
+    let (first, second) = (tickets[0], tickets[1]);
+    let resolved = drive_until_resolved(&mut c, leader, first);
+    assert!(matches!(resolved, Some(Ok(_))), "{resolved:?}");
+    let released = c.node(leader).released();
+    let live = c.node(leader).ticket_status(second);
+    assert!(
+        matches!(live, Some(Ok(i)) if i == second.index)
+            && c.node(leader).status().commit < second.index,
+        "the second entry should be committed on its completions only, raft behind: {live:?}"
+    );
+    assert_eq!(answer(released.ticket_status(second)), answer(live));
+}
