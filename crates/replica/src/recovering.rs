@@ -196,6 +196,11 @@ impl Unproven {
             .filter(|&v| v != self.me && !self.answered.contains_key(&v))
     }
 
+    /// The other voters of the membership waited for, answered or not.
+    pub fn others(&self) -> impl Iterator<Item = u64> + '_ {
+        self.wait.1.iter().copied().filter(|&v| v != self.me)
+    }
+
     /// Whether `peer` has answered.
     pub fn answered(&self, peer: u64) -> bool {
         self.answered.contains_key(&peer)

@@ -41,7 +41,10 @@ impl<F: Fabric> Replica<F> {
 
     /// Asks for terms if this node is unproven: `Some(peer)` (a new connection) asks that
     /// peer, member or not, unless it answered; `None` (each tick: a query sent while a
-    /// connection was down is lost) every voter it still waits for.
+    /// connection was down is lost) every other voter it is connected to, those that answered
+    /// too: the membership may change while the node waits (a voter that never answers, cut
+    /// off or dead, may be removed), and only a later answer tells it so (simulator seed
+    /// 505,669 of `--wipes`: a node waited for good for a removed voter).
     pub(super) fn ask_terms(&mut self, peer: Option<u64>) {
         let Some(u) = &self.unproven else {
             return;
@@ -50,7 +53,7 @@ impl<F: Fabric> Replica<F> {
             Some(p) if !u.answered(p) => vec![p],
             Some(_) => Vec::new(),
             None => u
-                .waiting_for()
+                .others()
                 .filter(|&v| self.fabric.conn_state(NodeId(v)) == ConnState::Up)
                 .collect(),
         };
@@ -102,7 +105,18 @@ impl<F: Fabric> Replica<F> {
                     }
                     self.maintain_connections();
                 }
-                self.ask_terms(None);
+                // The voters still waited for, at once (the next tick asks every voter again:
+                // asking those that answered here would make every answer a new query).
+                let Some(u) = &self.unproven else {
+                    return Ok(());
+                };
+                let waiting: Vec<u64> = u
+                    .waiting_for()
+                    .filter(|&v| self.fabric.conn_state(NodeId(v)) == ConnState::Up)
+                    .collect();
+                for v in waiting {
+                    self.send_body(v, &Body::TermQuery);
+                }
                 Ok(())
             }
         }

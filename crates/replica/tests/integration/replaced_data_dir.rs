@@ -288,6 +288,46 @@ fn a_member_once_alone_in_the_membership_waits_for_the_current_members() {
     }
 }
 
+/// Found by the simulator (seed 505,669 of `--wipes`): a node restarted on an emptied data
+/// dir learned from the others' answers a membership with a member added since, which it
+/// could not reach; the cluster then removed that member. The node had asked only the voters
+/// that had not answered yet, so it never heard of the removal and waited for the removed
+/// member for good. It now asks every voter again at each tick while it waits.
+#[test]
+fn an_unproven_node_waiting_for_a_voter_learns_of_its_removal() {
+    let mut c = cluster(43, Mutation::None);
+    let l = c.elect().unwrap();
+    let w = (1..=3).find(|&id| id != l).unwrap();
+    c.add_node(4).unwrap();
+    let t = c.node(l).change_membership(4, true).unwrap();
+    c.wait(l, t).unwrap();
+    let last = c.node(l).status().commit;
+    let ok = c
+        .run_until(10 * SECOND_NS, |c| c.node(4).status().commit >= last)
+        .unwrap();
+    assert!(ok, "node 4 did not catch up");
+    // W's data dir is replaced while W and 4 cannot reach each other: W learns of 4 from the
+    // others' answers and waits for it.
+    c.net.set_link(NodeId(w), NodeId(4), false);
+    c.net.set_link(NodeId(4), NodeId(w), false);
+    c.wipe(w).unwrap();
+    c.run_for(SECOND_NS).unwrap();
+    let why = c.node(w).status().recovering.expect("W unproven");
+    assert!(why.contains("waiting for 4"), "{why}");
+    // The others (4 among them) remove 4; W must hear of it and prove itself.
+    let l = c.leader().unwrap();
+    let t = c.node(l).change_membership(4, false).unwrap();
+    c.wait(l, t).unwrap();
+    let ok = c
+        .run_until(10 * SECOND_NS, |c| c.node(w).status().recovering.is_none())
+        .unwrap();
+    let s = c.node(w).status();
+    assert!(ok, "W still waits after 4's removal: {:?}", s.recovering);
+    let mut others: Vec<u64> = (1..=3).collect();
+    others.sort_unstable();
+    assert_eq!(s.voters, others);
+}
+
 /// Found by the simulator (seed 1,920 of `--wipes`, before later changes moved its
 /// schedule): an unproven node's term has gone back with its data dir, so as a follower it
 /// took a deposed leader's appends that its old term refused, and that leader counted it to
