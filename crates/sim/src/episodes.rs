@@ -102,17 +102,8 @@ pub(crate) enum Episode {
         /// When the current phase gives up (or, once woken, ends).
         until_ns: u64,
     },
-    /// See the module doc: the `follower` killed while `leader` added `added` and
-    /// checkpointed past the follower's last index `last`.
-    StoppedInstall {
-        leader: u64,
-        follower: u64,
-        added: u64,
-        last: u64,
-        phase: InstallPhase,
-        /// When the current phase gives up.
-        until_ns: u64,
-    },
+    /// See the module doc and [`Install`].
+    StoppedInstall(Install),
     /// See the module doc: `leader` (A) of `term`, the follower `x`, the first index only A
     /// and X hold, the new leader, and the phase.
     StaleTicket {
@@ -142,6 +133,19 @@ pub(crate) enum StalePhase {
     /// The new leader is killed and A cut off; X and the two others are linked again:
     /// waiting for X to lead and commit past `first_stale`.
     Recommit,
+}
+
+/// [`Episode::StoppedInstall`]: the `follower` killed while `leader` added `added` and
+/// checkpointed past the follower's last index `last`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Install {
+    leader: u64,
+    follower: u64,
+    added: u64,
+    last: u64,
+    phase: InstallPhase,
+    /// When the current phase gives up.
+    until_ns: u64,
 }
 
 /// The phases of [`Episode::StoppedInstall`].
@@ -705,28 +709,27 @@ impl Run {
             Fault::AddVoter,
             format!("leader {l} adds node {added} while follower {f} (last index {last}) is down"),
         );
-        self.episode = Some(Episode::StoppedInstall {
+        self.episode = Some(Episode::StoppedInstall(Install {
             leader: l,
             follower: f,
             added,
             last,
             phase: InstallPhase::Grow,
             until_ns: self.now() + ELECTION_WAIT_NS,
-        });
+        }));
         Ok(())
     }
 
     /// [`Episode::StoppedInstall`], one step (see [`InstallPhase`]).
-    #[allow(clippy::too_many_arguments)]
-    fn advance_stopped_install(
-        &mut self,
-        leader: u64,
-        follower: u64,
-        added: u64,
-        last: u64,
-        phase: InstallPhase,
-        until_ns: u64,
-    ) -> Result<(), Violation> {
+    fn advance_stopped_install(&mut self, i: Install) -> Result<(), Violation> {
+        let Install {
+            leader,
+            follower,
+            added,
+            last,
+            phase,
+            until_ns,
+        } = i;
         let now = self.now();
         let status = self.status_of(leader);
         match phase {
@@ -745,14 +748,11 @@ impl Run {
                                 "node {follower} restarts behind node {leader}'s log (first \
                                  index {first}); its next write of raft-state fails"
                             ));
-                            self.episode = Some(Episode::StoppedInstall {
-                                leader,
-                                follower,
-                                added,
-                                last,
+                            self.episode = Some(Episode::StoppedInstall(Install {
                                 phase: InstallPhase::Install,
                                 until_ns: now + ELECTION_WAIT_NS,
-                            });
+                                ..i
+                            }));
                             return Ok(());
                         }
                         return self.end_stopped_install(follower);
@@ -819,17 +819,7 @@ impl Run {
         let now = self.now();
         match e {
             e @ Episode::StaleTicket { .. } => return self.advance_stale_ticket(e),
-            Episode::StoppedInstall {
-                leader,
-                follower,
-                added,
-                last,
-                phase,
-                until_ns,
-            } => {
-                return self
-                    .advance_stopped_install(leader, follower, added, last, phase, until_ns);
-            }
+            Episode::StoppedInstall(i) => return self.advance_stopped_install(i),
             Episode::WokenBesideNewDisk {
                 leader,
                 term,
