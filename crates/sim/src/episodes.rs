@@ -104,18 +104,22 @@ pub(crate) enum Episode {
     },
     /// See the module doc and [`Install`].
     StoppedInstall(Install),
-    /// See the module doc: `leader` (A) of `term`, the follower `x`, the first index only A
-    /// and X hold, the new leader, and the phase.
-    StaleTicket {
-        leader: u64,
-        term: u64,
-        x: u64,
-        first_stale: u64,
-        winner: u64,
-        phase: StalePhase,
-        /// When the current phase gives up.
-        until_ns: u64,
-    },
+    /// See the module doc and [`Stale`].
+    StaleTicket(Stale),
+}
+
+/// [`Episode::StaleTicket`]: `leader` (A) of `term`, the follower `x`, the first index only A
+/// and X hold, the new leader, and the phase.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stale {
+    leader: u64,
+    term: u64,
+    x: u64,
+    first_stale: u64,
+    winner: u64,
+    phase: StalePhase,
+    /// When the current phase gives up.
+    until_ns: u64,
 }
 
 /// The phases of [`Episode::StaleTicket`].
@@ -516,7 +520,7 @@ impl Run {
             "leader {a} (term {}) reaches follower {x} only; {x} is cut off from the others",
             s.term
         ));
-        self.episode = Some(Episode::StaleTicket {
+        self.episode = Some(Episode::StaleTicket(Stale {
             leader: a,
             term: s.term,
             x,
@@ -524,13 +528,13 @@ impl Run {
             winner: 0,
             phase: StalePhase::Reach,
             until_ns: self.now() + 10 * STEP_NS,
-        });
+        }));
         self.load(a);
     }
 
     /// [`Episode::StaleTicket`], one step (see [`StalePhase`]).
-    fn advance_stale_ticket(&mut self, mut e: Episode) -> Result<(), Violation> {
-        let Episode::StaleTicket {
+    fn advance_stale_ticket(&mut self, mut st: Stale) -> Result<(), Violation> {
+        let Stale {
             leader: a,
             term,
             x,
@@ -538,10 +542,7 @@ impl Run {
             ref mut winner,
             ref mut phase,
             ref mut until_ns,
-        } = e
-        else {
-            unreachable!("advance_stale_ticket takes a StaleTicket");
-        };
+        } = st;
         let now = self.now();
         let electors: Vec<u64> = self
             .members()
@@ -650,7 +651,7 @@ impl Run {
             Some((p, until)) => {
                 *phase = p;
                 *until_ns = until;
-                self.episode = Some(e);
+                self.episode = Some(Episode::StaleTicket(st));
             }
             // The step it waited for did not come in time: give up.
             None if now >= *until_ns => return self.end_stale_ticket(a, &electors),
@@ -794,7 +795,7 @@ impl Run {
     /// the repair.
     pub(crate) fn end_episode_at_repair(&mut self) -> Result<(), Violation> {
         match self.episode.take() {
-            Some(Episode::StaleTicket { leader, x, .. }) => {
+            Some(Episode::StaleTicket(Stale { leader, x, .. })) => {
                 let electors: Vec<u64> = self
                     .members()
                     .into_iter()
@@ -818,7 +819,7 @@ impl Run {
     fn advance_episode(&mut self, e: Episode) -> Result<(), Violation> {
         let now = self.now();
         match e {
-            e @ Episode::StaleTicket { .. } => return self.advance_stale_ticket(e),
+            Episode::StaleTicket(st) => return self.advance_stale_ticket(st),
             Episode::StoppedInstall(i) => return self.advance_stopped_install(i),
             Episode::WokenBesideNewDisk {
                 leader,

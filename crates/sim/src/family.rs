@@ -78,3 +78,19 @@ pub fn catches_in_every_mode(
         })
         .collect()
 }
+
+/// For a family's test: [`catches_in_every_mode`], printing where `name` (the mutation's
+/// flag) was caught in each mode; panics with the error otherwise.
+pub fn expect_caught_in_every_mode(
+    name: &str,
+    options: impl Fn(Durability) -> Options,
+    seeds: u64,
+) {
+    let catches = catches_in_every_mode(options, seeds).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (mode, c) in catches {
+        eprintln!(
+            "{name} caught at seed {} ({mode:?}):\n{}",
+            c.seed, c.failure
+        );
+    }
+}

@@ -34,7 +34,7 @@ use replica::sim::SimCluster;
 use replica::{Durability, Mutation, ReplicaError, Role};
 
 pub use check::{Attempt, Checker, Outcome, Violation};
-pub use family::{FamilyRun, catches_in_every_mode, run_family};
+pub use family::{FamilyRun, catches_in_every_mode, expect_caught_in_every_mode, run_family};
 pub use rates::FaultRates;
 
 /// Virtual nanoseconds per step: one raft tick.

@@ -52,17 +52,11 @@ fn every_seed_holds_with_replaced_data_dirs() {
 
 #[test]
 fn trusting_a_new_data_dir_is_caught_in_every_durability_mode() {
-    let catches = sim::catches_in_every_mode(
+    sim::expect_caught_in_every_mode(
+        "trust-new-data-dir",
         |mode| options(Mutation::TrustNewDataDir, Some(mode)),
         seeds(),
-    )
-    .unwrap_or_else(|e| panic!("trust-new-data-dir: {e}"));
-    for (mode, c) in catches {
-        eprintln!(
-            "trust-new-data-dir caught at seed {} ({mode:?}):\n{}",
-            c.seed, c.failure
-        );
-    }
+    );
 }
 
 /// An unproven node that steps raft messages acknowledges the appends of a deposed leader
@@ -70,15 +64,11 @@ fn trusting_a_new_data_dir_is_caught_in_every_durability_mode() {
 /// checker sees two different entries committed at one index.
 #[test]
 fn an_unproven_node_stepping_raft_messages_is_caught_in_every_durability_mode() {
-    let catches =
-        sim::catches_in_every_mode(|mode| options(Mutation::UnprovenSteps, Some(mode)), seeds())
-            .unwrap_or_else(|e| panic!("unproven-steps: {e}"));
-    for (mode, c) in catches {
-        eprintln!(
-            "unproven-steps caught at seed {} ({mode:?}):\n{}",
-            c.seed, c.failure
-        );
-    }
+    sim::expect_caught_in_every_mode(
+        "unproven-steps",
+        |mode| options(Mutation::UnprovenSteps, Some(mode)),
+        seeds(),
+    );
 }
 
 /// A seed of the family that found a defect, replayed with the schedule it had then (before

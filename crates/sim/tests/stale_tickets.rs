@@ -47,15 +47,9 @@ fn every_seed_holds_with_stale_tickets() {
 
 #[test]
 fn a_ticket_superseded_before_the_commit_index_says_so_is_caught_in_every_durability_mode() {
-    let catches = sim::catches_in_every_mode(
+    sim::expect_caught_in_every_mode(
+        "superseded-uncommitted",
         |mode| options(Mutation::SupersededUncommitted, Some(mode)),
         seeds(),
-    )
-    .unwrap_or_else(|e| panic!("superseded-uncommitted: {e}"));
-    for (mode, c) in catches {
-        eprintln!(
-            "superseded-uncommitted caught at seed {} ({mode:?}):\n{}",
-            c.seed, c.failure
-        );
-    }
+    );
 }

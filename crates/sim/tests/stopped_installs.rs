@@ -47,17 +47,11 @@ fn every_seed_holds_with_stopped_installs() {
 
 #[test]
 fn the_membership_stored_after_the_log_restart_is_caught_in_every_durability_mode() {
-    let catches = sim::catches_in_every_mode(
+    sim::expect_caught_in_every_mode(
+        "membership-after-log-restart",
         |mode| options(Mutation::MembershipAfterLogRestart, Some(mode)),
         seeds(),
-    )
-    .unwrap_or_else(|e| panic!("membership-after-log-restart: {e}"));
-    for (mode, c) in catches {
-        eprintln!(
-            "membership-after-log-restart caught at seed {} ({mode:?}):\n{}",
-            c.seed, c.failure
-        );
-    }
+    );
 }
 
 /// Seeds of the family that found a defect, replayed: a start that finished an interrupted
