@@ -31,7 +31,9 @@ impl<F: Fabric> Replica<F> {
     /// [`ReplicaError::Compacted`]. Refused (with the reason) when `index` is not applied yet,
     /// when `state` exceeds `max_snapshot_bytes`, or when a membership change was applied
     /// after `index` (checkpoint at that change or later). An `index` at or below the latest
-    /// checkpoint changes nothing. Returns the new first index.
+    /// checkpoint changes nothing. A failed write (of the checkpoint, the cut, the membership)
+    /// poisons the replica: it stops, and the next start reads what the disk holds. Returns the
+    /// new first index.
     pub fn checkpoint(&mut self, index: u64, state: &[u8]) -> Result<u64, ReplicaError> {
         loop {
             let plan = match self.plan_checkpoint(index, state.len())? {
@@ -143,20 +145,45 @@ impl<F: Fabric> Replica<F> {
         }
         .encode()
         .into();
+        match self.store_checkpoint(snap, pos.last_term.0) {
+            Ok(first) => Ok(Some(first)),
+            Err(why) => {
+                // Stopped part way, the checkpoint leaves the disk in a state the replica no
+                // longer knows (the snapshot file renamed in without its directory's fsync,
+                // a wal that poisoned itself at its cut, a membership not stored): it stops,
+                // as after a failed persist, and the next start reads what the disk holds.
+                tracing::error!(node = self.cfg.id, error = %why, "a checkpoint failed: the replica stops (fail-stop)");
+                self.poisoned.get_or_insert_with(|| why.clone());
+                Err(ReplicaError::Poisoned(why))
+            }
+        }
+    }
+
+    /// The durable steps of a checkpoint: stores `snap`, cuts the log after its index, then
+    /// stores the membership (its history forgets what the cut took). The new first index,
+    /// or why a step failed.
+    fn store_checkpoint(&mut self, snap: Snapshot, last_term: u64) -> Result<u64, String> {
+        let index = snap.get_metadata().index;
         self.snapshot_file
             .store(&snap)
-            .map_err(|e| ReplicaError::Poisoned(poison_msg("cannot store the checkpoint", e)))?;
+            .map_err(|e| poison_msg("cannot store the checkpoint", e))?;
         self.raw.mut_store().set_snapshot(snap);
-        let first = self.wal.truncate_prefix(Index(index + 1))?;
+        let first = self
+            .wal
+            .truncate_prefix(Index(index + 1))
+            .map_err(|e| poison_msg("cannot cut the log after the checkpoint", e))?;
         let prefix_term = self
             .wal
             .position_after(Index(first.0 - 1))
-            .map_or(pos.last_term.0, |p| p.last_term.0);
+            .map_or(last_term, |p| p.last_term.0);
         self.raw.mut_store().set_prefix(first.0, prefix_term);
         self.raw.mut_store().forget_below(first.0);
         self.conf_history.compact(index);
-        self.store_state()?;
-        Ok(Some(first.0))
+        self.store_state().map_err(|e| match e {
+            ReplicaError::Poisoned(why) => why,
+            e => e.to_string(),
+        })?;
+        Ok(first.0)
     }
 
     /// What a failed reading of `plan` comes to: planned again (`Ok`) when another

@@ -513,3 +513,83 @@ fn a_busy_callers_wake_may_poll_a_handle_at_once() {
     });
     close_all(&stop, logs);
 }
+
+#[test]
+fn a_checkpoint_whose_write_fails_stops_the_log_and_loses_nothing() {
+    // A checkpoint stores its file, cuts the wal, then stores the raft state. A failed write
+    // in it returned `Poisoned` ("refuses further work") while the replica went on serving
+    // appends. It now stops: every call is refused with the cause, and so is `close`. The
+    // driver is held (it makes no pass after the failure), so it is the release at the close
+    // that records the failure, and the log's handles answer the cause after the close as
+    // they did before it. A restart on the same disk then has every committed entry.
+    for file in ["snapshot.tmp", "raft-state.tmp"] {
+        let (net, stop, mut logs, l, second, disks) = leader_with_two_entries_and_disks();
+        let kept = logs[l].append(b"three").unwrap();
+        let third = match kept.wait_for(Duration::from_secs(5)) {
+            Some(Ok(index)) => index,
+            other => panic!("the third entry: {other:?}"),
+        };
+        wait_for("the third entry's apply", || {
+            logs[l].status().applied >= third
+        });
+        logs[l].hold_driver_for_test(true);
+        disks[l].fail_next_sync_of(file);
+        let is_cause =
+            |e: &ReplicaError| matches!(e, ReplicaError::Poisoned(w) if w.contains(file));
+        let checkpoint = logs[l].checkpoint(third, b"state");
+        assert!(
+            checkpoint.as_ref().is_err_and(is_cause),
+            "the checkpoint failing at {file}: {checkpoint:?}"
+        );
+        refuses_everything_with(&logs[l], is_cause);
+        assert!(
+            logs[l].status().failure.is_some_and(|f| f.contains(file)),
+            "{file}: the status names no failure"
+        );
+        let before = kept.try_result();
+        assert!(
+            before
+                .as_ref()
+                .is_some_and(|r| r.as_ref().is_err_and(is_cause)),
+            "{file}: the committed entry's handle before the close: {before:?}"
+        );
+        let leader = logs.remove(l);
+        let closed = leader.close();
+        assert!(
+            closed.as_ref().is_err_and(is_cause),
+            "{file}: the close: {closed:?}"
+        );
+        let after = kept.try_result();
+        assert!(
+            after
+                .as_ref()
+                .is_some_and(|r| r.as_ref().is_err_and(is_cause)),
+            "{file}: the committed entry's handle after the close: {after:?}"
+        );
+
+        // The same node starts again on its disk: nothing committed is lost.
+        let id = l as u64 + 1;
+        net.kill_process(NodeId(id));
+        let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
+        cfg.ring_bytes = 2 << 20;
+        cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+        let disk: Arc<dyn FileSystem> = disks[l].clone();
+        let again = Log::open(cfg, net.restart(NodeId(id)), disk, LogOptions::default()).unwrap();
+        wait_for("the restarted node's commit", || {
+            again.status().commit >= third
+        });
+        let first = again.status().first_index;
+        for (index, want) in [(second, &b"two"[..]), (third, b"three")] {
+            if index >= first {
+                let got = again.read(index).unwrap();
+                assert_eq!(
+                    got.as_deref(),
+                    Some(want),
+                    "{file}: entry {index} after the restart"
+                );
+            }
+        }
+        logs.push(again);
+        close_all(&stop, logs);
+    }
+}
