@@ -13,6 +13,9 @@
 //! - **Durability:** an acknowledged append is in the committed log at its index, forever.
 //! - **Monotonicity:** per incarnation of a node, its commit and applied indexes never go back,
 //!   and it never applies past its commit index.
+//! - **Membership:** the voters after a change are the same on every node, a node that applied
+//!   past a change never counts with one before it, and no node leads a membership that does
+//!   not count it (a leader that applied its own removal steps down).
 //! - **Well-formed messages:** no node refuses a frame (undecodable, from the wrong peer, an
 //!   append whose entries do not follow its index): the simulated network corrupts RDMA
 //!   Writes, never Sends, so every such frame was a correct peer's mistake. Checked by the
@@ -218,6 +221,15 @@ impl Checker {
                         .insert(s.conf_index, (s.voters.clone(), id));
                 }
             }
+        }
+        // A leader that applied its own removal steps down (raft's rule; raft-rs leaves it
+        // leading a configuration that no longer counts it, which then commits nothing).
+        if s.role == Role::Leader && !s.voters.is_empty() && !s.voters.contains(&id) {
+            return Err(format!(
+                "membership: node {id} leads term {} under a membership that does not count \
+                 it: {:?} (the change at {})",
+                s.term, s.voters, s.conf_index
+            ));
         }
         if let Some((&later, (_, other))) = (s.applied > s.conf_as_of)
             .then(|| self.memberships.range(s.conf_as_of + 1..=s.applied).next())

@@ -134,6 +134,11 @@ pub struct Options {
     /// checkpoint deletes some. The seed family of `tests/stopped_installs.rs`; off by
     /// default, so the CI seeds' runs stay as they were.
     pub stopped_installs: bool,
+    /// Three of four removals of a voter remove the leader itself (an operator retiring the node
+    /// that leads; [`Fault::RemoveLeader`]): once it applies its own removal it must step
+    /// down, and the voters left elect a leader among themselves. The seed family of
+    /// `tests/self_removals.rs`; off by default, so the CI seeds' runs stay as they were.
+    pub self_removals: bool,
 }
 
 /// How many seeds a seed family's test runs: `SIM_SEEDS` if set, else `default`.
@@ -167,6 +172,7 @@ impl Default for Options {
             wipe_episodes: true,
             stale_tickets: false,
             stopped_installs: false,
+            self_removals: false,
         }
     }
 }
@@ -267,6 +273,8 @@ pub enum Fault {
     /// checkpoint restarted, and its snapshot install failed at the write of the membership
     /// (see `episodes`; counted when the install failed).
     InstallStopped,
+    /// With [`Options::self_removals`]: a leader was asked to remove itself from the voters.
+    RemoveLeader,
 }
 
 /// What a run did.
@@ -459,6 +467,7 @@ fn replay_flags(o: &Options) -> String {
         (o.wipes && !o.wipe_episodes, " --no-wipe-episodes"),
         (o.stale_tickets, " --stale-tickets"),
         (o.stopped_installs, " --stopped-installs"),
+        (o.self_removals, " --self-removals"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
         (
             o.callers_drive && !o.deposed_episodes,
@@ -554,6 +563,8 @@ struct Run {
     stale_episode_rng: SplitMix64,
     /// The seed's generator for the episodes of [`Options::stopped_installs`].
     install_episode_rng: SplitMix64,
+    /// The seed's generator for the choices of [`Options::self_removals`].
+    self_removal_rng: SplitMix64,
     /// The clients of [`Options::sessions`].
     clients: Vec<SessionClient>,
     /// The nodes that acknowledged a client's append in this step's `drive_clients`, in
@@ -1568,6 +1579,16 @@ impl Run {
             if memory && (!self.down.is_empty() || self.recovering() > 0) {
                 return Ok(());
             }
+            if self.options.self_removals && self.self_removal_rng.below(4) != 0 {
+                match self.c.node(l).change_membership(l, false) {
+                    Ok(_) => {
+                        self.removed.insert(l);
+                        self.fault(Fault::RemoveLeader, format!("leader {l} removes itself"))
+                    }
+                    Err(e) => self.event(format!("leader {l} cannot remove itself: {e}")),
+                }
+                return Ok(());
+            }
             let others: Vec<u64> = voters.into_iter().filter(|&v| v != l).collect();
             if let Some(gone) = self.pick(&others) {
                 match self.c.node(l).change_membership(gone, false) {
@@ -1596,10 +1617,12 @@ impl Run {
             return;
         }
         let voters: BTreeSet<u64> = s.voters.iter().copied().collect();
+        // Never the leader itself: a leader that removed itself ([`Options::self_removals`])
+        // is retired once it stepped down and another leads.
         let mut gone: Vec<u64> = self
             .members()
             .into_iter()
-            .filter(|id| !voters.contains(id) && self.removed.contains(id))
+            .filter(|&id| id != l && !voters.contains(&id) && self.removed.contains(&id))
             .collect();
         if gone.is_empty() {
             return;
@@ -2176,6 +2199,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         wipes_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0004),
         stale_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0005),
         install_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0006),
+        self_removal_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0007),
         acked_on: Vec::new(),
         reads: Vec::new(),
         read_rng: SplitMix64::new(seed ^ 0x4ead_1de0_0000_0003),

@@ -94,6 +94,10 @@ struct Args {
     /// seed family of tests/stopped_installs.rs).
     #[arg(long)]
     stopped_installs: bool,
+    /// Three of four removals of a voter remove the leader itself, which must step down once it
+    /// applies the change (the seed family of tests/self_removals.rs).
+    #[arg(long)]
+    self_removals: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -133,6 +137,7 @@ fn main() -> anyhow::Result<()> {
         wipe_episodes: !args.no_wipe_episodes,
         stale_tickets: args.stale_tickets,
         stopped_installs: args.stopped_installs,
+        self_removals: args.self_removals,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {

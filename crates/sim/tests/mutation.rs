@@ -42,9 +42,11 @@ use replica::{Durability, Mutation};
 /// answers below the new commit index) and `replica/tests/integration/caller_driven_pass.rs`. `nic-quorum-any-index` is caught by the
 /// callers-drive seed family at its first seed (`tests/callers_drive.rs`): only a caller's
 /// pass resolves tickets from unstepped write completions. `removed-leader-leads` is caught
-/// by regression seed 10,500,953 of `Durability::Fsync` (a panic) and deterministically by
-/// `replica/tests/integration/removed_leader.rs`, not by a seed of the CI budget: a removed
-/// node must first win an election. `superseded-uncommitted` (a ticket superseded by an
+/// by the `--self-removals` family (`tests/self_removals.rs`, at seeds 1, 5 and 9 of
+/// `Fsync`, `Memory` and `Replicated`: the membership checker sees a leader outside its own
+/// voters), by regression seed 10,500,953 of `Durability::Fsync` (a removed node that won an
+/// election before it applied its own removal) and deterministically by
+/// `replica/tests/integration/removed_leader.rs`; the default families only remove followers. `superseded-uncommitted` (a ticket superseded by an
 /// uncommitted entry that replaced its own on this node) is caught by the `--stale-tickets`
 /// family (`tests/stale_tickets.rs`, at seeds 3, 1 and 7 of `Fsync`, `Memory` and
 /// `Replicated`: its episode sets up the five voters and two partitions in a row it takes,
