@@ -799,8 +799,21 @@ impl<F: Fabric> Replica<F> {
     /// Makes everything appended durable and closes the wal for writing. Under
     /// `Durability::Memory` it then removes the ring's shared-memory files, once the segment
     /// files hold everything the ring does: a clean close leaves nothing to recover, frees the
-    /// memory, and lets the next start use another ring size.
+    /// memory, and lets the next start use another ring size. A failure poisons the replica
+    /// (the durability of what it held is unknown): the ring's files stay, and the next start
+    /// recovers from them.
     pub fn flush(&mut self) -> Result<(), ReplicaError> {
+        self.flush_inner().map_err(|e| {
+            let why = match e {
+                ReplicaError::Poisoned(why) => why,
+                e => poison_msg("cannot close the log", e),
+            };
+            self.poisoned.get_or_insert_with(|| why.clone());
+            ReplicaError::Poisoned(why)
+        })
+    }
+
+    fn flush_inner(&mut self) -> Result<(), ReplicaError> {
         // Proposals made ahead of raft may already be acknowledged, the leader counted by its
         // ring: raft takes them and the wal persists them before it closes.
         if !self.deferred.is_empty() && self.poisoned.is_none() {

@@ -18,7 +18,8 @@ use fabric::NodeId;
 use fabric::sim::{SimConfig, SimEndpoint, SimNet};
 use replica::retention::Retention;
 use replica::{
-    AppendHandle, CheckpointPause, Log, LogOptions, PollMode, ReplicaConfig, ReplicaError, Role,
+    AppendHandle, CheckpointPause, Durability, Log, LogOptions, PollMode, ReplicaConfig,
+    ReplicaError, Role,
 };
 use wal::fs::{FaultFs, FileSystem};
 
@@ -34,20 +35,54 @@ fn cluster_with_disks() -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, Disk
 }
 
 fn cluster_polling(options: LogOptions) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, Disks) {
+    cluster_in(options, Durability::Fsync)
+}
+
+fn cluster_in(
+    options: LogOptions,
+    durability: Durability,
+) -> (SimNet, Arc<AtomicBool>, Vec<Log<SimEndpoint>>, Disks) {
     let net = SimNet::new(SimConfig::default(), 7);
     let stop = Arc::new(AtomicBool::new(false));
     net.run_realtime(stop.clone());
     let disks: Disks = (1..=3).map(|_| Arc::new(FaultFs::new())).collect();
     let logs = (1..=3u64)
         .map(|id| {
-            let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
-            cfg.ring_bytes = 2 << 20;
-            cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
             let disk: Arc<dyn FileSystem> = disks[id as usize - 1].clone();
+            let cfg = node_config(id, durability);
             Log::open(cfg, net.add_node(NodeId(id)), disk, options).unwrap()
         })
         .collect();
     (net, stop, logs, disks)
+}
+
+/// Node `id`'s configuration in these clusters.
+fn node_config(id: u64, durability: Durability) -> ReplicaConfig {
+    let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
+    cfg.ring_bytes = 2 << 20;
+    cfg.durability = durability;
+    cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
+    cfg
+}
+
+/// Starts node `l` (a position among the logs) again on its disk, as after a kill, and waits
+/// until its commit index reaches `commit`.
+fn restart_at(
+    net: &SimNet,
+    disks: &Disks,
+    l: usize,
+    durability: Durability,
+    commit: u64,
+) -> Log<SimEndpoint> {
+    let id = l as u64 + 1;
+    net.kill_process(NodeId(id));
+    let disk: Arc<dyn FileSystem> = disks[l].clone();
+    let cfg = node_config(id, durability);
+    let log = Log::open(cfg, net.restart(NodeId(id)), disk, LogOptions::default()).unwrap();
+    wait_for("the restarted node's commit", || {
+        log.status().commit >= commit
+    });
+    log
 }
 
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -568,16 +603,7 @@ fn a_checkpoint_whose_write_fails_stops_the_log_and_loses_nothing() {
         );
 
         // The same node starts again on its disk: nothing committed is lost.
-        let id = l as u64 + 1;
-        net.kill_process(NodeId(id));
-        let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], 9, format!("/n{id}").into());
-        cfg.ring_bytes = 2 << 20;
-        cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
-        let disk: Arc<dyn FileSystem> = disks[l].clone();
-        let again = Log::open(cfg, net.restart(NodeId(id)), disk, LogOptions::default()).unwrap();
-        wait_for("the restarted node's commit", || {
-            again.status().commit >= third
-        });
+        let again = restart_at(&net, &disks, l, Durability::Fsync, third);
         let first = again.status().first_index;
         for (index, want) in [(second, &b"two"[..]), (third, b"three")] {
             if index >= first {
@@ -592,4 +618,39 @@ fn a_checkpoint_whose_write_fails_stops_the_log_and_loses_nothing() {
         logs.push(again);
         close_all(&stop, logs);
     }
+}
+
+#[test]
+fn a_close_whose_final_sync_fails_fails_the_log_with_its_cause() {
+    // Under `Memory` the close makes the wal durable: a failed fdatasync there leaves the
+    // durability of its tail unknown. The flush poisons the replica, so the close records the
+    // failure and the log's handles answer it (a committed one said `Closed` or `Ok`, as if
+    // the close had gone well); the ring's files stay, and a restart has every entry.
+    let (net, stop, mut logs, disks) = cluster_in(LogOptions::default(), Durability::Memory);
+    let l = wait_for_leader(&logs);
+    let kept = logs[l].append(b"kept").unwrap();
+    let index = match kept.wait_for(Duration::from_secs(5)) {
+        Some(Ok(index)) => index,
+        other => panic!("the append: {other:?}"),
+    };
+    logs[l].hold_driver_for_test(true);
+    disks[l].fail_next_sync();
+    let leader = logs.remove(l);
+    let closed = leader.close();
+    let is_cause = |e: &ReplicaError| matches!(e, ReplicaError::Poisoned(w) if w.contains("sync"));
+    assert!(
+        closed.as_ref().is_err_and(is_cause),
+        "the close: {closed:?}"
+    );
+    let after = kept.try_result();
+    assert!(
+        after
+            .as_ref()
+            .is_some_and(|r| r.as_ref().is_err_and(is_cause)),
+        "the committed entry's handle after the close: {after:?}"
+    );
+    let again = restart_at(&net, &disks, l, Durability::Memory, index);
+    assert_eq!(again.read(index).unwrap().as_deref(), Some(&b"kept"[..]));
+    logs.insert(l, again);
+    close_all(&stop, logs);
 }
