@@ -685,6 +685,18 @@ pub enum ReplicaError {
     },
 }
 
+impl ReplicaError {
+    /// Why the replica stops, for [`ReplicaError::Poisoned`] to carry: the cause alone of an
+    /// error that is already a poisoning (so that the message does not say it twice), else
+    /// the error's sentence.
+    pub fn poison_cause(&self) -> String {
+        match self {
+            ReplicaError::Poisoned(why) => why.clone(),
+            e => e.to_string(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -411,7 +411,7 @@ impl<F: Fabric> Shared<F> {
                 self.publish_reads(reads);
                 return Ok(out);
             }
-            Ok(Err(e)) => e.to_string(),
+            Ok(Err(e)) => e.poison_cause(),
             Err(panic) => {
                 let what = panic_message(panic.as_ref());
                 tracing::error!(node = r.id(), panic = %what, "a pass driven by a caller panicked: the log stopped (fail-stop)");
@@ -1084,7 +1084,7 @@ fn drive_loop<F: Fabric + Send + 'static>(
         };
         if let Err(e) = result {
             s.hold_fail_stop_if_asked();
-            s.fail(e.to_string());
+            s.fail(e.poison_cause());
             return;
         }
         let (commit, reads) = progress;

@@ -803,14 +803,19 @@ impl<F: Fabric> Replica<F> {
     /// (the durability of what it held is unknown): the ring's files stay, and the next start
     /// recovers from them.
     pub fn flush(&mut self) -> Result<(), ReplicaError> {
-        self.flush_inner().map_err(|e| {
+        if let Err(e) = self.flush_inner() {
             let why = match e {
                 ReplicaError::Poisoned(why) => why,
                 e => poison_msg("cannot close the log", e),
             };
             self.poisoned.get_or_insert_with(|| why.clone());
-            ReplicaError::Poisoned(why)
-        })
+        }
+        // A replica poisoned before (a failed checkpoint on a caller's thread, say) closed its
+        // wal too, and says why it had stopped.
+        match &self.poisoned {
+            Some(why) => Err(ReplicaError::Poisoned(why.clone())),
+            None => Ok(()),
+        }
     }
 
     fn flush_inner(&mut self) -> Result<(), ReplicaError> {
@@ -935,7 +940,7 @@ impl<F: Fabric> Replica<F> {
         self.step_deferred();
         if self.raw.has_ready() {
             if let Err(e) = self.handle_ready() {
-                self.poisoned = Some(e.to_string());
+                self.poisoned = Some(e.poison_cause());
                 return Err(e);
             }
         }
@@ -1068,7 +1073,7 @@ impl<F: Fabric> Replica<F> {
                 let e = self.events[i];
                 if let Err(err) = self.handle_event(e) {
                     self.defer_nic_acks = false;
-                    self.poisoned.get_or_insert_with(|| err.to_string());
+                    self.poisoned.get_or_insert_with(|| err.poison_cause());
                     return Err(err);
                 }
             }
@@ -1104,7 +1109,7 @@ impl<F: Fabric> Replica<F> {
                     .and_then(|()| self.leave_recovery_if_caught_up())
                 {
                     if self.poisoned.is_none() {
-                        self.poisoned = Some(e.to_string());
+                        self.poisoned = Some(e.poison_cause());
                     }
                     return Err(e);
                 }

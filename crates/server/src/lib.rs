@@ -340,8 +340,9 @@ pub fn serve<F: Fabric + Send + 'static>(
     })
 }
 
-/// Applies the retention policy every `retention_interval` until shutdown. A failure is logged
-/// and counted; the next round tries again.
+/// Applies the retention policy every `retention_interval` until shutdown. A refusal is logged
+/// and counted, and the next round tries again; a write that failed stops the log (the server
+/// then exits for its supervisor to restart it), and the thread ends.
 fn retention_loop<F: Fabric + Send + 'static>(shared: &Shared<F>) {
     let policy = shared.opts.retention;
     let mut next = std::time::Instant::now() + shared.opts.retention_interval;
@@ -372,6 +373,10 @@ fn retention_loop<F: Fabric + Send + 'static>(shared: &Shared<F>) {
                     .metrics
                     .retention_failures
                     .fetch_add(1, Ordering::Relaxed);
+                if shared.log.failure().is_some() {
+                    tracing::error!(error = %e, "retention failed a write: the log stopped");
+                    return;
+                }
                 tracing::warn!(error = %e, "retention could not trim the log; trying again");
             }
         }

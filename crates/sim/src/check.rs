@@ -223,7 +223,7 @@ impl Checker {
             }
         }
         // A leader that applied its own removal steps down (raft's rule; raft-rs leaves it
-        // leading a configuration that no longer counts it, which then commits nothing).
+        // leading a configuration that no longer counts it, and panics at its next commit).
         if s.role == Role::Leader && !s.voters.is_empty() && !s.voters.contains(&id) {
             return Err(format!(
                 "membership: node {id} leads term {} under a membership that does not count \

@@ -3,8 +3,8 @@
 //! Once it applies its own removal the leader must step down, and the voters left elect a
 //! leader among themselves; the removed node is retired once another leads. With the
 //! step-down taken away (`Mutation::RemovedLeaderLeads`) raft-rs keeps the node leading a
-//! membership that no longer counts it, which commits nothing more: the membership checker
-//! sees a leader outside its own voters, in each durability mode. The default families only
+//! membership that no longer counts it (and panics at its next commit): the membership
+//! checker sees a leader outside its own voters first, in each durability mode. The default families only
 //! remove followers, and met this only where a removed node won an election before it
 //! applied its own removal (regression seed 10,500,953 of `Fsync`).
 //!

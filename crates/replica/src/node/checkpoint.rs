@@ -179,10 +179,7 @@ impl<F: Fabric> Replica<F> {
         self.raw.mut_store().set_prefix(first.0, prefix_term);
         self.raw.mut_store().forget_below(first.0);
         self.conf_history.compact(index);
-        self.store_state().map_err(|e| match e {
-            ReplicaError::Poisoned(why) => why,
-            e => e.to_string(),
-        })?;
+        self.store_state().map_err(|e| e.poison_cause())?;
         Ok(first.0)
     }
 

@@ -554,10 +554,11 @@ fn a_checkpoint_whose_write_fails_stops_the_log_and_loses_nothing() {
     // A checkpoint stores its file, cuts the wal, then stores the raft state. A failed write
     // in it returned `Poisoned` ("refuses further work") while the replica went on serving
     // appends. It now stops: every call is refused with the cause, and so is `close`. The
-    // driver is held (it makes no pass after the failure), so it is the release at the close
-    // that records the failure, and the log's handles answer the cause after the close as
-    // they did before it. A restart on the same disk then has every committed entry.
-    for file in ["snapshot.tmp", "raft-state.tmp"] {
+    // driver is held (it makes no pass after the failure) for the first file, so it is the
+    // release at the close that records the failure; for the second the driver's next pass
+    // records it, naming the cause once. The log's handles answer the cause after the close
+    // as they did before it. A restart on the same disk then has every committed entry.
+    for (file, held) in [("snapshot.tmp", true), ("raft-state.tmp", false)] {
         let (net, stop, mut logs, l, second, disks) = leader_with_two_entries_and_disks();
         let kept = logs[l].append(b"three").unwrap();
         let third = match kept.wait_for(Duration::from_secs(5)) {
@@ -576,10 +577,16 @@ fn a_checkpoint_whose_write_fails_stops_the_log_and_loses_nothing() {
             checkpoint.as_ref().is_err_and(is_cause),
             "the checkpoint failing at {file}: {checkpoint:?}"
         );
+        if !held {
+            logs[l].hold_driver_for_test(false);
+            wait_for("the driver's fail-stop", || logs[l].failure().is_some());
+        }
         refuses_everything_with(&logs[l], is_cause);
+        let failure = logs[l].status().failure.unwrap_or_default();
+        assert!(failure.contains(file), "{file}: the status's failure: {failure:?}");
         assert!(
-            logs[l].status().failure.is_some_and(|f| f.contains(file)),
-            "{file}: the status names no failure"
+            !failure.contains("poisoned"),
+            "{file}: the failure says it is a poisoning (twice, in an error): {failure:?}"
         );
         let before = kept.try_result();
         assert!(
