@@ -18,9 +18,10 @@ use replica::{Durability, Mutation};
 /// 26 (Lsn agreement after an install), unchecked-reads 10 (durability: a committed entry
 /// re-read after its stored bytes rotted), rewind-to-cut-record 17 (Lsn agreement: issue 13,
 /// defect 6), reopen-fast-path-early 15 (ring integrity: a follower was sent a descriptor
-/// starting below the records it had accepted; issue 13, defect 7), stale-entry-cache 75
-/// (well-formed messages: a leader served raft entries of a suffix its log had replaced, which
-/// do not follow the append's index). merge-disjoint-appends is caught at 505 of the default
+/// starting below the records it had accepted; issue 13, defect 7), stale-entry-cache 90
+/// (membership: a node that applied past a change counted with the membership before it; raft
+/// read back entries of a suffix its log had replaced; until `FaultFs`'s tearing reboots kept
+/// directory changes too, seed 75 caught it by well-formed messages). merge-disjoint-appends is caught at 505 of the default
 /// draw and at 182 with every seed in `Durability::Memory` (well-formed messages: the
 /// merged append's entries do not follow its index); the test runs the latter.
 /// unrepaired-raft-batches is caught only by the seed that found it (1,088, replayed without

@@ -50,19 +50,31 @@ fn no_session_entry_is_committed_twice() {
     );
 }
 
+/// `Mutation::DedupCommittedOnly` (a leader checks a session append against its applied
+/// entries only): the exactly-once checker fails a seed of the family (seed 186 today: a node
+/// folded a retried entry into its table twice). An earlier seed may catch it by another
+/// checker first (seed 120: the duplicates slow the session clients past the liveness bound);
+/// the search goes on past those, each a catch of the mutation's own.
 #[test]
 fn the_family_catches_a_leader_that_forgets_its_unapplied_entries() {
-    let caught = sim::first_catch(options(Mutation::DedupCommittedOnly), 1..=seeds())
-        .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
-        .map(|c| (c.seed, c.failure.to_string()));
-    let Some((seed, why)) = caught else {
-        panic!("no seed of 1..={} caught dedup-committed-only", seeds());
-    };
-    eprintln!("dedup-committed-only caught by seed {seed}");
-    assert!(
-        why.contains("exactly-once"),
-        "seed {seed} failed otherwise: {why}"
-    );
+    let mut start = 1;
+    loop {
+        let caught = sim::first_catch(options(Mutation::DedupCommittedOnly), start..=seeds())
+            .unwrap_or_else(|f| panic!("the catching seed fails without the mutation too:\n{f}"))
+            .map(|c| (c.seed, c.failure.to_string()));
+        let Some((seed, why)) = caught else {
+            panic!(
+                "no seed of 1..={} caught dedup-committed-only by its exactly-once checker",
+                seeds()
+            );
+        };
+        if why.contains("exactly-once") {
+            eprintln!("dedup-committed-only caught by seed {seed}");
+            return;
+        }
+        eprintln!("dedup-committed-only caught otherwise by seed {seed}: {why:.200}");
+        start = seed + 1;
+    }
 }
 
 /// `Mutation::SessionsFromLogStart` (a restart folds into the checkpoint's session table the

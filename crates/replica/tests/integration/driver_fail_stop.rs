@@ -583,7 +583,10 @@ fn a_checkpoint_whose_write_fails_stops_the_log_and_loses_nothing() {
         }
         refuses_everything_with(&logs[l], is_cause);
         let failure = logs[l].status().failure.unwrap_or_default();
-        assert!(failure.contains(file), "{file}: the status's failure: {failure:?}");
+        assert!(
+            failure.contains(file),
+            "{file}: the status's failure: {failure:?}"
+        );
         assert!(
             !failure.contains("poisoned"),
             "{file}: the failure says it is a poisoning (twice, in an error): {failure:?}"
