@@ -175,15 +175,16 @@ impl SimCluster {
                 if let (Ok(()), Some(_)) = (&pass, self.waiting.get(id)) {
                     let disk = &self.disks[id];
                     // A read failure armed for the node is the node's to meet, not this
-                    // check's; the indexes are read after a later pass.
-                    if !disk.is_down() && !disk.read_failure_armed() {
+                    // check's: it is held back while the check reads.
+                    if !disk.is_down() {
                         let to = self.caller_read_to.entry(*id).or_default();
                         let from = (*to).max(r.first_index().saturating_sub(1));
                         for index in from + 1..=r.commit_index() {
                             let mut buf = Vec::new();
-                            let read = r
-                                .read_persisted(index, &mut buf)
-                                .map(|t| t.map(|term| (term, buf)));
+                            let read = disk.without_read_faults(|| {
+                                r.read_persisted(index, &mut buf)
+                                    .map(|t| t.map(|term| (term, buf)))
+                            });
                             self.caller_reads.push(CallerRead {
                                 node: *id,
                                 index,

@@ -608,7 +608,10 @@ impl Run {
                     .nodes
                     .get(&a)
                     .and_then(Option::as_ref)
-                    .is_some_and(|r| r.persisted_term(*first_stale) != Some(term));
+                    .is_some_and(|r| {
+                        self.c.disks[&a].without_read_faults(|| r.persisted_term(*first_stale))
+                            != Some(term)
+                    });
                 if replaced {
                     let w = *winner;
                     self.fault(

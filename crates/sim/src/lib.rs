@@ -58,6 +58,8 @@ pub const LIVENESS_ELECTION_TIMEOUTS: u64 = 30;
 /// Virtual time after which the removal of a lost node that is still a voter is proposed
 /// again (the first proposal may have died with its leader).
 const REMOVAL_RETRY_NS: u64 = 20 * STEP_NS;
+/// A [`Fault::ReadEio`] fails one of the node's next this many reads.
+const READ_EIO_SPREAD: u64 = 16;
 
 /// What one run does.
 #[derive(Clone, Copy, Debug)]
@@ -139,6 +141,10 @@ pub struct Options {
     /// down, and the voters left elect a leader among themselves. The seed family of
     /// `tests/self_removals.rs`; off by default, so the CI seeds' runs stay as they were.
     pub self_removals: bool,
+    /// A read failure ([`Fault::ReadEio`]) takes the node's next read, as before reads were
+    /// drawn from the next few; off by default. Seeds found before replay their old schedule
+    /// with it on (`tests/mutation.rs`, seed 9,800,079).
+    pub next_read_eio: bool,
 }
 
 /// How many seeds a seed family's test runs: `SIM_SEEDS` if set, else `default`.
@@ -173,6 +179,7 @@ impl Default for Options {
             stale_tickets: false,
             stopped_installs: false,
             self_removals: false,
+            next_read_eio: false,
         }
     }
 }
@@ -228,7 +235,8 @@ pub enum Fault {
     /// checkpoint, snapshot install, truncation or append); the node then restarts from what
     /// was durable.
     PowerCutMidOp,
-    /// A node's next read of its disk fails with EIO.
+    /// One of a node's next few reads of its disk fails with EIO (the next one with
+    /// [`Options::next_read_eio`]).
     ReadEio,
     /// A byte of a record stored on a node's disk rots (Fsync seeds): reads of it must fail
     /// its check, and the node must refuse to start on it.
@@ -468,6 +476,7 @@ fn replay_flags(o: &Options) -> String {
         (o.stale_tickets, " --stale-tickets"),
         (o.stopped_installs, " --stopped-installs"),
         (o.self_removals, " --self-removals"),
+        (o.next_read_eio, " --next-read-eio"),
         (!o.kill_mid_op, " --no-kill-mid-op"),
         (
             o.callers_drive && !o.deposed_episodes,
@@ -565,6 +574,8 @@ struct Run {
     install_episode_rng: SplitMix64,
     /// The seed's generator for the choices of [`Options::self_removals`].
     self_removal_rng: SplitMix64,
+    /// The seed's generator for which of a node's next reads a [`Fault::ReadEio`] fails.
+    read_eio_rng: SplitMix64,
     /// The clients of [`Options::sessions`].
     clients: Vec<SessionClient>,
     /// The nodes that acknowledged a client's append in this step's `drive_clients`, in
@@ -1128,8 +1139,18 @@ impl Run {
         if self.chance(r.read_eio_ppm) {
             let live = self.live();
             if let Some(id) = self.pick(&live) {
-                self.c.disks[&id].fail_next_read();
-                self.fault(Fault::ReadEio, format!("node {id}'s next disk read fails"));
+                // Which read: the next one, or one of the next few, so that the failure lands
+                // in every code path that reads, not only in the one that reads first.
+                let skip = if self.options.next_read_eio {
+                    0
+                } else {
+                    self.read_eio_rng.below(READ_EIO_SPREAD)
+                };
+                self.c.disks[&id].fail_read_after(skip);
+                self.fault(
+                    Fault::ReadEio,
+                    format!("node {id}'s disk read after {skip} more fails"),
+                );
             }
         }
         if self.rot_rng.below(1_000_000) < self.rates.rot_ppm {
@@ -1170,9 +1191,16 @@ impl Run {
     /// Checkpoints node `id` at its applied index, with the application state the checker
     /// recomputes ([`check::node_app_state`]).
     fn checkpoint(&mut self, id: u64) {
-        let r = self.c.node(id);
+        let r = self
+            .c
+            .nodes
+            .get_mut(&id)
+            .and_then(Option::as_mut)
+            .expect("a live node");
         let index = r.status().applied;
-        let Some(state) = check::node_app_state(r, index) else {
+        // The application's state, which it keeps in memory: its reads are not the node's.
+        let state = self.c.disks[&id].without_read_faults(|| check::node_app_state(r, index));
+        let Some(state) = state else {
             return;
         };
         match r.checkpoint(index, &state) {
@@ -1415,7 +1443,12 @@ impl Run {
         }
         let id = live[self.rot_rng.below(live.len() as u64) as usize];
         let dir = self.c.configs[&id].data_dir.clone();
-        let r = self.c.node(id);
+        let r = self
+            .c
+            .nodes
+            .get_mut(&id)
+            .and_then(Option::as_mut)
+            .expect("a live node");
         let s = r.status();
         let first = s.first_index.max(1);
         if s.commit < first {
@@ -1423,7 +1456,8 @@ impl Run {
         }
         let mut buf = Vec::new();
         let k = first + self.rot_rng.below(s.commit - first + 1);
-        let Ok(Some((_, lsn))) = r.read_persisted_at(k, &mut buf) else {
+        let picked = self.c.disks[&id].without_read_faults(|| r.read_persisted_at(k, &mut buf));
+        let Ok(Some((_, lsn))) = picked else {
             return;
         };
         if buf.is_empty() {
@@ -1885,10 +1919,10 @@ impl Run {
         for (&id, r) in self.c.nodes.iter_mut() {
             // A machine whose power just failed (a power cut mid-operation), or a process
             // killed mid-operation, is dead, whether it noticed yet or not: its disk answers
-            // nothing. A read failure armed for the node must reach the node, not the checker.
-            // Each is checked next step.
+            // nothing; it is checked next step. A read failure armed for the node is held
+            // back while the checker reads (it must reach the node, not the checker).
             let disk = &self.c.disks[&id];
-            if disk.is_down() || disk.read_failure_armed() {
+            if disk.is_down() {
                 skipped.insert(id);
                 continue;
             }
@@ -1912,8 +1946,11 @@ impl Run {
                          peer sent it"
                     ));
                 }
-                self.checker.check_node(id, r)?;
-                self.checker.check_checkpoint(id, r)?;
+                let checker = &mut self.checker;
+                disk.without_read_faults(|| {
+                    checker.check_node(id, r)?;
+                    checker.check_checkpoint(id, r)
+                })?;
             }
         }
         // An ack from a node the checker skipped (this step, or the step it acked in, before
@@ -2200,6 +2237,7 @@ pub fn run(seed: u64, options: Options, verbose: bool) -> Result<Summary, Box<Fa
         stale_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0005),
         install_episode_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0006),
         self_removal_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0007),
+        read_eio_rng: SplitMix64::new(seed ^ 0x0e91_50de_0000_0008),
         acked_on: Vec::new(),
         reads: Vec::new(),
         read_rng: SplitMix64::new(seed ^ 0x4ead_1de0_0000_0003),

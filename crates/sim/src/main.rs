@@ -98,6 +98,10 @@ struct Args {
     /// applies the change (the seed family of tests/self_removals.rs).
     #[arg(long)]
     self_removals: bool,
+    /// A read failure takes the node's next read, as before reads were drawn from the next
+    /// few (the schedule of seeds found before).
+    #[arg(long)]
+    next_read_eio: bool,
     /// Print every event of the run (useful with --seed).
     #[arg(long)]
     verbose: bool,
@@ -138,6 +142,7 @@ fn main() -> anyhow::Result<()> {
         stale_tickets: args.stale_tickets,
         stopped_installs: args.stopped_installs,
         self_removals: args.self_removals,
+        next_read_eio: args.next_read_eio,
         ..sim::Options::default()
     };
     if let Some(seed) = args.seed {

@@ -63,7 +63,12 @@ fn regression_seeds_of_the_family_pass() {
         (30_001_269, Some(Durability::Replicated)),
         (30_001_609, Some(Durability::Memory)),
     ] {
-        if let Err(f) = sim::run(seed, options(Mutation::None, durability), false) {
+        // The schedule each was found with: a read failure took the node's next read.
+        let found = sim::Options {
+            next_read_eio: true,
+            ..options(Mutation::None, durability)
+        };
+        if let Err(f) = sim::run(seed, found, false) {
             panic!("\n{f}\n");
         }
     }

@@ -15,13 +15,14 @@ use replica::{Durability, Mutation};
 /// no-recovering-guard 51 (state machine safety), skip-revoke 32 (ring integrity: a deposed
 /// leader's write landed over a record a follower had accepted), ack-before-crc 42 (log
 /// matching: a follower took a corrupted write's descriptor as its entries), snapshot-own-lsn
-/// 26 (Lsn agreement after an install), unchecked-reads 10 (durability: a committed entry
+/// 26 (Lsn agreement after an install), unchecked-reads 7 (durability: a committed entry
 /// re-read after its stored bytes rotted), rewind-to-cut-record 17 (Lsn agreement: issue 13,
 /// defect 6), reopen-fast-path-early 15 (ring integrity: a follower was sent a descriptor
-/// starting below the records it had accepted; issue 13, defect 7), stale-entry-cache 90
+/// starting below the records it had accepted; issue 13, defect 7), stale-entry-cache 103
 /// (membership: a node that applied past a change counted with the membership before it; raft
-/// read back entries of a suffix its log had replaced; until `FaultFs`'s tearing reboots kept
-/// directory changes too, seed 75 caught it by well-formed messages). merge-disjoint-appends is caught at 505 of the default
+/// read back entries of a suffix its log had replaced; seed 75 caught it by well-formed
+/// messages until `FaultFs`'s tearing reboots kept directory changes and a read failure took
+/// one of a node's next few reads rather than the next). merge-disjoint-appends is caught at 505 of the default
 /// draw and at 182 with every seed in `Durability::Memory` (well-formed messages: the
 /// merged append's entries do not follow its index); the test runs the latter.
 /// unrepaired-raft-batches is caught only by the seed that found it (1,088, replayed without
@@ -325,6 +326,8 @@ fn sending_raft_batches_unrepaired_is_caught() {
     let options = sim::Options {
         mutation: Mutation::UnrepairedRaftBatches,
         kill_mid_op: false,
+        // As found: a read failure took the node's next read.
+        next_read_eio: true,
         ..sim::Options::default()
     };
     let caught = caught_by(options, [1088]).map(|(_, v)| v);
@@ -346,6 +349,8 @@ fn cutting_the_wal_before_the_ring_is_caught() {
     let options = sim::Options {
         mutation: Mutation::CutWalBeforeRing,
         durability: Some(Durability::Replicated),
+        // As found: a read failure took the node's next read.
+        next_read_eio: true,
         ..sim::Options::default()
     };
     let caught = caught_by(options, [501055]).map(|(_, v)| v);
@@ -369,6 +374,8 @@ fn ticking_outside_the_fail_stop_wrapper_is_caught() {
         conditional: true,
         // The schedule it was found with, before the family's deposed-leader episode.
         deposed_episodes: false,
+        // As found: a read failure took the node's next read.
+        next_read_eio: true,
         ..sim::Options::default()
     };
     let caught = caught_by(options, [9_800_079]).map(|(_, v)| v);
@@ -387,6 +394,8 @@ fn ticking_outside_the_fail_stop_wrapper_is_caught() {
 fn replaying_applied_conf_changes_is_caught() {
     let options = sim::Options {
         mutation: Mutation::ReplayAppliedConfChanges,
+        // As found: a read failure took the node's next read.
+        next_read_eio: true,
         ..sim::Options::default()
     };
     let caught = caught_by(options, [522]).map(|(_, v)| v);

@@ -6,11 +6,21 @@
 //!
 //! Method: `sim::run(seed, options)` must pass all checkers.
 
+/// The options every seed here was found with: a read failure took the node's next read
+/// (before reads were drawn from the next few, `Options::next_read_eio`), so each replays the
+/// schedule that failed.
+fn found_before() -> sim::Options {
+    sim::Options {
+        next_read_eio: true,
+        ..sim::Options::default()
+    }
+}
+
 fn pass(seed: u64) {
     let options = sim::Options {
         fault_ns: 2_000_000_000,
         max_appends: 60,
-        ..sim::Options::default()
+        ..found_before()
     };
     if let Err(f) = sim::run(seed, options, false) {
         panic!("\n{f}\n");
@@ -62,7 +72,7 @@ fn seed_792_same_as_121() {
 /// one incarnation; a later one reports the outcome as unknown. Found with the defaults.
 #[test]
 fn seed_248_ticket_asked_of_a_later_incarnation() {
-    if let Err(f) = sim::run(248, sim::Options::default(), false) {
+    if let Err(f) = sim::run(248, found_before(), false) {
         panic!("\n{f}\n");
     }
 }
@@ -75,7 +85,7 @@ fn seed_248_ticket_asked_of_a_later_incarnation() {
 /// but never became a voter.
 #[test]
 fn seed_444_recovering_nodes_became_a_majority() {
-    let options = sim::Options::default();
+    let options = found_before();
     for seed in [444, 709] {
         if let Err(f) = sim::run(seed, options, false) {
             panic!("\n{f}\n");
@@ -90,7 +100,7 @@ fn seed_444_recovering_nodes_became_a_majority() {
 /// leader's. Found by the Lsn checker; fixed in `Replica::truncate_from`.
 #[test]
 fn seed_76_truncation_rewound_past_padding() {
-    if let Err(f) = sim::run(76, sim::Options::default(), false) {
+    if let Err(f) = sim::run(76, found_before(), false) {
         panic!("\n{f}\n");
     }
 }
@@ -110,7 +120,7 @@ fn seed_76_truncation_rewound_past_padding() {
 #[test]
 fn seeds_20_106_414_524_checkpoints_and_power_cuts() {
     for seed in [20, 106, 414, 524] {
-        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+        if let Err(f) = sim::run(seed, found_before(), false) {
             panic!("\n{f}\n");
         }
     }
@@ -122,7 +132,7 @@ fn seeds_20_106_414_524_checkpoints_and_power_cuts() {
 #[test]
 fn seeds_4334_50616_read_failures_armed_to_the_end() {
     for seed in [4334, 50616] {
-        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+        if let Err(f) = sim::run(seed, found_before(), false) {
             panic!("\n{f}\n");
         }
     }
@@ -140,7 +150,7 @@ fn seeds_4334_50616_read_failures_armed_to_the_end() {
 #[test]
 fn seeds_53809_5759_7487_stale_fast_end_and_retired_voters() {
     for seed in [53809, 5759, 7487] {
-        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+        if let Err(f) = sim::run(seed, found_before(), false) {
             panic!("\n{f}\n");
         }
     }
@@ -151,7 +161,7 @@ fn seeds_53809_5759_7487_stale_fast_end_and_retired_voters() {
 /// configuration (the documented stall). The driver counts nodes being removed as gone.
 #[test]
 fn seed_20514_recovering_nodes_and_a_removal_in_flight() {
-    if let Err(f) = sim::run(20514, sim::Options::default(), false) {
+    if let Err(f) = sim::run(20514, found_before(), false) {
         panic!("\n{f}\n");
     }
 }
@@ -167,7 +177,7 @@ fn seed_20514_recovering_nodes_and_a_removal_in_flight() {
 #[test]
 fn seeds_44395_55510_a_lost_send_overtaken_leaks_a_credit() {
     for seed in [44395, 55510] {
-        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+        if let Err(f) = sim::run(seed, found_before(), false) {
             panic!("\n{f}\n");
         }
     }
@@ -185,7 +195,7 @@ fn seeds_44395_55510_a_lost_send_overtaken_leaks_a_credit() {
 #[test]
 fn seeds_627_1765_small_segments() {
     for seed in [627, 1765] {
-        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+        if let Err(f) = sim::run(seed, found_before(), false) {
             panic!("\n{f}\n");
         }
     }
@@ -199,7 +209,7 @@ fn seeds_627_1765_small_segments() {
 #[test]
 fn seeds_43139_88155_a_removal_beside_a_lost_node() {
     for seed in [43139, 88155] {
-        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+        if let Err(f) = sim::run(seed, found_before(), false) {
             panic!("\n{f}\n");
         }
     }
@@ -216,7 +226,7 @@ fn seeds_43139_88155_a_removal_beside_a_lost_node() {
 fn seed_2697_replicated_an_ack_only_a_skipped_leader_could_show() {
     let options = sim::Options {
         durability: Some(replica::Durability::Replicated),
-        ..sim::Options::default()
+        ..found_before()
     };
     if let Err(f) = sim::run(2697, options, false) {
         panic!("\n{f}\n");
@@ -232,7 +242,7 @@ fn seed_2697_replicated_an_ack_only_a_skipped_leader_could_show() {
 /// `Connected` (`fabric/tests/integration/unannounced_connection.rs` has the focused test).
 #[test]
 fn seed_928_a_leader_woke_and_wrote_on_a_connection_it_had_not_seen() {
-    if let Err(f) = sim::run(928, sim::Options::default(), false) {
+    if let Err(f) = sim::run(928, found_before(), false) {
         panic!("\n{f}\n");
     }
 }
@@ -254,7 +264,7 @@ fn seed_928_a_leader_woke_and_wrote_on_a_connection_it_had_not_seen() {
 #[test]
 fn seeds_319_62767_bytes_read_back_after_a_failed_fdatasync() {
     for seed in [319, 62767] {
-        if let Err(f) = sim::run(seed, sim::Options::default(), false) {
+        if let Err(f) = sim::run(seed, found_before(), false) {
             panic!("\n{f}\n");
         }
     }
@@ -274,7 +284,7 @@ fn seed_1088_entries_batched_onto_an_empty_append() {
     for kill_mid_op in [false, true] {
         let options = sim::Options {
             kill_mid_op,
-            ..sim::Options::default()
+            ..found_before()
         };
         if let Err(f) = sim::run(1088, options, false) {
             panic!("\n{f}\n");
@@ -294,7 +304,7 @@ fn seed_1088_entries_batched_onto_an_empty_append() {
 fn seed_501055_replicated_a_failed_cut_read_its_own_ring_as_corrupt() {
     let options = sim::Options {
         durability: Some(replica::Durability::Replicated),
-        ..sim::Options::default()
+        ..found_before()
     };
     if let Err(f) = sim::run(501055, options, false) {
         panic!("\n{f}\n");
@@ -325,7 +335,7 @@ fn seed_9601360_callers_drive_replicated_a_lost_write_completed_by_a_torn_one() 
             // The schedule it was found with, before the family's deposed-leader episode.
             deposed_episodes: false,
             durability: Some(replica::Durability::Replicated),
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -343,7 +353,7 @@ fn seed_9800079_callers_drive_conditional_a_read_error_in_a_tick() {
             // The schedule it was found with, before the family's deposed-leader episode.
             deposed_episodes: false,
             conditional: true,
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -364,14 +374,14 @@ fn seed_9950157_conditional_a_restart_forgot_a_removal() {
         9_950_157,
         sim::Options {
             conditional: true,
-            ..sim::Options::default()
+            ..found_before()
         },
     );
     pass_with(
         8_000_412,
         sim::Options {
             durability: Some(replica::Durability::Replicated),
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -388,7 +398,7 @@ fn seed_10500953_fsync_a_removed_leader_led_on() {
         10_500_953,
         sim::Options {
             durability: Some(replica::Durability::Fsync),
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -408,7 +418,7 @@ fn seed_10700044_sessions_a_client_that_refused_itself() {
             // The schedule it was found with, before the family's deposed-leader episode.
             deposed_episodes: false,
             sessions: true,
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -426,7 +436,7 @@ fn seed_60000796_sessions_a_number_too_old_to_retry() {
         60_000_796,
         sim::Options {
             sessions: true,
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -443,7 +453,7 @@ fn seed_30001061_reads_a_read_error_in_a_linearizable_read() {
         30_001_061,
         sim::Options {
             reads: true,
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -461,7 +471,7 @@ fn seed_70500186_conditional_a_client_asked_only_joiners() {
         70_500_186,
         sim::Options {
             conditional: true,
-            ..sim::Options::default()
+            ..found_before()
         },
     );
 }
@@ -474,5 +484,5 @@ fn seed_70500186_conditional_a_client_asked_only_joiners() {
 /// `replay-applied-conf-changes`).
 #[test]
 fn seed_522_a_restart_went_back_to_an_older_membership() {
-    pass_with(522, sim::Options::default());
+    pass_with(522, found_before());
 }

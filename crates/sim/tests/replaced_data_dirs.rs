@@ -82,6 +82,7 @@ fn an_unproven_node_stepping_raft_messages_is_caught_in_every_durability_mode() 
 fn regression_seeds_of_the_family_pass() {
     let old_schedule = sim::Options {
         wipe_episodes: false,
+        next_read_eio: true,
         ..options(Mutation::None, None)
     };
     if let Err(f) = sim::run(11, old_schedule, false) {
@@ -90,7 +91,11 @@ fn regression_seeds_of_the_family_pass() {
     // Seed 505,669: a node emptied while the membership had a member added since, which it
     // could not reach, waited for it for good once the cluster removed it: it asked only the
     // voters that had not answered, and never heard of the removal.
-    if let Err(f) = sim::run(505_669, options(Mutation::None, None), false) {
+    let found = sim::Options {
+        next_read_eio: true,
+        ..options(Mutation::None, None)
+    };
+    if let Err(f) = sim::run(505_669, found, false) {
         panic!("\n{f}\n");
     }
 }

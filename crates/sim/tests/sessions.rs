@@ -51,10 +51,11 @@ fn no_session_entry_is_committed_twice() {
 }
 
 /// `Mutation::DedupCommittedOnly` (a leader checks a session append against its applied
-/// entries only): the exactly-once checker fails a seed of the family (seed 186 today: a node
+/// entries only): the exactly-once checker fails a seed of the family (seed 79 today: a node
 /// folded a retried entry into its table twice). An earlier seed may catch it by another
-/// checker first (seed 120: the duplicates slow the session clients past the liveness bound);
-/// the search goes on past those, each a catch of the mutation's own.
+/// checker first (seed 120 did, under an earlier schedule: the duplicates slowed the session
+/// clients past the liveness bound); the search goes on past those, each a catch of the
+/// mutation's own.
 #[test]
 fn the_family_catches_a_leader_that_forgets_its_unapplied_entries() {
     let mut start = 1;

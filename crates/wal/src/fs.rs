@@ -213,8 +213,11 @@ struct FaultState {
     fail_next_sync: bool,
     /// Fail the next fdatasync of a file whose name ends with this, with EIO.
     fail_next_sync_of: Option<String>,
-    /// Fail the next read with EIO.
-    fail_next_read: bool,
+    /// Fail a read with EIO once this many more reads succeeded.
+    fail_read_in: Option<u64>,
+    /// While above zero, reads neither fail nor count towards `fail_read_in` (see
+    /// [`FaultFs::without_read_faults`]).
+    read_faults_held: u32,
     /// Fail the next write with EIO after this many of its bytes reached the file.
     fail_next_write: Option<usize>,
     /// The most bytes ever written but not yet durable at once (see
@@ -389,7 +392,13 @@ impl FaultFs {
     /// Makes the next read fail with EIO (a bad sector, a flaky controller); later reads
     /// succeed.
     pub fn fail_next_read(&self) {
-        self.lock().fail_next_read = true;
+        self.fail_read_after(0);
+    }
+
+    /// Makes a read fail with EIO once `reads` more reads succeeded (the next one for 0);
+    /// later reads succeed.
+    pub fn fail_read_after(&self, reads: u64) {
+        self.lock().fail_read_in = Some(reads);
     }
 
     /// Makes the next write fail with EIO after its first `reached` bytes reached the file
@@ -412,14 +421,29 @@ impl FaultFs {
         self.lock().unsynced_high.unwrap_or(0)
     }
 
+    /// Runs `f` with this disk's armed read failure held back: reads made meanwhile (a
+    /// checker's, from outside the process under test) neither fail nor bring the failure
+    /// nearer, so the failure still reaches the process's own read it was drawn for.
+    pub fn without_read_faults<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Held<'a>(&'a FaultFs);
+        impl Drop for Held<'_> {
+            fn drop(&mut self) {
+                self.0.lock().read_faults_held -= 1;
+            }
+        }
+        self.lock().read_faults_held += 1;
+        let _held = Held(self);
+        f()
+    }
+
     /// Disarms a read failure no read has taken yet.
     pub fn clear_read_failure(&self) {
-        self.lock().fail_next_read = false;
+        self.lock().fail_read_in = None;
     }
 
     /// Whether a read failure is armed and no read has taken it yet.
     pub fn read_failure_armed(&self) -> bool {
-        self.lock().fail_next_read
+        self.lock().fail_read_in.is_some()
     }
 
     /// Limits the total size of all files (ENOSPC beyond it); `None` lifts the limit.
@@ -514,7 +538,7 @@ impl FaultFs {
         state.killed = false;
         state.fail_next_sync = false;
         state.fail_next_sync_of = None;
-        state.fail_next_read = false;
+        state.fail_read_in = None;
         state.fail_next_write = None;
     }
 
@@ -589,8 +613,13 @@ impl FaultHandle {
 impl WalFile for FaultHandle {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.with(false, |state, id| {
-            if std::mem::take(&mut state.fail_next_read) {
-                return Err(rustix::io::Errno::IO.into());
+            match state.fail_read_in.filter(|_| state.read_faults_held == 0) {
+                Some(0) => {
+                    state.fail_read_in = None;
+                    return Err(rustix::io::Errno::IO.into());
+                }
+                Some(n) => state.fail_read_in = Some(n - 1),
+                None => {}
             }
             let data = &state.files[&id].data;
             let start = offset as usize;
@@ -984,5 +1013,29 @@ mod tests {
             seen.insert(names);
         }
         assert_eq!(seen.len(), 8, "not every subset of three changes: {seen:?}");
+    }
+
+    /// A read failure armed after `n` reads takes the read after them; reads made while
+    /// faults are held back neither fail nor count.
+    #[test]
+    fn a_read_failure_takes_the_read_it_was_drawn_for() {
+        let fs = FaultFs::new();
+        let f = fs.create(Path::new("/d/f")).unwrap();
+        f.write_all_at(b"bytes", 0).unwrap();
+        let mut buf = [0u8; 5];
+        fs.fail_read_after(2);
+        for _ in 0..3 {
+            fs.without_read_faults(|| f.read_exact_at(&mut buf, 0))
+                .unwrap();
+        }
+        f.read_exact_at(&mut buf, 0).unwrap();
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert!(fs.read_failure_armed());
+        assert!(
+            f.read_exact_at(&mut buf, 0).is_err(),
+            "the third read fails"
+        );
+        assert!(!fs.read_failure_armed());
+        f.read_exact_at(&mut buf, 0).unwrap();
     }
 }
