@@ -26,6 +26,8 @@ pub struct SimServers {
     pub servers: Vec<Option<ServerHandle<SimEndpoint>>>,
     /// Their client addresses, node 1 first.
     pub addrs: Vec<String>,
+    /// Their disks, node 1 first (a clone shares the disk: arm its faults).
+    pub disks: Vec<FaultFs>,
 }
 
 impl std::fmt::Debug for SimServers {
@@ -92,6 +94,7 @@ impl SimServers {
             stop,
             servers: Vec::new(),
             addrs: addrs.iter().map(ToString::to_string).collect(),
+            disks: Vec::new(),
         };
         for id in 1..=3u64 {
             let mut cfg = ReplicaConfig::new(id, vec![1, 2, 3], CLUSTER, format!("/n{id}").into());
@@ -99,7 +102,9 @@ impl SimServers {
             cfg.segment_bytes = 8 << 20;
             cfg.election_window = Some((10 + 3 * id as usize, 11 + 3 * id as usize));
             replica(&mut cfg);
-            let disk: Arc<dyn FileSystem> = Arc::new(FaultFs::new());
+            let fs = FaultFs::new();
+            c.disks.push(fs.clone());
+            let disk: Arc<dyn FileSystem> = Arc::new(fs);
             let opts = LogOptions {
                 poll: PollMode::Event,
                 ..LogOptions::default()

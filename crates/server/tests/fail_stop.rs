@@ -31,3 +31,56 @@ fn a_failed_log_ends_the_serve_loop_with_its_cause() {
     let stop = AtomicBool::new(true);
     assert_eq!(c.server(other).run_until(&stop), None);
 }
+
+#[test]
+fn a_retention_trim_whose_write_fails_ends_the_serve_loop_with_its_cause() {
+    // Retention checkpoints and cuts the log; a failed write of the checkpoint stops the log
+    // (its state on disk is no longer known), and the serve loop returns the cause, so the
+    // binary exits non-zero for its supervisor to restart it rather than logging the failure
+    // and trying again next round while it serves on.
+    let c = SimServers::start_tuned(
+        63,
+        |cfg| cfg.segment_bytes = 512 << 10,
+        |o| {
+            o.retention = replica::retention::Retention {
+                max_bytes: Some(600_000),
+                ..Default::default()
+            };
+            o.retention_interval = Duration::from_millis(100);
+        },
+    );
+    let leader = c.leader();
+    c.disks[leader as usize - 1].fail_next_sync_of("snapshot.tmp");
+    let log = c.server(leader).log();
+    for k in 0..6u8 {
+        let batch: Vec<Vec<u8>> = (0..100).map(|_| vec![k; 3000]).collect();
+        let items: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+        let last = log.append_batch(&items).and_then(|handles| {
+            let last = handles.into_iter().last().expect("a handle per entry");
+            last.wait(Duration::from_secs(10))
+        });
+        match last {
+            Ok(_) => {}
+            // The trim may stop the log while the last batches are appended.
+            Err(e) => {
+                assert!(matches!(e, replica::ReplicaError::Poisoned(_)), "{e}");
+                break;
+            }
+        }
+    }
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let timer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(20));
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    let why = c.server(leader).run_until(&stop);
+    assert!(
+        why.as_deref().is_some_and(|w| w.contains("snapshot.tmp")),
+        "run_until: {why:?}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    drop(timer);
+}
