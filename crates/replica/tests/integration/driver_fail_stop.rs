@@ -591,26 +591,8 @@ fn a_checkpoint_whose_write_fails_stops_the_log_and_loses_nothing() {
             !failure.contains("poisoned"),
             "{file}: the failure says it is a poisoning (twice, in an error): {failure:?}"
         );
-        let before = kept.try_result();
-        assert!(
-            before
-                .as_ref()
-                .is_some_and(|r| r.as_ref().is_err_and(is_cause)),
-            "{file}: the committed entry's handle before the close: {before:?}"
-        );
-        let leader = logs.remove(l);
-        let closed = leader.close();
-        assert!(
-            closed.as_ref().is_err_and(is_cause),
-            "{file}: the close: {closed:?}"
-        );
-        let after = kept.try_result();
-        assert!(
-            after
-                .as_ref()
-                .is_some_and(|r| r.as_ref().is_err_and(is_cause)),
-            "{file}: the committed entry's handle after the close: {after:?}"
-        );
+        answers_the_cause(&kept, is_cause, &format!("{file}, before the close"));
+        closes_with_the_cause(logs.remove(l), &kept, is_cause, file);
 
         // The same node starts again on its disk: nothing committed is lost.
         let again = restart_at(&net, &disks, l, Durability::Fsync, third);
@@ -645,22 +627,39 @@ fn a_close_whose_final_sync_fails_fails_the_log_with_its_cause() {
     };
     logs[l].hold_driver_for_test(true);
     disks[l].fail_next_sync();
-    let leader = logs.remove(l);
-    let closed = leader.close();
     let is_cause = |e: &ReplicaError| matches!(e, ReplicaError::Poisoned(w) if w.contains("sync"));
-    assert!(
-        closed.as_ref().is_err_and(is_cause),
-        "the close: {closed:?}"
-    );
-    let after = kept.try_result();
-    assert!(
-        after
-            .as_ref()
-            .is_some_and(|r| r.as_ref().is_err_and(is_cause)),
-        "the committed entry's handle after the close: {after:?}"
-    );
+    closes_with_the_cause(logs.remove(l), &kept, is_cause, "the final sync");
     let again = restart_at(&net, &disks, l, Durability::Memory, index);
     assert_eq!(again.read(index).unwrap().as_deref(), Some(&b"kept"[..]));
     logs.insert(l, again);
     close_all(&stop, logs);
+}
+
+/// Asserts that the committed entry's handle `kept` answers with the failure (`is_cause`).
+fn answers_the_cause(
+    kept: &AppendHandle<SimEndpoint>,
+    is_cause: impl Fn(&ReplicaError) -> bool,
+    when: &str,
+) {
+    let r = kept.try_result();
+    assert!(
+        r.as_ref().is_some_and(|r| r.as_ref().is_err_and(&is_cause)),
+        "{when}: the committed entry's handle: {r:?}"
+    );
+}
+
+/// Closes `log`, which failed (`is_cause`, from `what`): the close reports the failure, and so
+/// does the committed entry's handle `kept` after it.
+fn closes_with_the_cause(
+    log: Log<SimEndpoint>,
+    kept: &AppendHandle<SimEndpoint>,
+    is_cause: impl Fn(&ReplicaError) -> bool,
+    what: &str,
+) {
+    let closed = log.close();
+    assert!(
+        closed.as_ref().is_err_and(&is_cause),
+        "{what}: the close: {closed:?}"
+    );
+    answers_the_cause(kept, is_cause, &format!("{what}, after the close"));
 }
