@@ -446,7 +446,8 @@ fn drop_empty_tail_segments(
     Ok(())
 }
 
-/// Cuts `[bad_at, cut_end)`: saves the bytes to `LSN.broken`, deletes later segments
+/// Cuts `[bad_at, cut_end)`: saves the bytes to `LSN.broken` (`LSN.N.broken` when an earlier
+/// repair's file is there), deletes later segments
 /// (last-first, each with a directory fsync) and zeroes the rest of segment `i`.
 fn repair(
     fs: &dyn FileSystem,
@@ -463,7 +464,18 @@ fn repair(
         lsn: Lsn(bad_at),
         source,
     };
-    let path = dir.join(format!("{:020}{BROKEN_SUFFIX}", bad_at));
+    // Never over an earlier repair's file: a power cut after that repair removed the later
+    // segments leaves fewer bytes to save at the same position, and a later tear may land
+    // there again. The first free of `LSN.broken`, `LSN.1.broken`, ...
+    let taken = fs.list(dir).map_err(fail)?;
+    let path = (0u32..)
+        .map(|n| match n {
+            0 => format!("{bad_at:020}{BROKEN_SUFFIX}"),
+            n => format!("{bad_at:020}.{n}{BROKEN_SUFFIX}"),
+        })
+        .find(|name| !taken.contains(name))
+        .map(|name| dir.join(name))
+        .expect("a free name");
     let broken = fs.create(&path).map_err(fail)?;
     let mut written = 0u64;
     for segment in segments.iter().skip(i) {

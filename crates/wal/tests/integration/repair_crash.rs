@@ -85,3 +85,74 @@ fn a_power_cut_during_the_repair_of_a_torn_tail_is_repaired_at_the_next_open() {
 fn a_power_cut_during_the_repair_tearing_unsynced_sectors_is_repaired_too() {
     each_crash_point(true);
 }
+
+/// A torn tail that spans two segments (the last record of one and the first of the next are
+/// torn): the repair saves both segments' bytes in one `.broken` file, removes the later
+/// segment, then zeroes the earlier one's tail. A power cut after the removal makes the next
+/// open repair again with only the earlier segment's bytes left; the `.broken` file it finds
+/// must keep everything the first repair saved (it used to be created anew, shorter).
+#[test]
+fn a_power_cut_during_a_repair_across_segments_keeps_every_saved_byte() {
+    use std::path::Path;
+
+    /// Entries 1-8 fill the first 2 KiB segment, 9-16 the second, 17 opens the third; the
+    /// 16th and 17th are torn. Returns the disk and the torn record's Lsn.
+    fn torn_across_segments() -> (FaultFs, u64) {
+        let fs = FaultFs::new();
+        let wal = open(&fs).unwrap();
+        let mut lsns = Vec::new();
+        for i in 1..=17u8 {
+            let e = wal
+                .append_next(Term(1), &[i; 150], Durability::Fsync)
+                .unwrap();
+            lsns.push(e.lsn.0);
+        }
+        wal.close().unwrap();
+        drop(wal);
+        assert_eq!((lsns[15] / 2048, lsns[16] / 2048), (1, 2), "{lsns:?}");
+        let data = wal::format::SEGMENT_DATA_OFFSET;
+        let second = Path::new(common::DIR).join(format!("{:020}.wal", 2048));
+        let third = Path::new(common::DIR).join(format!("{:020}.wal", 4096));
+        fs.corrupt(&second, data + (lsns[15] - 2048) + 40, &[0xEE]);
+        fs.corrupt(&third, data + (lsns[16] - 4096) + 40, &[0xEE]);
+        (fs, lsns[15])
+    }
+    let broken_of = |fs: &FaultFs, at: u64| {
+        fs.read_file(&Path::new(common::DIR).join(format!("{at:020}.broken")))
+    };
+
+    let (saved, repair_ops) = {
+        let (fs, at) = torn_across_segments();
+        let before = fs.ops();
+        let wal = open(&fs).unwrap();
+        assert_eq!(wal.last_index().0, 15);
+        let saved = broken_of(&fs, at).expect("the repair saved the torn bytes");
+        assert!(
+            saved.len() > 2048 - (at - 2048) as usize,
+            "both segments' bytes: {}",
+            saved.len()
+        );
+        (saved, fs.ops() - before)
+    };
+    for k in 1..=repair_ops {
+        let (fs, at) = torn_across_segments();
+        fs.crash_at_op(fs.ops() + k);
+        let _ = open(&fs);
+        fs.reboot(None);
+        let wal = open(&fs).unwrap_or_else(|e| panic!("power cut at op {k}: reopen failed: {e}"));
+        assert_eq!(wal.last_index().0, 15, "power cut at op {k}");
+        if let Some(kept) = broken_of(&fs, at) {
+            assert!(
+                kept.len() >= saved.len() && kept[..saved.len()] == saved[..],
+                "power cut at op {k} of the repair: the .broken file keeps {} of the {} bytes saved",
+                kept.len(),
+                saved.len()
+            );
+        }
+        let names = fs.names(Path::new(common::DIR));
+        assert!(
+            names.iter().any(|n| n.ends_with(".broken")),
+            "power cut at op {k}: no .broken file: {names:?}"
+        );
+    }
+}
