@@ -46,6 +46,29 @@ pub fn run_family(
     Ok(out)
 }
 
+/// For a family's test: [`run_family`] over seeds `1..=seeds`, printing what it saw; panics
+/// with the first failing seed, or when a fault of `expected` (its kind, and what it is, for
+/// the messages) never happened: a family whose fault never happens tests nothing.
+pub fn expect_family_holds(name: &str, options: Options, seeds: u64, expected: &[(Fault, &str)]) {
+    let kinds: Vec<Fault> = expected.iter().map(|&(f, _)| f).collect();
+    let r = run_family(options, seeds, &kinds).unwrap_or_else(|f| panic!("\n{f}\n"));
+    let counts: Vec<String> = expected
+        .iter()
+        .zip(&r.counted)
+        .map(|((_, what), n)| format!("{n} {what}"))
+        .collect();
+    eprintln!(
+        "{} seeds with {name} passed in {:.1?}: {} acknowledged, {}",
+        r.seeds,
+        r.elapsed,
+        r.acked,
+        counts.join(", ")
+    );
+    for ((_, what), &n) in expected.iter().zip(&r.counted) {
+        assert!(n > 0, "{name}: no {what}: the family tests nothing");
+    }
+}
+
 /// The durability modes, each forced in turn by [`catches_in_every_mode`].
 pub const DURABILITIES: [Durability; 3] = [
     Durability::Fsync,

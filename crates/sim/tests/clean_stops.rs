@@ -25,13 +25,12 @@ fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
 
 #[test]
 fn every_seed_holds_with_clean_stops() {
-    let r = sim::run_family(options(Mutation::None, None), seeds(), &[sim::Fault::Stop])
-        .unwrap_or_else(|f| panic!("\n{f}\n"));
-    eprintln!(
-        "{} seeds with clean stops passed in {:.1?}: {} acknowledged, {} clean stops",
-        r.seeds, r.elapsed, r.acked, r.counted[0]
+    sim::expect_family_holds(
+        "clean stops",
+        options(Mutation::None, None),
+        seeds(),
+        &[(sim::Fault::Stop, "clean stops")],
     );
-    assert!(r.counted[0] > 0, "no clean stop: the family tests nothing");
 }
 
 #[test]

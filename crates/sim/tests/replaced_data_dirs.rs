@@ -29,24 +29,17 @@ fn options(mutation: Mutation, durability: Option<Durability>) -> sim::Options {
 
 #[test]
 fn every_seed_holds_with_replaced_data_dirs() {
-    let r = sim::run_family(
+    sim::expect_family_holds(
+        "replaced data dirs",
         options(Mutation::None, None),
         seeds(),
-        &[sim::Fault::DataDirReplaced, sim::Fault::WokenBesideNewDisk],
-    )
-    .unwrap_or_else(|f| panic!("\n{f}\n"));
-    let [wipes, woken] = r.counted[..] else {
-        unreachable!("two kinds counted")
-    };
-    eprintln!(
-        "{} seeds with replaced data dirs passed in {:.1?}: {} acknowledged, {wipes} data dirs \
-         replaced, {woken} deposed leaders woken beside one",
-        r.seeds, r.elapsed, r.acked
-    );
-    assert!(wipes > 0, "no data dir replaced: the family tests nothing");
-    assert!(
-        woken > 0,
-        "no deposed leader woke beside a new data dir: the family's episode never ran"
+        &[
+            (sim::Fault::DataDirReplaced, "data dirs replaced"),
+            (
+                sim::Fault::WokenBesideNewDisk,
+                "deposed leaders woken beside a new data dir",
+            ),
+        ],
     );
 }
 

@@ -389,14 +389,8 @@ impl FaultFs {
         self.lock().fail_next_sync_of = Some(suffix.to_owned());
     }
 
-    /// Makes the next read fail with EIO (a bad sector, a flaky controller); later reads
-    /// succeed.
-    pub fn fail_next_read(&self) {
-        self.fail_read_after(0);
-    }
-
-    /// Makes a read fail with EIO once `reads` more reads succeeded (the next one for 0);
-    /// later reads succeed.
+    /// Makes a read fail with EIO (a bad sector, a flaky controller) once `reads` more reads
+    /// succeeded (the next one for 0); later reads succeed.
     pub fn fail_read_after(&self, reads: u64) {
         self.lock().fail_read_in = Some(reads);
     }
